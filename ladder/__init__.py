@@ -1,0 +1,1 @@
+"""ladder: a concurrency ladder against any OpenAI-compatible endpoint."""

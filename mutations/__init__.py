@@ -1,0 +1,1 @@
+"""mutations: named invariant mutations and the mutmut score gate."""

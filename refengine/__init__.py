@@ -1,0 +1,1 @@
+"""refengine: a reference engine for async scheduling with speculative decoding."""
