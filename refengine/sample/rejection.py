@@ -1,0 +1,106 @@
+"""Speculative verification: accepted, recovered and bonus tokens (Leviathan et al., 2211.17192).
+
+The index logic lives in the plain functions at the top, with no torch, so that mutation tools can
+reach every branch. Per request the verifier sees k+1 target rows for the query [t, d1..dk]:
+row j verifies draft d_{j+1}; row k samples the bonus token, emitted only when every draft is
+accepted. A draft of -1 (a placeholder that was never filled, or a constraint-invalid draft) is always
+rejected.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from refengine.sample import rng
+from refengine.sample.sampler import RowParams, apply_constraints, probabilities, race, sample
+
+PLACEHOLDER_TOKEN_ID = -1
+
+
+def num_accepted_greedy(draft_ids: Sequence[int], target_ids: Sequence[int]) -> int:
+    """Drafts accepted while each equals the target's argmax at its row."""
+    num = 0
+    for draft, target in zip(draft_ids, target_ids):
+        if draft != target:
+            break
+        num += 1
+    return num
+
+
+def num_accepted_random(
+    draft_ids: Sequence[int], target_probs: Sequence[float], draft_probs: Sequence[float], uniforms: Sequence[float]
+) -> int:
+    """Accept d_j iff q(d_j) > 0 and p(d_j) / q(d_j) >= u_j; stop at the first rejection."""
+    for j, draft in enumerate(draft_ids):
+        if draft < 0 or draft_probs[j] <= 0.0 or target_probs[j] / draft_probs[j] < uniforms[j]:
+            return j
+    return len(draft_ids)
+
+
+def assemble(draft_ids: Sequence[int], num_accepted: int, final_token: int) -> list[int]:
+    """The tokens a verify step emits: the accepted drafts, then one recovered or bonus token."""
+    return [*draft_ids[:num_accepted], final_token]
+
+
+def pad_rows(rows: Sequence[Sequence[int]], width: int) -> list[list[int]]:
+    """The [B, k+1] output layout, padded with -1."""
+    return [[*row, *([PLACEHOLDER_TOKEN_ID] * (width - len(row)))] for row in rows]
+
+
+def verify(
+    logits: torch.Tensor,
+    draft_ids: Sequence[int],
+    params: RowParams,
+    history: Sequence[int],
+    num_output_tokens: int,
+    first_position: int,
+    draft_probs: torch.Tensor | None = None,
+) -> list[int]:
+    """Verify one request's drafts.
+
+    `logits` holds its k+1 target rows; `first_position` is the sequence position of the token that
+    row 0 decides. Row j is processed as if drafts[:j] had been accepted (bad words and min_tokens see
+    that history). `draft_probs` ([k, V]) is None for greedy drafters, whose q is one-hot.
+    """
+    k = len(draft_ids)
+    rows = [
+        apply_constraints(logits[j], params, [*history, *draft_ids[:j]], num_output_tokens + j) for j in range(k + 1)
+    ]
+    if params.greedy:
+        target_ids = [int(torch.argmax(row).item()) for row in rows]
+        accepted = num_accepted_greedy(draft_ids, target_ids)
+        return assemble(draft_ids, accepted, target_ids[accepted])
+
+    probs = [probabilities(row, params) for row in rows[:k]]
+    target_p = [float(p[d].item()) if d >= 0 else 0.0 for p, d in zip(probs, draft_ids)]
+    draft_q = [
+        (float(draft_probs[j, d].item()) if draft_probs is not None else 1.0) if d >= 0 else 0.0
+        for j, d in enumerate(draft_ids)
+    ]
+    uniforms = [rng.uniform(params.rng_key, first_position + j, rng.STREAM_ACCEPT) for j in range(k)]
+    accepted = num_accepted_random(draft_ids, target_p, draft_q, uniforms)
+    position = first_position + accepted
+    if accepted == k:
+        return assemble(draft_ids, accepted, sample(rows[k], params, position))
+    return assemble(draft_ids, accepted, recover(probs[accepted], draft_ids[accepted], draft_probs, accepted, params, position))
+
+
+def recover(
+    target_probs: torch.Tensor,
+    draft_id: int,
+    draft_probs: torch.Tensor | None,
+    row: int,
+    params: RowParams,
+    position: int,
+) -> int:
+    """A sample from normalize(max(0, p - q)) at the first rejected row."""
+    if draft_id < 0:
+        residual = target_probs
+    elif draft_probs is None:
+        residual = target_probs.clone()
+        residual[draft_id] = 0.0
+    else:
+        residual = torch.clamp(target_probs - draft_probs[row], min=0.0)
+    if float(residual.sum()) <= 0.0:
+        residual = target_probs
+    return race(residual, params.rng_key, position, rng.STREAM_RECOVER)

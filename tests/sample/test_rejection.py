@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from refengine.sample import rejection, rng
+from refengine.sample.rejection import (
+    assemble,
+    num_accepted_greedy,
+    num_accepted_random,
+    pad_rows,
+    verify,
+)
+from refengine.sample.sampler import RowParams, probabilities
+
+GREEDY = RowParams(0.0, 0, 1.0, 0, (), (), rng_key=7)
+
+
+def one_hot_logits(ids: list[int], vocab: int = 8) -> torch.Tensor:
+    out = torch.full((len(ids), vocab), -5.0)
+    for row, tok in enumerate(ids):
+        out[row, tok] = 5.0
+    return out
+
+
+@pytest.mark.parametrize(
+    "drafts, target, expected",
+    [
+        ([1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4]),  # perfect match: bonus appended
+        ([1, 5, 3], [1, 2, 3, 4], [1, 2]),  # early mismatch: stop, emit the target token
+        ([6, 5, 3], [1, 2, 3, 4], [1]),  # first draft wrong
+        ([1, 2, 6], [1, 2, 3, 4], [1, 2, 3]),  # last draft wrong: recovered, no bonus
+        ([], [4], [4]),  # no drafts: bonus only
+        ([-1, -1], [0, 0, 0], [0]),  # a -1 placeholder is always rejected
+    ],
+)
+def test_greedy_verify(drafts, target, expected):
+    assert verify(one_hot_logits(target), drafts, GREEDY, [0], 0, 10) == expected
+
+
+def test_index_functions():
+    assert num_accepted_greedy([1, 2, 3], [1, 9, 3, 4]) == 1
+    assert num_accepted_greedy([1, 2], [1, 2, 0]) == 2
+    assert assemble([1, 2, 3], 1, 9) == [1, 9]
+    assert pad_rows([[1, 2], [3], [4, 5, 6]], 3) == [[1, 2, -1], [3, -1, -1], [4, 5, 6]]
+    assert num_accepted_random([3, 4], [0.5, 0.5], [0.5, 0.25], [0.9, 0.1]) == 2
+    assert num_accepted_random([3, 4], [0.2, 0.5], [0.5, 0.25], [0.5, 0.1]) == 0
+    assert num_accepted_random([3, -1], [0.9, 0.9], [0.5, 0.5], [0.0, 0.0]) == 1
+    assert num_accepted_random([3], [0.9], [0.0], [0.0]) == 0  # q(d) = 0 never accepts
+
+
+def test_bad_words_see_drafts_before_the_row():
+    # Banned [2, 3]: row 1 follows draft 2, so 3 is masked there and the runner-up wins.
+    logits = one_hot_logits([2, 3, 1])
+    logits[1, 5] = 4.0
+    params = RowParams(0.0, 0, 1.0, 0, (), ((2, 3),), rng_key=1)
+    assert verify(logits, [2, 3], params, [0], 0, 10) == [2, 5]
+
+
+def test_seeded_random_verify_is_deterministic():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 16)
+    params = RowParams(0.8, 0, 1.0, 0, (), (), rng_key=1234)
+    first = verify(logits, [3, 4], params, [1, 2], 0, 5)
+    for _ in range(5):
+        assert verify(logits, [3, 4], params, [1, 2], 0, 5) == first
+
+
+def _first_token_distribution(target: torch.Tensor, draft: torch.Tensor, trials: int) -> torch.Tensor:
+    """Emitted-token histogram at the first position: draft from q, verify against p (k = 1)."""
+    params_t = 1.0
+    counts = torch.zeros(target.numel())
+    logits = torch.stack([target.log(), target.log()])
+    for key in range(trials):
+        params = RowParams(params_t, 0, 1.0, 0, (), (), rng_key=key)
+        d = rejection.race(draft, key, 0, stream=99)
+        out = verify(logits, [d], params, [], 0, 0, draft_probs=draft[None])
+        counts[out[0]] += 1
+    return counts / trials
+
+
+def test_random_verification_reproduces_the_target_distribution(monkeypatch):
+    p = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
+    q = torch.tensor([0.4, 0.1, 0.3, 0.1, 0.1])
+    assert torch.allclose(probabilities(p.log(), RowParams(1.0, 0, 1.0, 0, (), (), 0)), p, atol=1e-6)
+    tv = 0.5 * (_first_token_distribution(p, q, 6000) - p).abs().sum().item()
+    assert tv < 0.03, f"spec sampling drifted from the target: TV={tv:.4f}"
+
+    # The tolerance discriminates: recovering from p instead of max(0, p - q) is biased.
+    def biased(target_probs, draft_id, draft_probs, row, params, position):
+        return rejection.race(target_probs, params.rng_key, position, rng.STREAM_RECOVER)
+
+    monkeypatch.setattr(rejection, "recover", biased)
+    tv_biased = 0.5 * (_first_token_distribution(p, q, 6000) - p).abs().sum().item()
+    assert tv_biased > 0.08, f"biased recovery not detected: TV={tv_biased:.4f}"
