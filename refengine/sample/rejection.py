@@ -28,7 +28,10 @@ def num_accepted_greedy(draft_ids: Sequence[int], target_ids: Sequence[int]) -> 
 
 
 def num_accepted_random(
-    draft_ids: Sequence[int], target_probs: Sequence[float], draft_probs: Sequence[float], uniforms: Sequence[float]
+    draft_ids: Sequence[int],
+    target_probs: Sequence[float],
+    draft_probs: Sequence[float],
+    uniforms: Sequence[float],
 ) -> int:
     """Accept d_j iff q(d_j) > 0 and p(d_j) / q(d_j) >= u_j; stop at the first rejection."""
     for j, draft in enumerate(draft_ids):
@@ -64,7 +67,8 @@ def verify(
     """
     k = len(draft_ids)
     rows = [
-        apply_constraints(logits[j], params, [*history, *draft_ids[:j]], num_output_tokens + j) for j in range(k + 1)
+        apply_constraints(logits[j], params, [*history, *draft_ids[:j]], num_output_tokens + j)
+        for j in range(k + 1)
     ]
     if params.greedy:
         target_ids = [int(torch.argmax(row).item()) for row in rows]
@@ -82,7 +86,11 @@ def verify(
     position = first_position + accepted
     if accepted == k:
         return assemble(draft_ids, accepted, sample(rows[k], params, position))
-    return assemble(draft_ids, accepted, recover(probs[accepted], draft_ids[accepted], draft_probs, accepted, params, position))
+    return assemble(
+        draft_ids,
+        accepted,
+        recover(probs[accepted], draft_ids[accepted], draft_probs, accepted, params, position),
+    )
 
 
 def recover(

@@ -1,0 +1,1 @@
+"""Speculative decoding: configuration, drafters and the async-scheduling truth table."""
