@@ -1,0 +1,75 @@
+"""EngineConfig: the engine's limits and pool sizes; every default lives here."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class SpeculativeSettings(Protocol):
+    """The part of a speculative config the scheduler and KV manager read
+    (refengine.spec.config.SpeculativeConfig provides it)."""
+
+    @property
+    def num_speculative_tokens(self) -> int: ...
+
+    @property
+    def num_lookahead_slots(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    block_size: int = 16
+    num_blocks: int = 1024
+    seed: int = 0
+    speculative_config: SpeculativeSettings | None = None
+    async_scheduling: bool = False
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        spec = self.speculative_config
+        return 0 if spec is None else spec.num_speculative_tokens
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots reserved past the scheduled tokens for the drafter (k, or k + 1 for dflash)."""
+        spec = self.speculative_config
+        return 0 if spec is None else spec.num_lookahead_slots
+
+    def validate(self) -> None:
+        """Refuse a configuration that cannot serve, naming the numbers that do not fit."""
+        positive = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+        }
+        for name, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"EngineConfig.seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"EngineConfig.async_scheduling must be a bool, got {self.async_scheduling!r}")
+        if self.max_model_len < 2:
+            raise ValueError(
+                f"EngineConfig.max_model_len={self.max_model_len} leaves no room for a prompt token "
+                "and a generated token (need >= 2)"
+            )
+        k, lookahead = self.num_speculative_tokens, self.num_lookahead_tokens
+        if k < 0 or lookahead < 0:
+            raise ValueError(
+                f"speculative_config must give num_speculative_tokens >= 0 and num_lookahead_slots >= 0, "
+                f"got {k} and {lookahead}"
+            )
+        # A lone request must always fit, or preemption could never make progress.
+        max_seq_tokens = self.max_model_len + lookahead
+        blocks_needed = -(-max_seq_tokens // self.block_size)
+        if blocks_needed > self.num_blocks:
+            raise ValueError(
+                f"one sequence of max_model_len={self.max_model_len} + {lookahead} lookahead slots = "
+                f"{max_seq_tokens} tokens needs {blocks_needed} blocks of block_size={self.block_size}, "
+                f"but num_blocks={self.num_blocks} holds only {self.num_blocks * self.block_size} tokens"
+            )

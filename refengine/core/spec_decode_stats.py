@@ -1,0 +1,28 @@
+"""SpecDecodingStats: how many drafts were verified and how many of their tokens were accepted."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SpecDecodingStats:
+    num_drafts: int = 0  # verify steps that carried at least one real draft token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # [i] = how many drafts had their token at position i accepted.
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        if not 0 <= num_accepted_tokens <= num_draft_tokens:
+            raise ValueError(f"accepted {num_accepted_tokens} of {num_draft_tokens} draft tokens")
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for pos in range(num_accepted_tokens):
+            per_pos[pos] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verify step, counting the recovered-or-bonus token."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
