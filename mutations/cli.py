@@ -1,0 +1,278 @@
+"""`mutations`: the named-mutation gate and the mutmut score gate.
+
+Exit codes: 0 green; 1 red (a mutant not KILLED, a drifted mutant, a score below threshold);
+2 configuration or usage error; 3 RESTORE_FAILED (the tree may still be mutated: run `mutations restore`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mutations.catalogue import CatalogueError, load_catalogue
+from mutations.gate import STATS_PATH, GateError, evaluate, load_stats, load_threshold, run_mutmut
+from mutations.journal import Journal, JournalError, recover
+from mutations.model import Catalogue, Mutant, MutantResult, Status
+from mutations.mutate import MutantRejected, mutate_source
+from mutations.report import closing_line, print_table, render_markdown, write_json
+from mutations.runner import JournalPending, Runner, check_apply
+
+STATE_DIR = ".mutations"
+MARKDOWN_REPORT = Path("reports") / "mutations.md"
+EXIT_RESTORE_FAILED = 3
+
+console = Console(highlight=False)
+
+
+class ConfigError(click.ClickException):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Context:
+    root: Path
+    catalogue_path: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    def catalogue(self) -> Catalogue:
+        try:
+            return load_catalogue(self.catalogue_path)
+        except CatalogueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def select(self, catalogue: Catalogue, only: tuple[str, ...]) -> tuple[Mutant, ...]:
+        unknown = [i for i in only if catalogue.get(i) is None]
+        if unknown:
+            raise ConfigError(f"unknown mutant ids: {unknown}")
+        return tuple(m for m in catalogue.mutants if not only or m.id in only)
+
+    def label(self, path: Path) -> str:
+        try:
+            return str(path.resolve().relative_to(self.root.resolve()))
+        except ValueError:
+            return str(path)
+
+
+pass_context = click.make_pass_decorator(Context)
+only_option = click.option("--only", multiple=True, metavar="ID", help="Only this mutant (repeatable).")
+
+
+@click.group()
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Repository root: targets, tests and reports are relative to it.",
+)
+@click.option(
+    "--catalogue",
+    "catalogue_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Catalogue TOML [default: ROOT/mutations/catalogue.toml].",
+)
+@click.pass_context
+def main(ctx: click.Context, root: Path, catalogue_path: Path | None) -> None:
+    """Named invariant mutations (each must turn a named test red) and the mutmut score gate."""
+    ctx.obj = Context(root=root, catalogue_path=catalogue_path or root / "mutations" / "catalogue.toml")
+
+
+@main.command("list")
+@pass_context
+def list_cmd(ctx: Context) -> None:
+    """List the catalogue."""
+    table = Table(title=ctx.label(ctx.catalogue_path))
+    for column in ("id", "bug", "target", "tests", "must fail", "timeout s"):
+        table.add_column(column)
+    for m in ctx.catalogue().mutants:
+        table.add_row(
+            escape(m.id), escape(m.title), escape(m.file), str(len(m.tests)), str(len(m.must_fail)), f"{m.timeout_s:g}"
+        )
+    console.print(table)
+
+
+@main.command("check-apply")
+@only_option
+@pass_context
+def check_apply_cmd(ctx: Context, only: tuple[str, ...]) -> None:
+    """Fast drift check: every mutant applies exactly once and compiles. Runs no tests."""
+    checks = check_apply(ctx.select(ctx.catalogue(), only), ctx.root)
+    for check in checks:
+        status = "[green]OK[/green]" if check.status is None else f"[red]{check.status.value}[/red]"
+        console.print(f"{escape(check.id)}: {status} {escape(check.detail)}")
+    bad = sum(c.status is not None for c in checks)
+    click.echo(f"check-apply: {len(checks) - bad} ok, {bad} failed")
+    if bad:
+        raise SystemExit(1)
+
+
+@main.command()
+@click.argument("mutant_id")
+@pass_context
+def show(ctx: Context, mutant_id: str) -> None:
+    """Show one mutant: the bug, the invariant, the tests and the diff it makes."""
+    (mutant,) = ctx.select(ctx.catalogue(), (mutant_id,))
+    console.print(f"[bold]{escape(mutant.id)}[/bold] {escape(mutant.title)}")
+    console.print(f"invariant: {escape(mutant.invariant)}")
+    console.print(f"tests: {escape(', '.join(mutant.tests))}")
+    console.print(f"must fail: {escape(', '.join(mutant.must_fail))}  timeout: {mutant.timeout_s:g}s")
+    target = ctx.root / mutant.file
+    try:
+        original = target.read_bytes()
+        mutated = mutate_source(mutant, original)
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {mutant.file}: {exc}") from exc
+    except MutantRejected as exc:
+        console.print(f"[red]{exc.status.value}[/red] {escape(exc.detail)}")
+        raise SystemExit(1) from exc
+    diff = difflib.unified_diff(
+        original.decode("utf-8").splitlines(keepends=True),
+        mutated.decode("utf-8").splitlines(keepends=True),
+        fromfile=f"a/{mutant.file}",
+        tofile=f"b/{mutant.file}",
+    )
+    click.echo("".join(diff), nl=False)
+
+
+@main.command()
+@only_option
+@click.option("--budget-seconds", type=click.FloatRange(min=0), default=None, help="Whole-run budget.")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"JSON report [default: ROOT/{STATE_DIR}/report.json, untracked].",
+)
+@click.option("--write-report", is_flag=True, help=f"Also rewrite ROOT/{MARKDOWN_REPORT} (full catalogue only).")
+@pass_context
+def run(
+    ctx: Context, only: tuple[str, ...], budget_seconds: float | None, report_path: Path | None, write_report: bool
+) -> None:
+    """Run the named mutants: green baseline, mutate, focused tests, verified restore."""
+    if write_report and only:
+        raise ConfigError("--write-report describes the whole catalogue; it cannot be combined with --only")
+    catalogue = ctx.catalogue()
+    mutants = ctx.select(catalogue, only)
+    runner = Runner(ctx.root, ctx.state_dir, budget_s=budget_seconds, on_result=_print_progress)
+    try:
+        with _sigterm_unwinds():
+            results = runner.run(mutants)
+    except JournalPending as exc:
+        raise ConfigError(str(exc)) from exc
+    print_table(console, results)
+    write_json(results, catalogue, report_path or ctx.state_dir / "report.json")
+    if write_report:
+        markdown = render_markdown(results, catalogue, ctx.label(catalogue.path))
+        (ctx.root / MARKDOWN_REPORT).parent.mkdir(parents=True, exist_ok=True)
+        (ctx.root / MARKDOWN_REPORT).write_text(markdown, encoding="utf-8")
+    if not results:
+        console.print("[red]no mutants: a gate without mutants proves nothing[/red]")
+    click.echo(closing_line(results))
+    if any(r.status is Status.RESTORE_FAILED for r in results):
+        raise SystemExit(EXIT_RESTORE_FAILED)
+    if not results or not all(r.passed for r in results):
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--force", is_flag=True, help="Restore even though the journal's runner pid is alive.")
+@pass_context
+def restore(ctx: Context, force: bool) -> None:
+    """Undo an interrupted mutation from the journal, byte for byte, with the original mtime."""
+    try:
+        click.echo(recover(Journal(ctx.state_dir), force=force))
+    except JournalError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.option(
+    "--threshold-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML with min_score and max_timeouts [default: ROOT/mutations/threshold.toml].",
+)
+@click.option(
+    "--stats",
+    "stats_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"mutmut export-cicd-stats output [default: ROOT/{STATS_PATH}].",
+)
+@click.option("--run", "run_first", is_flag=True, help="First do a fresh `mutmut run` + `export-cicd-stats`.")
+@click.option("--max-children", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--timeout-seconds", type=click.FloatRange(min=1), default=None, help="Wall limit for mutmut.")
+@pass_context
+def gate(
+    ctx: Context,
+    threshold_file: Path | None,
+    stats_path: Path | None,
+    run_first: bool,
+    max_children: int,
+    timeout_seconds: float | None,
+) -> None:
+    """The mutmut gate: strict score killed/(everything but skipped) against the threshold in the repo."""
+    try:
+        threshold = load_threshold(threshold_file or ctx.root / "mutations" / "threshold.toml")
+    except GateError as exc:
+        raise ConfigError(str(exc)) from exc
+    if run_first:
+        failure = run_mutmut(ctx.root, max_children, timeout_seconds)
+        if failure is not None:
+            click.echo(f"mutmut-gate: FAIL ({failure})")
+            raise SystemExit(1)
+    try:
+        stats = load_stats(stats_path or ctx.root / STATS_PATH)
+    except GateError as exc:
+        raise ConfigError(str(exc)) from exc
+    verdict = evaluate(stats, threshold)
+    table = Table(title="mutmut")
+    table.add_column("bucket")
+    table.add_column("mutants", justify="right")
+    for bucket in ("killed", "survived", "timeout", "suspicious", "segfault", "no_tests", "not_checked", "skipped"):
+        table.add_row(bucket, str(getattr(stats, bucket)))
+    table.add_row("interrupted", str(stats.check_was_interrupted_by_user))
+    table.add_row("total", str(stats.total))
+    console.print(table)
+    for failure in verdict.failures:
+        console.print(f"[red]{escape(failure)}[/red]")
+    outcome = "PASS" if verdict.ok else "FAIL"
+    click.echo(f"mutmut-gate: score {verdict.score:.4f} (min {threshold.min_score:.4f}) {outcome}")
+    if not verdict.ok:
+        raise SystemExit(1)
+
+
+def _print_progress(result: MutantResult) -> None:
+    style = "green" if result.passed else "red"
+    console.print(
+        f"{escape(result.id)}: [{style}]{result.status.value}[/{style}] {result.duration_s:.1f}s {escape(result.detail)}"
+    )
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit, so the runner's restore (a `finally:`) runs before the process ends."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
