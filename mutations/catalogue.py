@@ -154,6 +154,8 @@ def parse_unified_patch(patch: str, label: str) -> tuple[Edit, ...]:
     for old_lines, new_lines in hunks:
         old, new = "".join(old_lines), "".join(new_lines)
         if not old:
-            raise CatalogueError(f"mutant {label}: a patch hunk without context or removals cannot be located")
+            raise CatalogueError(
+                f"mutant {label}: a patch hunk without context or removals cannot be located"
+            )
         edits.append(Edit(old=old, new=new))
     return tuple(edits)

@@ -96,11 +96,17 @@ def main(ctx: click.Context, root: Path, catalogue_path: Path | None) -> None:
 def list_cmd(ctx: Context) -> None:
     """List the catalogue."""
     table = Table(title=ctx.label(ctx.catalogue_path))
-    for column in ("id", "bug", "target", "tests", "must fail", "timeout s"):
+    table.add_column("id", no_wrap=True)
+    for column in ("bug", "target", "tests", "must fail", "timeout s"):
         table.add_column(column)
     for m in ctx.catalogue().mutants:
         table.add_row(
-            escape(m.id), escape(m.title), escape(m.file), str(len(m.tests)), str(len(m.must_fail)), f"{m.timeout_s:g}"
+            escape(m.id),
+            escape(m.title),
+            escape(m.file),
+            str(len(m.tests)),
+            str(len(m.must_fail)),
+            f"{m.timeout_s:g}",
         )
     console.print(table)
 
@@ -158,10 +164,16 @@ def show(ctx: Context, mutant_id: str) -> None:
     default=None,
     help=f"JSON report [default: ROOT/{STATE_DIR}/report.json, untracked].",
 )
-@click.option("--write-report", is_flag=True, help=f"Also rewrite ROOT/{MARKDOWN_REPORT} (full catalogue only).")
+@click.option(
+    "--write-report", is_flag=True, help=f"Also rewrite ROOT/{MARKDOWN_REPORT} (full catalogue only)."
+)
 @pass_context
 def run(
-    ctx: Context, only: tuple[str, ...], budget_seconds: float | None, report_path: Path | None, write_report: bool
+    ctx: Context,
+    only: tuple[str, ...],
+    budget_seconds: float | None,
+    report_path: Path | None,
+    write_report: bool,
 ) -> None:
     """Run the named mutants: green baseline, mutate, focused tests, verified restore."""
     if write_report and only:
@@ -244,7 +256,16 @@ def gate(
     table = Table(title="mutmut")
     table.add_column("bucket")
     table.add_column("mutants", justify="right")
-    for bucket in ("killed", "survived", "timeout", "suspicious", "segfault", "no_tests", "not_checked", "skipped"):
+    for bucket in (
+        "killed",
+        "survived",
+        "timeout",
+        "suspicious",
+        "segfault",
+        "no_tests",
+        "not_checked",
+        "skipped",
+    ):
         table.add_row(bucket, str(getattr(stats, bucket)))
     table.add_row("interrupted", str(stats.check_was_interrupted_by_user))
     table.add_row("total", str(stats.total))

@@ -34,7 +34,9 @@ class Snapshot:
 def take_snapshot(path: Path) -> Snapshot:
     stat = path.stat()
     data = path.read_bytes()
-    return Snapshot(path=path, data=data, sha256=sha256_hex(data), atime_ns=stat.st_atime_ns, mtime_ns=stat.st_mtime_ns)
+    return Snapshot(
+        path=path, data=data, sha256=sha256_hex(data), atime_ns=stat.st_atime_ns, mtime_ns=stat.st_mtime_ns
+    )
 
 
 def write_in_place(path: Path, data: bytes) -> None:

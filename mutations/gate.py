@@ -126,7 +126,9 @@ def load_threshold(path: Path) -> Threshold:
 def evaluate(stats: MutmutStats, threshold: Threshold) -> GateVerdict:
     verdict = GateVerdict(score=stats.score)
     if stats.check_was_interrupted_by_user:
-        verdict.failures.append(f"{stats.check_was_interrupted_by_user} mutants were interrupted: the run is incomplete")
+        verdict.failures.append(
+            f"{stats.check_was_interrupted_by_user} mutants were interrupted: the run is incomplete"
+        )
     if stats.killed + stats.survived == 0:
         # A gate that is green with zero verdicts proves nothing.
         verdict.failures.append("no mutant was killed or survived: nothing was tested")
@@ -156,7 +158,9 @@ def run_mutmut(root: Path, max_children: int, timeout_s: float | None) -> str | 
     shutil.rmtree(root / "mutants", ignore_errors=True)
     env = mutmut_env()
     mutmut = [sys.executable, "-m", "mutmut"]
-    rc = run_group([*mutmut, "run", "--max-children", str(max_children)], cwd=root, env=env, timeout_s=timeout_s)
+    rc = run_group(
+        [*mutmut, "run", "--max-children", str(max_children)], cwd=root, env=env, timeout_s=timeout_s
+    )
     if rc is None:
         return f"mutmut run did not finish within {timeout_s}s"
     if rc != 0:

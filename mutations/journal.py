@@ -39,7 +39,11 @@ class JournalEntry:
         if sha256_hex(data) != self.sha256:
             raise JournalError(f"journal pre-image for {self.target} does not match its recorded sha256")
         return Snapshot(
-            path=Path(self.target), data=data, sha256=self.sha256, atime_ns=self.atime_ns, mtime_ns=self.mtime_ns
+            path=Path(self.target),
+            data=data,
+            sha256=self.sha256,
+            atime_ns=self.atime_ns,
+            mtime_ns=self.mtime_ns,
         )
 
 

@@ -76,7 +76,9 @@ def run_pytest(
     cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
     started = time.monotonic()
     with tempfile.TemporaryFile() as sink:
-        rc = run_group(cmd, cwd=root, env=focused_env(root), timeout_s=timeout_s, stdout=sink, on_start=on_start)
+        rc = run_group(
+            cmd, cwd=root, env=focused_env(root), timeout_s=timeout_s, stdout=sink, on_start=on_start
+        )
         sink.seek(0)
         output = sink.read().decode("utf-8", errors="replace")
     passed, failed = parse_summary(output)

@@ -74,9 +74,13 @@ def render_markdown(results: list[MutantResult], catalogue: Catalogue, catalogue
 
 def print_table(console: Console, results: list[MutantResult]) -> None:
     table = Table(title="named mutations")
-    for column in ("id", "status", "seconds", "detail"):
+    for column in ("id", "status"):
+        table.add_column(column, no_wrap=True)
+    for column in ("seconds", "detail"):
         table.add_column(column)
     for r in results:
         style = _STYLE.get(r.status, "red")
-        table.add_row(escape(r.id), f"[{style}]{r.status.value}[/{style}]", f"{r.duration_s:.1f}", escape(r.detail))
+        table.add_row(
+            escape(r.id), f"[{style}]{r.status.value}[/{style}]", f"{r.duration_s:.1f}", escape(r.detail)
+        )
     console.print(table)

@@ -34,7 +34,9 @@ def check_apply(mutants: tuple[Mutant, ...], root: Path) -> list[ApplyCheck]:
         target = root / mutant.file
         missing = sorted({t.split("::")[0] for t in mutant.tests if not (root / t.split("::")[0]).exists()})
         if not target.is_file():
-            checks.append(ApplyCheck(mutant.id, Status.DOES_NOT_APPLY, f"target {mutant.file} does not exist"))
+            checks.append(
+                ApplyCheck(mutant.id, Status.DOES_NOT_APPLY, f"target {mutant.file} does not exist")
+            )
         elif missing:
             # The baseline would be red (pytest rc 4), so this is the static half of PRE_RED.
             checks.append(ApplyCheck(mutant.id, Status.PRE_RED, f"focused test files missing: {missing}"))
@@ -127,7 +129,9 @@ class Runner:
                 return _result(mutant, Status.INCOMPLETE, "budget spent during the clean-tree run")
             self._baselines[key] = baseline
         if baseline.timed_out:
-            return _result(mutant, Status.PRE_RED, f"focused tests timed out on the clean tree ({mutant.timeout_s}s)")
+            return _result(
+                mutant, Status.PRE_RED, f"focused tests timed out on the clean tree ({mutant.timeout_s}s)"
+            )
         if baseline.rc != 0:
             return _result(
                 mutant,

@@ -4,7 +4,7 @@ import pytest
 from mutations_helpers import copy_fixture
 
 # Collected only through a temporary copy, by the runner under test.
-collect_ignore = ["fixture_pkg"]
+collect_ignore = ["fixture_pkg", "mutmut_project"]
 
 
 @pytest.fixture
