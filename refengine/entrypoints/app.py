@@ -1,0 +1,321 @@
+"""The OpenAI-compatible HTTP app: `build_app(engine, config)` returns a FastAPI app serving `engine`.
+
+The engine is anything with AsyncLLM's surface (engine_client.EngineClient), so tests pass a fake.
+Every client mistake becomes a 4xx with an OpenAI error body; a 5xx means the engine failed.
+"""
+
+import asyncio
+import contextlib
+import hmac
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from refengine.entrypoints import sse
+from refengine.entrypoints.engine_client import EngineClient, EngineDeadError, RequestDelta
+from refengine.entrypoints.errors import APIError, engine_dead, from_validation_error
+from refengine.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
+from refengine.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    RequestModel,
+    SamplingRequest,
+)
+from refengine.entrypoints.serving import (
+    ChatBuilder,
+    CompletionBuilder,
+    PreparedRequest,
+    ResponseBuilder,
+    chat_logprobs_wanted,
+    new_request_id,
+    prepare,
+)
+
+M = TypeVar("M", bound=RequestModel)
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+# Status for a request whose client left before the answer; nobody receives it (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_name: str
+    api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+
+class _Timing:
+    """Feeds one request's TTFT, end-to-end latency and finish reason into the metrics."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.start = time.perf_counter()
+        self.seen_token = False
+
+    def observe(self, delta: RequestDelta) -> None:
+        now = time.perf_counter() - self.start
+        if delta.token_ids and not self.seen_token:
+            self.seen_token = True
+            self.metrics.first_token(now)
+        if delta.finished:
+            self.metrics.finished(delta.finish_reason or "stop", now)
+
+
+class OpenAIServer:
+    def __init__(self, engine: EngineClient, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = ServerMetrics(engine, config.served_model_name)
+        self.created = int(time.time())
+
+    # ---- request edge: auth, body, parsing ---------------------------------------------------------
+
+    def check_auth(self, request: Request) -> None:
+        if self.config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # compare_digest: the time taken must not reveal how much of the key matched.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.config.api_key.encode()
+        ):
+            raise APIError(
+                401, "missing or incorrect API key (send Authorization: Bearer <key>)", code="invalid_api_key"
+            )
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.config.max_request_bytes
+        too_large = APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        return bytes(body)
+
+    def parse(self, raw: bytes, model: type[M]) -> M:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise APIError(
+                400, f"the request body is not valid UTF-8 (byte {e.start})", code="invalid_utf8"
+            ) from None
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as e:
+            raise from_validation_error(e) from None
+
+    def check_model(self, req: SamplingRequest) -> None:
+        if req.model is not None and req.model != self.config.served_model_name:
+            raise APIError(
+                404, f"the model `{req.model}` does not exist", param="model", code="model_not_found"
+            )
+
+    def check_alive(self) -> None:
+        reason = self.engine.dead_reason
+        if reason is not None:
+            raise engine_dead(reason)
+
+    async def read_request(self, request: Request, model: type[M]) -> M:
+        self.check_auth(request)
+        req = self.parse(await self.read_body(request), model)
+        self.check_model(req)
+        self.check_alive()
+        return req
+
+    # ---- endpoints ---------------------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        req = await self.read_request(request, CompletionRequest)
+        if isinstance(req.prompt, str):
+            prompt_ids = await asyncio.to_thread(self.engine.tokenizer.encode, req.prompt)
+        else:
+            prompt_ids = list(req.prompt)
+        prepared = self._prepare(req, "cmpl", prompt_ids, req.logprobs)
+        builder = CompletionBuilder(
+            prepared.generation.request_id,
+            self.config.served_model_name,
+            self.engine.tokenizer,
+            prepared.options,
+        )
+        return await self.generate(request, prepared, builder)
+
+    async def chat_completions(self, request: Request) -> Response:
+        req = await self.read_request(request, ChatCompletionRequest)
+        logprobs = chat_logprobs_wanted(req)
+        prompt_ids = await asyncio.to_thread(self._tokenize_chat, req)
+        prepared = self._prepare(req, "chatcmpl", prompt_ids, logprobs)
+        builder = ChatBuilder(
+            prepared.generation.request_id,
+            self.config.served_model_name,
+            self.engine.tokenizer,
+            prepared.options,
+        )
+        return await self.generate(request, prepared, builder)
+
+    def _tokenize_chat(self, req: ChatCompletionRequest) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(req.messages)
+        except Exception as e:  # a template refuses a conversation (roles out of order...) any way it likes
+            raise APIError(
+                400, f"the chat template rejected the conversation: {e}", param="messages"
+            ) from None
+        # The rendered template already holds any BOS text; adding one again would change the prompt.
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def _prepare(
+        self, req: SamplingRequest, prefix: str, prompt_ids: list[int], logprobs: int | None
+    ) -> PreparedRequest:
+        return prepare(
+            req,
+            new_request_id(prefix),
+            prompt_ids,
+            max_model_len=self.engine.max_model_len,
+            vocab_size=self.engine.tokenizer.vocab_size,
+            logprobs=logprobs,
+        )
+
+    # ---- driving the engine ------------------------------------------------------------------------
+
+    async def generate(
+        self, request: Request, prepared: PreparedRequest, builder: ResponseBuilder
+    ) -> Response:
+        timing = _Timing(self.metrics)
+        try:
+            stream = self.engine.generate(prepared.generation)
+            if not prepared.options.stream:
+                deltas = await sse.until_disconnect(request.receive, self._collect(stream, timing))
+                return JSONResponse(builder.response(deltas).model_dump())
+            # Headers wait for the first output, so an engine that is dead or dies before producing
+            # anything still gets a proper 500 instead of a 200 stream carrying an error.
+            first = await sse.until_disconnect(request.receive, anext(stream))
+        except sse.ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except EngineDeadError as e:
+            self.metrics.failed()
+            raise engine_dead(e.reason) from None
+        except StopAsyncIteration:
+            self.metrics.failed()
+            raise APIError(500, "the engine ended the request without output", code="engine_error") from None
+        return sse.EventStreamResponse(self._events(stream, first, builder, timing, prepared))
+
+    async def _collect(
+        self, stream: AsyncGenerator[RequestDelta, None], timing: _Timing
+    ) -> list[RequestDelta]:
+        deltas = []
+        async with contextlib.aclosing(stream):
+            async for delta in stream:
+                timing.observe(delta)
+                deltas.append(delta)
+                if delta.finished:
+                    return deltas
+        raise APIError(500, "the engine ended the request without finishing it", code="engine_error")
+
+    async def _events(
+        self,
+        stream: AsyncGenerator[RequestDelta, None],
+        first: RequestDelta,
+        builder: ResponseBuilder,
+        timing: _Timing,
+        prepared: PreparedRequest,
+    ) -> AsyncGenerator[bytes, None]:
+        async with contextlib.aclosing(stream):
+            for chunk in builder.prelude(first.num_prompt_tokens):
+                yield sse.event(chunk)
+            delta = first
+            try:
+                while True:
+                    timing.observe(delta)
+                    chunk = builder.chunk(delta)
+                    if chunk is not None:
+                        yield sse.event(chunk)
+                    if delta.finished:
+                        break
+                    delta = await anext(stream)
+            except EngineDeadError as e:
+                # The 200 has been sent; the failure travels as an error event, as vLLM does.
+                self.metrics.failed()
+                yield sse.event(engine_dead(e.reason).body())
+                yield sse.DONE
+                return
+            except StopAsyncIteration:
+                self.metrics.failed()
+                yield sse.event(
+                    APIError(500, "the engine ended the stream early", code="engine_error").body()
+                )
+                yield sse.DONE
+                return
+            if prepared.options.include_usage:
+                yield sse.event(builder.usage_chunk(delta))
+            yield sse.DONE
+
+    # ---- operations --------------------------------------------------------------------------------
+
+    def health(self) -> Response:
+        reason = self.engine.dead_reason
+        if reason is not None:
+            return APIError(503, f"engine is dead: {reason}", code="engine_dead").response()
+        return JSONResponse({"status": "ok"})
+
+    def models(self, request: Request) -> Response:
+        self.check_auth(request)
+        card = ModelCard(
+            id=self.config.served_model_name,
+            created=self.created,
+            root=self.engine.model_name,
+            max_model_len=self.engine.max_model_len,
+        )
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    def render_metrics(self) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
+    server = OpenAIServer(engine, config)
+    # No generated docs: every route is one of the OpenAI ones below, and nothing else answers 200.
+    app = FastAPI(title="refengine", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+
+    app.add_api_route("/health", server.health, methods=["GET"])
+    app.add_api_route("/metrics", server.render_metrics, methods=["GET"])
+    app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/completions", server.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> Response:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return exc.response(headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            message = f"method {request.method} is not allowed for {request.url.path}"
+        elif exc.status_code == 404:
+            message = f"no route for {request.method} {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return APIError(exc.status_code, message).response(exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this response is sent, so the server logs the traceback once.
+        return APIError(
+            500, f"internal server error: {type(exc).__name__}: {exc}", code="internal_error"
+        ).response()
+
+    return app

@@ -1,0 +1,199 @@
+"""`refengine serve`: the OpenAI-compatible server on FastAPI + uvicorn, with vLLM-style flags.
+
+`serve_command` is the click command the `refengine` group registers. `make_serve_command` builds it
+around any engine factory, so tests can run the real command line over a fake engine.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import click
+import uvicorn
+
+from refengine.entrypoints.app import DEFAULT_MAX_REQUEST_BYTES, ServerConfig, build_app
+from refengine.entrypoints.engine_client import EngineClient
+from refengine.spec.config import SpeculativeConfig
+
+FAULT_ENV_VAR = "REFENGINE_FAULT_AFTER_STEPS"
+# Seconds in-flight streams get to finish on shutdown before uvicorn closes them.
+GRACEFUL_SHUTDOWN_S = 5
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything `refengine serve` was told; engine fields left None take the engine's defaults."""
+
+    model: str
+    host: str
+    port: int
+    served_model_name: str | None
+    api_key: str | None
+    max_request_bytes: int
+    log_level: str
+    numerics: str
+    dtype: str
+    seed: int
+    speculative_config: SpeculativeConfig | None
+    async_scheduling: bool | None
+    max_num_seqs: int | None
+    max_model_len: int | None
+    max_num_batched_tokens: int | None
+    num_blocks: int | None
+    kv_cache_memory_gib: float | None
+    block_size: int | None
+    fault_after_steps: int | None
+
+
+EngineFactory = Callable[[ServeOptions], EngineClient]
+
+
+def _parse_speculative_config(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> SpeculativeConfig | None:
+    if value is None:
+        return None
+    try:
+        return SpeculativeConfig.from_json(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def run_server(engine: EngineClient, options: ServeOptions) -> None:
+    """Serves until SIGINT/SIGTERM, then shuts the engine down."""
+    config = ServerConfig(
+        served_model_name=options.served_model_name or options.model,
+        api_key=options.api_key,
+        max_request_bytes=options.max_request_bytes,
+    )
+    app = build_app(engine, config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=options.host,
+            port=options.port,
+            log_level=options.log_level,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
+    try:
+        server.run()
+    finally:
+        engine.shutdown()
+
+
+def make_serve_command(engine_factory: EngineFactory) -> click.Command:
+    @click.command("serve")
+    @click.option(
+        "--model",
+        default="smollm2",
+        show_default=True,
+        help="smollm2 (embedded), a .gguf file or an HF folder.",
+    )
+    @click.option("--host", default="127.0.0.1", show_default=True)
+    @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+    @click.option("--served-model-name", default=None, help="The model id clients send (default: --model).")
+    @click.option(
+        "--api-key",
+        default=None,
+        envvar="REFENGINE_API_KEY",
+        help="Require `Authorization: Bearer KEY` on /v1/*.",
+    )
+    @click.option(
+        "--speculative-config",
+        default=None,
+        callback=_parse_speculative_config,
+        help='vLLM-style JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'.',
+    )
+    @click.option(
+        "--async-scheduling/--no-async-scheduling",
+        default=None,
+        help="Default: REFENGINE_ASYNC_SCHEDULING, else on wherever the speculative method allows it.",
+    )
+    @click.option("--max-num-seqs", type=click.IntRange(min=1), default=None)
+    @click.option("--max-model-len", type=click.IntRange(min=2), default=None)
+    @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None)
+    @click.option("--num-blocks", type=click.IntRange(min=1), default=None, help="KV pool size in blocks.")
+    @click.option(
+        "--kv-cache-memory-gib",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="KV pool size as a memory budget (used when --num-blocks is not given).",
+    )
+    @click.option("--block-size", type=click.IntRange(min=1), default=None)
+    @click.option("--seed", type=int, default=0, show_default=True)
+    @click.option(
+        "--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True
+    )
+    @click.option("--batch-invariant/--fast", default=True, show_default=True, help="Numerics mode.")
+    @click.option(
+        "--max-request-bytes",
+        type=click.IntRange(min=1),
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        show_default=True,
+        help="Larger request bodies get 413.",
+    )
+    @click.option(
+        "--fault-after-steps",
+        type=click.IntRange(min=0),
+        default=None,
+        help=f"Testing: make the runner raise after N steps (default: {FAULT_ENV_VAR}, else off).",
+    )
+    @click.option(
+        "--log-level",
+        type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+        default="info",
+        show_default=True,
+    )
+    def serve(
+        model: str,
+        host: str,
+        port: int,
+        served_model_name: str | None,
+        api_key: str | None,
+        speculative_config: SpeculativeConfig | None,
+        async_scheduling: bool | None,
+        max_num_seqs: int | None,
+        max_model_len: int | None,
+        max_num_batched_tokens: int | None,
+        num_blocks: int | None,
+        kv_cache_memory_gib: float | None,
+        block_size: int | None,
+        seed: int,
+        dtype: str,
+        batch_invariant: bool,
+        max_request_bytes: int,
+        fault_after_steps: int | None,
+        log_level: str,
+    ) -> None:
+        """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models,
+        /health, /metrics)."""
+        if num_blocks is not None and kv_cache_memory_gib is not None:
+            raise click.UsageError("give --num-blocks or --kv-cache-memory-gib, not both")
+        options = ServeOptions(
+            model=model,
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            max_request_bytes=max_request_bytes,
+            log_level=log_level,
+            numerics="batch_invariant" if batch_invariant else "fast",
+            dtype=dtype,
+            seed=seed,
+            speculative_config=speculative_config,
+            async_scheduling=async_scheduling,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_blocks=num_blocks,
+            kv_cache_memory_gib=kv_cache_memory_gib,
+            block_size=block_size,
+            fault_after_steps=fault_after_steps,
+        )
+        try:
+            engine = engine_factory(options)
+        except ValueError as e:  # a configuration the engine refuses, with its reason
+            raise click.ClickException(str(e)) from None
+        run_server(engine, options)
+
+    return serve

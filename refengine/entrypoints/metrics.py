@@ -1,0 +1,142 @@
+"""Prometheus metrics under vLLM's names, so tools written for vLLM scrape refengine unchanged.
+
+Engine counters and gauges live in the engine; a collector reads one `stats()` snapshot per scrape,
+so a scrape sees a consistent picture and the engine never calls into prometheus_client. Latencies
+are timed here, where the HTTP request begins. Every app gets its own CollectorRegistry, so several
+apps in one process (tests) never share or collide on metrics.
+"""
+
+from collections.abc import Iterator
+from dataclasses import asdict
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from refengine.entrypoints.engine_client import EngineClient
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Buckets in seconds, wide enough for a CPU run of a small model and a GPU run of an 8B one.
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+
+
+class EngineCollector(Collector):
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine.stats()
+        labels, values = ["model_name"], [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_requests_running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_requests_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", s.kv_cache_usage)
+        yield gauge("refengine:kv_cache_free_blocks", "KV blocks free in the pool.", s.num_free_blocks)
+        yield gauge("refengine:kv_cache_total_blocks", "KV blocks in the pool.", s.num_blocks)
+        yield counter("vllm:prompt_tokens", "Prompt tokens processed.", s.num_prompt_tokens)
+        yield counter("vllm:generation_tokens", "Tokens generated.", s.num_generation_tokens)
+        yield counter(
+            "vllm:num_preemptions", "Preemptions (requests sent back to waiting).", s.num_preemptions
+        )
+        yield counter("vllm:spec_decode_num_drafts", "Verify steps that carried drafts.", s.spec_num_drafts)
+        yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec_num_draft_tokens)
+        yield counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens
+        )
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft.",
+            labels=[*labels, "position"],
+        )
+        for position, accepted in enumerate(s.spec_num_accepted_tokens_per_pos):
+            per_pos.add_metric([*values, str(position)], accepted)
+        yield per_pos
+        yield gauge(
+            "refengine:drafter_random_init",
+            "1 if the drafter heads are randomly initialised (acceptance is then meaningless).",
+            float(s.drafter_random_init),
+        )
+        yield gauge(
+            "refengine:engine_dead",
+            "1 once the engine loop has raised.",
+            float(self.engine.dead_reason is not None),
+        )
+        info = InfoMetricFamily("refengine:engine", "How the engine was configured.", labels=labels)
+        info.add_metric(values, {k: str(v) for k, v in asdict(self.engine.engine_info).items()})
+        yield info
+
+
+class ServerMetrics:
+    """The metrics of one app, on its own registry."""
+
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine, model_name))
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Requests that finished, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        self.request_failure = Counter(
+            "refengine:request_failure",
+            "Requests that ended in an error after they reached the engine (engine death included).",
+            ["model_name"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time from the HTTP request to the first generated token.",
+            ["model_name"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Time from the HTTP request to the last generated token.",
+            ["model_name"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.labels(self.model_name).observe(seconds)
+
+    def finished(self, finish_reason: str, seconds: float) -> None:
+        self.request_success.labels(self.model_name, finish_reason).inc()
+        self.e2e.labels(self.model_name).observe(seconds)
+
+    def failed(self) -> None:
+        self.request_failure.labels(self.model_name).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,371 @@
+"""OpenAI wire format: request models (validated strictly) and response models.
+
+Requests are parsed with `model_validate_json` in strict mode, so JSON types must match exactly
+("5" is not an int, 1.0 is not an int, "true" is not a bool). Unknown fields are ignored, as OpenAI
+and vLLM do, except the ones that would change sampling: those are listed here and refused unless
+they carry their no-op value, so a client is never silently given different semantics.
+Cross-field rules that need the prompt length or the tokenizer live in serving.py.
+"""
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
+MAX_LOGPROBS = 20  # vLLM's default cap; OpenAI's own is 5 (completions) / 20 (chat)
+MAX_STOP_STRINGS = 32
+MAX_STOP_STRING_CHARS = 1024
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class RequestModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class SamplingRequest(RequestModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: FiniteFloat | None = Field(None, ge=0.0, le=2.0)
+    top_p: FiniteFloat | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1 and 0 both mean off (vLLM)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = Field(None, max_length=1024)
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]] | None = Field(
+        None, max_length=MAX_STOP_STRINGS
+    )
+    n: int | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
+    user: str | None = None
+    # Accepted only at their no-op value (see the module docstring).
+    presence_penalty: FiniteFloat | None = None
+    frequency_penalty: FiniteFloat | None = None
+    repetition_penalty: FiniteFloat | None = None
+    min_p: FiniteFloat | None = None
+    best_of: int | None = None
+    use_beam_search: bool | None = None
+    logit_bias: dict[str, Any] | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _check_stop(cls, value: Any) -> Any:
+        # Checked by hand because a str | list[str] union reports one error per union member.
+        items = [value] if isinstance(value, str) else value
+        if value is None:
+            return None
+        if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+            raise ValueError("must be a string or a list of strings")
+        if len(items) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in items):
+            raise ValueError(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters long")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _check_n(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty", "min_p")
+    @classmethod
+    def _zero_only(cls, value: float | None) -> float | None:
+        if value not in (None, 0.0):
+            raise ValueError("is not supported by this server (only 0 is accepted)")
+        return value
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _one_only(cls, value: float | None) -> float | None:
+        if value not in (None, 1.0):
+            raise ValueError("is not supported by this server (only 1 is accepted)")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_one(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("is not supported by this server (only 1 is accepted)")
+        return value
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("beam search is not supported by this server")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value:
+            raise ValueError("is not supported by this server")
+        return value
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        """One prompt per request: a string or token ids, possibly wrapped in a one-element list."""
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+            value = value[0]
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("is empty")
+            return value
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+        ):
+            if any(t < 0 for t in value):
+                raise ValueError("token ids must be non-negative")
+            return value
+        if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str | list) for p in value):
+            raise ValueError("batched prompts are not supported; send one prompt per request")
+        if isinstance(value, list) and not value:
+            raise ValueError("is empty")
+        raise ValueError("must be a non-empty string or a list of token ids")
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("is not supported by this server")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError("is not supported by this server")
+        return value
+
+
+class ChatMessage(RequestModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _join_text_parts(cls, value: Any) -> Any:
+        """Content may be a list of {"type": "text", "text": ...} parts; they are joined by newlines."""
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for part in value:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise ValueError(
+                    'content parts must be {"type": "text", "text": <string>}; only text is supported'
+                )
+            texts.append(part["text"])
+        if not texts:
+            raise ValueError("is empty")
+        return "\n".join(texts)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
+        if value:
+            raise ValueError("tool calling is not supported by this server")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none"):
+            raise ValueError("tool calling is not supported by this server")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value != {"type": "text"}:
+            raise ValueError('only {"type": "text"} is supported')
+        return value
+
+
+# ---- responses -----------------------------------------------------------------------------------
+
+
+class ResponseModel(BaseModel):
+    """OpenAI keeps core nullable fields as explicit nulls (finish_reason) but leaves optional
+    extensions out; fields named in `omit_when_none` are dropped from the JSON when they are None."""
+
+    omit_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for key in self.omit_when_none:
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo
+
+
+class Usage(ResponseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(ResponseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(ResponseModel):
+    omit_when_none = frozenset({"token_ids"})
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class CompletionResponse(ResponseModel):
+    omit_when_none = frozenset({"usage"})
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(ResponseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(ResponseModel):
+    content: list[ChatTokenLogprob]
+
+
+class ChatMessageOut(ResponseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(ResponseModel):
+    omit_when_none = frozenset({"token_ids"})
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(ResponseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(ResponseModel):
+    omit_when_none = frozenset({"role", "content"})
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(ResponseModel):
+    omit_when_none = frozenset({"token_ids"})
+    index: int = 0
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(ResponseModel):
+    omit_when_none = frozenset({"usage"})
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "refengine"
+    root: str
+    max_model_len: int
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
