@@ -84,6 +84,7 @@ class Request:
         "num_in_flight_tokens",
         "num_stale_output_tokens",
         "num_preemptions",
+        "is_prefill_chunk",
         "spec_decoding_stats",
     )
 
@@ -114,6 +115,8 @@ class Request:
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
         self.num_preemptions = 0
+        # Set when scheduled: the step's positions end before the last known token, so it samples nothing.
+        self.is_prefill_chunk = False
         self.spec_decoding_stats = SpecDecodingStats()
 
     def __repr__(self) -> str:
@@ -156,12 +159,6 @@ class Request:
     @property
     def num_tokens_with_spec(self) -> int:
         return self.num_tokens + len(self.spec_token_ids)
-
-    @property
-    def is_prefill_chunk(self) -> bool:
-        """True while the scheduled positions end before the last known token, so a step samples
-        nothing for this request. Read after the schedule-time advance of num_computed_tokens."""
-        return self.num_computed_tokens < self.num_tokens + self.num_output_placeholders
 
     @property
     def has_constraint(self) -> bool:

@@ -200,6 +200,9 @@ class Scheduler:
             # (test_stop_by_max_tokens_schedules_no_extra_step).
             request.num_computed_tokens += num_new
             request.num_in_flight_tokens += num_new
+            request.is_prefill_chunk = request.num_computed_tokens < (
+                request.num_tokens + request.num_output_placeholders
+            )
             # Invariant 3: scheduling consumes the drafts (test_preemption_clears_drafts).
             request.spec_token_ids = []
 

@@ -1,0 +1,207 @@
+"""Test doubles for the core: a fake runner that keeps its own per-request state (as the real one
+does), and an engine loop that drives sync (depth 1) or async (depth-2 batch queue) scheduling."""
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from refengine.config import EngineConfig
+from refengine.core.async_scheduler import AsyncScheduler
+from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from refengine.core.scheduler import Scheduler
+from refengine.request import Request, RequestStatus
+from refengine.sampling_params import SamplingParams
+
+EOS = 0
+
+
+@dataclass(frozen=True)
+class Spec:
+    num_speculative_tokens: int
+    num_lookahead_slots: int
+
+
+def make_scheduler(
+    *, async_scheduling: bool = False, k: int = 0, lookahead: int | None = None, **overrides
+) -> Scheduler:
+    cls = AsyncScheduler if async_scheduling else Scheduler
+    scheduler_kwargs = {
+        key: overrides.pop(key) for key in ("stop_checker", "draft_validator") if key in overrides
+    }
+    config = EngineConfig(
+        **{
+            "max_num_seqs": 8,
+            "max_num_batched_tokens": 64,
+            "max_model_len": 256,
+            "block_size": 4,
+            "num_blocks": 128,
+            **overrides,
+        },
+        speculative_config=Spec(k, k if lookahead is None else lookahead) if k or lookahead else None,
+        async_scheduling=async_scheduling,
+    )
+    return cls(config, **scheduler_kwargs)
+
+
+def make_request(req_id: str, prompt_len: int = 8, *, eos: int | None = EOS, **params) -> Request:
+    params.setdefault("temperature", 0.0)
+    return Request(req_id, [100 + i for i in range(prompt_len)], SamplingParams(**params), eos_token_id=eos)
+
+
+def runner_output(scheduler_output: SchedulerOutput, rows: dict[str, list[int]]) -> ModelRunnerOutput:
+    """Rows for every scheduled request; a request left out of `rows` gets an empty row."""
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(req_ids, [list(rows.get(r, [])) for r in req_ids])
+
+
+@dataclass
+class _RunnerRequest:
+    num_known_tokens: int  # prompt + outputs as of (re)admission
+    num_outputs: int  # outputs known to the runner, including its own samples not yet applied
+    sampled: bool = False  # has produced a token since (re)admission
+    drafts: list[int] = field(default_factory=list)
+
+
+class FakeRunner:
+    """Produces rows the way a real runner would, from its own state: output position i of a request is
+    always token_at(req_id, i), so the final outputs must not depend on scheduling at all."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        token_at: Callable[[str, int], int],
+        num_accepted: Callable[[str, int, int], int],
+        propose: Callable[[str, int], list[int]],
+    ) -> None:
+        self.config = config
+        self.token_at = token_at
+        self.num_accepted = num_accepted
+        self.propose = propose
+        self.states: dict[str, _RunnerRequest] = {}
+        self.frame_start: dict[str, tuple[bool, list[int]]] = {}
+        self.last_executed: SchedulerOutput | None = None
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            self.states.pop(req_id, None)
+        starts = {}
+        for new in so.scheduled_new_reqs:
+            assert new.req_id not in self.states, f"{new.req_id} sent as new while the runner holds it"
+            num_known = len(new.prompt_token_ids) + len(new.output_token_ids)
+            self.states[new.req_id] = _RunnerRequest(num_known, len(new.output_token_ids))
+            starts[new.req_id] = (new.num_computed_tokens, new.block_ids)
+        for cached in so.scheduled_cached_reqs:
+            assert cached.req_id in self.states, f"{cached.req_id} sent as cached but unknown to the runner"
+            starts[cached.req_id] = (cached.num_computed_tokens, cached.block_ids)
+        # What each held request looked like before this step: (has sampled, its pending drafts).
+        self.frame_start = {c.req_id: (self.states[c.req_id].sampled, self.states[c.req_id].drafts)
+                            for c in so.scheduled_cached_reqs}
+        self.last_executed = so
+        rows = []
+        for req_id, num_scheduled in so.num_scheduled_tokens.items():
+            state = self.states[req_id]
+            start, block_ids = starts[req_id]
+            needed = start + num_scheduled + self.config.num_lookahead_tokens
+            assert len(block_ids) * self.config.block_size >= needed, f"{req_id}: blocks do not cover {needed}"
+            if not state.sampled and start + num_scheduled < state.num_known_tokens:
+                rows.append([])  # a prefill chunk that does not reach the last known token
+                continue
+            state.sampled = True
+            drafts = so.scheduled_spec_decode_tokens.get(req_id, [])
+            num_valid = len(drafts) - so.num_invalid_spec_tokens.get(req_id, 0)
+            accepted = self.num_accepted(req_id, state.num_outputs, num_valid)
+            assert 0 <= accepted <= num_valid
+            rows.append([self.token_at(req_id, state.num_outputs + j) for j in range(accepted + 1)])
+            state.num_outputs += accepted + 1
+            state.drafts = self.propose(req_id, state.num_outputs)
+        return ModelRunnerOutput(list(so.num_scheduled_tokens), rows)
+
+    def take_draft_token_ids(self) -> dict[str, list[int]]:
+        return {req_id: list(s.drafts) for req_id, s in self.states.items() if s.sampled}
+
+
+def hashed_rng(*parts: object) -> random.Random:
+    return random.Random("/".join(map(str, parts)))
+
+
+class EngineLoop:
+    """The engine's two fronts: step() for sync (depth 1), and the depth-2 batch queue for async
+    (schedule n+1 before applying n; FIFO; a step with a pending constrained output is deferred)."""
+
+    def __init__(self, scheduler: Scheduler, runner: FakeRunner, check: Callable[["EngineLoop", str], None]) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.check = check
+        self.queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
+        self.deferred: SchedulerOutput | None = None
+        self.last_output: SchedulerOutput | None = None
+        self.delivered: dict[str, list[int]] = {}
+        self.finish_reasons: dict[str, str] = {}
+        self.scheduled_tokens: dict[str, int] = {}
+        self.num_steps = 0
+
+    def in_flight_outputs(self) -> list[SchedulerOutput]:
+        frames = [so for so, _ in self.queue]
+        return frames + ([self.deferred] if self.deferred is not None else [])
+
+    def _schedule(self) -> SchedulerOutput:
+        so = self.last_output = self.scheduler.schedule()
+        for req_id, n in so.num_scheduled_tokens.items():
+            self.scheduled_tokens[req_id] = self.scheduled_tokens.get(req_id, 0) + n
+        return so
+
+    def _apply(self, so: SchedulerOutput, ro: ModelRunnerOutput) -> EngineCoreOutputs:
+        outputs = self.scheduler.update_from_output(so, ro)
+        for out in outputs.outputs:
+            self.delivered.setdefault(out.req_id, []).extend(out.new_token_ids)
+            if out.finish_reason is not None:
+                self.finish_reasons[out.req_id] = out.finish_reason
+        return outputs
+
+    def step(self) -> None:
+        self.num_steps += 1
+        if not self.scheduler.async_scheduling():
+            so = self._schedule()
+            self.queue.appendleft((so, self.runner.execute(so)))
+            self.check(self, "schedule")
+            self._apply(*self.queue.pop())
+            self.check(self, "update")
+            self.scheduler.update_draft_token_ids(self.runner.take_draft_token_ids())
+            return
+        if self.scheduler.has_requests():
+            so = self._schedule()
+            if so.pending_constrained_output:
+                self.deferred = so
+            else:
+                self.queue.appendleft((so, self.runner.execute(so)))
+            self.check(self, "schedule")
+            if self.deferred is None and len(self.queue) < 2 and so.total_num_scheduled_tokens > 0:
+                return  # keep a frame in flight before blocking on the oldest one
+        if self.queue:
+            self._apply(*self.queue.pop())
+            self.check(self, "update")
+        if self.deferred is not None:
+            so, self.deferred = self.deferred, None
+            self.scheduler.update_draft_token_ids_in_output(self.runner.take_draft_token_ids(), so)
+            self.queue.appendleft((so, self.runner.execute(so)))
+
+    def busy(self) -> bool:
+        return self.scheduler.has_requests() or bool(self.queue) or self.deferred is not None
+
+
+def check_blocks(scheduler: Scheduler) -> None:
+    """No block leaked, none owned twice, ref counts agree with ownership."""
+    kv = scheduler.kv_cache_manager
+    pool = kv.block_pool
+    owned: list[int] = []
+    for req_id, request in scheduler.requests.items():
+        block_ids = kv.get_block_ids(req_id)
+        if request.status != RequestStatus.RUNNING:
+            assert not block_ids, f"{request} holds blocks while not running"
+        owned += block_ids
+    free = pool.free_block_ids()
+    assert len(owned) == len(set(owned)), "a block is owned twice"
+    assert not free & set(owned), "a block is free and owned"
+    assert len(owned) + pool.num_free_blocks == pool.num_blocks, "blocks leaked"
+    assert all(pool.ref_cnt(b) == 1 for b in owned) and all(pool.ref_cnt(b) == 0 for b in free)

@@ -1,0 +1,43 @@
+import pytest
+
+from refengine.sampling_params import SamplingParams
+
+
+def test_defaults_and_greedy():
+    assert not SamplingParams().is_greedy
+    params = SamplingParams(temperature=0, stop=("a",), stop_token_ids=(5,))
+    assert params.is_greedy and params.temperature == 0.0
+    assert params.stop == ["a"] and params.stop_token_ids == [5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": -0.5}, r"temperature .* got -0\.5"),
+        ({"temperature": float("nan")}, r"temperature .* got nan"),
+        ({"temperature": True}, r"temperature .* got True"),
+        ({"top_k": -2}, r"top_k .* got -2"),
+        ({"top_k": 2.5}, r"top_k .* got 2\.5"),
+        ({"top_p": 0.0}, r"top_p .* got 0\.0"),
+        ({"top_p": 1.5}, r"top_p .* got 1\.5"),
+        ({"seed": "7"}, r"seed .* got '7'"),
+        ({"max_tokens": 0}, r"max_tokens .* got 0"),
+        ({"min_tokens": 5, "max_tokens": 4}, r"min_tokens .* max_tokens=4.* got 5"),
+        ({"min_tokens": -1}, r"min_tokens .* got -1"),
+        ({"stop": "END"}, r"stop must be a list of strings, got 'END'"),
+        ({"stop": [""]}, r"stop must hold non-empty strings"),
+        ({"stop_token_ids": [3, -1]}, r"stop_token_ids .* got \[3, -1\]"),
+        ({"ignore_eos": 1}, r"ignore_eos .* got 1"),
+        ({"bad_words": ["ok", 3]}, r"bad_words must hold non-empty strings"),
+        ({"bad_words_token_ids": [[]]}, r"bad_words_token_ids .* got \[\[\]\]"),
+        ({"bad_words_token_ids": [[1, -4]]}, r"bad_words_token_ids .* got \[1, -4\]"),
+    ],
+)
+def test_invalid_values_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_top_k_off_values_and_seed_accepted():
+    assert SamplingParams(top_k=-1).top_k == -1
+    assert SamplingParams(top_k=0, seed=-3).seed == -3
