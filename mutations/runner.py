@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,12 +166,13 @@ class Runner:
             run = run_pytest(self.root, mutant.tests, timeout, on_start=self.journal.note_test_group)
         finally:
             # Runs on interrupts too; the journal stays whenever the pre-image is not verifiably back.
-            try:
-                sha_after = restore_snapshot(snapshot, self.restore_writer)
-            except OSError:
-                sha_after = ""
-            if sha_after == snapshot.sha256:
-                self.journal.clear()
+            with _signals_deferred():
+                try:
+                    sha_after = restore_snapshot(snapshot, self.restore_writer)
+                except OSError:
+                    sha_after = ""
+                if sha_after == snapshot.sha256:
+                    self.journal.clear()
         result = _classify(mutant, run, by_budget)
         result.sha256_before, result.sha256_after = snapshot.sha256, sha_after
         if sha_after != snapshot.sha256:
@@ -179,6 +182,17 @@ class Runner:
                 f"!= {snapshot.sha256[:12]}); journal kept, run `mutations restore`"
             )
         return result
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the pre-image goes back, so an interrupt lands after the restore
+    instead of tearing it in half."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _classify(mutant: Mutant, run: PytestRun, by_budget: bool) -> MutantResult:

@@ -14,4 +14,3 @@ def test_repository_catalogue_applies():
     catalogue = load_catalogue(REPO / "mutations" / "catalogue.toml")
     failures = [f"{c.id}: {c.status} {c.detail}" for c in check_apply(catalogue.mutants, REPO) if c.status]
     assert not failures, "\n".join(failures)
-
