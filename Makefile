@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q -m "not slow and not gpu"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not gpu"
 
 test-slow: install
 	$(PY) -m pytest -q -m "slow and not gpu"

@@ -1,0 +1,1 @@
+"""The engine: EngineCore's step loop, output processing and the offline LLM API."""

@@ -1,0 +1,93 @@
+"""EngineArgs: what a user chooses (CLI flags, LLM kwargs), resolved into a running EngineCore."""
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from refengine.config import EngineConfig
+from refengine.core.async_scheduler import AsyncScheduler
+from refengine.core.scheduler import Scheduler
+from refengine.engine.engine_core import EngineCore
+from refengine.engine.stop_strings import StopStringChecker
+from refengine.model.kv_cache import KVCache
+from refengine.model.loader import LoadedModel, load_model
+from refengine.spec.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
+from refengine.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("refengine")
+
+FAULT_ENV_VAR = "REFENGINE_FAULT_AFTER_STEPS"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str | LoadedModel = "smollm2"  # a name or path for load_model, or an already loaded model
+    numerics: str = "batch_invariant"
+    dtype: str = "float32"
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: min(the model's context, 2048)
+    block_size: int = 16
+    num_blocks: int | None = None  # None: as many as kv_cache_memory_gib holds
+    kv_cache_memory_gib: float = 1.0
+    seed: int = 0
+    speculative_config: SpeculativeConfig | None = None
+    async_scheduling: bool | None = None  # None: REFENGINE_ASYNC_SCHEDULING, else on where compatible
+    fault_after_steps: int | None = None  # None: REFENGINE_FAULT_AFTER_STEPS, else off
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A built engine: the core plus what callers need around it."""
+
+    core: EngineCore
+    loaded: LoadedModel
+    config: EngineConfig
+    async_resolution: AsyncResolution
+    stop_checker: StopStringChecker
+
+
+def build_engine(args: EngineArgs) -> Engine:
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    resolution = resolve_async_scheduling(args.async_scheduling, args.speculative_config)
+    logger.info("async scheduling %s", resolution.reason)
+    loaded = (
+        args.model
+        if isinstance(args.model, LoadedModel)
+        else load_model(args.model, dtype=DTYPES[args.dtype], numerics=args.numerics)
+    )
+    model_config = loaded.config
+    max_model_len = args.max_model_len or min(model_config.max_position_embeddings, 2048)
+    if max_model_len > model_config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={max_model_len} exceeds the model's context of {model_config.max_position_embeddings}"
+        )
+    bytes_per_block = (
+        2 * model_config.num_hidden_layers * args.block_size * model_config.num_key_value_heads
+        * model_config.head_dim * DTYPES[args.dtype].itemsize
+    )
+    num_blocks = args.num_blocks or int(args.kv_cache_memory_gib * 2**30 // bytes_per_block)
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        block_size=args.block_size,
+        num_blocks=num_blocks,
+        seed=args.seed,
+        speculative_config=args.speculative_config,
+        async_scheduling=resolution.enabled,
+    )
+    config.validate()
+    stop_checker = StopStringChecker(loaded.tokenizer)
+    scheduler_cls = AsyncScheduler if resolution.enabled else Scheduler
+    scheduler = scheduler_cls(config, stop_checker=stop_checker)
+    fault = args.fault_after_steps
+    if fault is None and os.environ.get(FAULT_ENV_VAR):
+        fault = int(os.environ[FAULT_ENV_VAR])
+    kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype])
+    runner = ModelRunner(loaded.model, kv_cache, fault_after_steps=fault)
+    return Engine(EngineCore(scheduler, runner), loaded, config, resolution, stop_checker)

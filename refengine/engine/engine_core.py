@@ -1,0 +1,80 @@
+"""EngineCore: the step loop. schedule -> execute -> update, at depth 1 (`step`) or with a depth-2
+batch queue (`step_with_batch_queue`) under async scheduling."""
+
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from refengine.core.scheduler import Scheduler
+from refengine.request import Request, RequestStatus
+from refengine.worker.model_runner import ModelRunner
+
+EMPTY_OUTPUTS = EngineCoreOutputs(outputs=(), finished_req_ids=frozenset(), spec_decoding_stats=None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    scheduler_output: SchedulerOutput
+    future: "Future[ModelRunnerOutput]"
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        # Invariant 14: a batch queue exists only under async scheduling, two frames deep.
+        self.max_concurrent_batches = 2 if scheduler.async_scheduling() else 1
+        self.batch_queue: deque[_Frame] = deque()
+        # One worker thread keeps frames in order on the runner while the engine thread schedules the
+        # next one: that is the host work depth 2 hides.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refengine-runner")
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, req_ids: list[str]) -> None:
+        self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_requests() or bool(self.batch_queue)
+
+    def step(self) -> EngineCoreOutputs:
+        """Depth 1: the output of a step is applied before the next one is scheduled."""
+        if not self.scheduler.has_requests():
+            return EMPTY_OUTPUTS
+        so = self.scheduler.schedule()
+        runner_output = self._execute(so)
+        outputs = self.scheduler.update_from_output(so, runner_output)
+        self._post_step()
+        return outputs
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs | None:
+        """Depth 2: schedule and launch frame n+1 before applying the output of frame n, oldest first.
+        Returns None when it only launched a frame."""
+        if self.scheduler.has_requests() and len(self.batch_queue) < self.max_concurrent_batches:
+            so = self.scheduler.schedule()
+            if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
+                # Invariant 14: FIFO, push left and pop right (test_batch_queue_is_fifo).
+                self.batch_queue.appendleft(_Frame(so, self._worker.submit(self._execute, so)))
+                if len(self.batch_queue) < self.max_concurrent_batches:
+                    return None
+        if not self.batch_queue:
+            return None
+        frame = self.batch_queue.pop()
+        outputs = self.scheduler.update_from_output(frame.scheduler_output, frame.future.result())
+        self._post_step()
+        return outputs
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.runner.execute_model(so)
+        return self.runner.sample_tokens()
+
+    def _post_step(self) -> None:
+        # Invariant 15: under async scheduling the scheduler only ever holds -1 placeholders; real draft
+        # ids reach it out of band only in sync mode (test_async_scheduler_ships_only_placeholders).
+        if not self.scheduler.async_scheduling():
+            self.scheduler.update_draft_token_ids(self.runner.take_draft_token_ids())
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)

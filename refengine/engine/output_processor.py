@@ -1,0 +1,75 @@
+"""Turns EngineCoreOutputs into per-request text deltas: incremental detokenization and the stop-string
+cut (the scheduler already trimmed the tokens after the stopping one)."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from refengine.core.outputs import EngineCoreOutputs
+from refengine.engine.outputs import RequestDelta
+from refengine.tokenizer.detokenizer import IncrementalDetokenizer
+from refengine.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class _Tracked:
+    detokenizer: IncrementalDetokenizer
+    num_prompt_tokens: int
+    # A stop string may still be forming at the end of the text: hold back that many characters, so
+    # no part of it is ever streamed.
+    holdback: int
+    num_output_tokens: int = 0
+    text: str = ""
+    num_emitted_chars: int = 0
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._tracked: dict[str, _Tracked] = {}
+
+    def add_request(self, request_id: str, num_prompt_tokens: int, stop: Sequence[str] = ()) -> None:
+        holdback = max((len(s) for s in stop), default=1) - 1
+        self._tracked[request_id] = _Tracked(IncrementalDetokenizer(self._tokenizer), num_prompt_tokens, holdback)
+
+    def abort(self, request_id: str) -> RequestDelta | None:
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is None:
+            return None
+        return RequestDelta(request_id, [], "", True, "abort", tracked.num_prompt_tokens, tracked.num_output_tokens)
+
+    def process(self, outputs: EngineCoreOutputs) -> list[RequestDelta]:
+        deltas = []
+        for out in outputs.outputs:
+            tracked = self._tracked.get(out.req_id)
+            if tracked is None:
+                continue
+            finished = out.finish_reason is not None
+            tracked.text += tracked.detokenizer.push(out.new_token_ids)
+            tracked.num_output_tokens += len(out.new_token_ids)
+            if finished:
+                tracked.text += tracked.detokenizer.flush()
+                if isinstance(out.stop_reason, str):
+                    # vLLM's default: the stop string and anything after it are not part of the output.
+                    # The match ends in the last token, so it is the last occurrence.
+                    cut = tracked.text.rfind(out.stop_reason)
+                    if cut >= 0:
+                        tracked.text = tracked.text[:cut]
+                end = len(tracked.text)
+            else:
+                end = max(tracked.num_emitted_chars, len(tracked.text) - tracked.holdback)
+            text = tracked.text[tracked.num_emitted_chars : end]
+            tracked.num_emitted_chars = end
+            deltas.append(
+                RequestDelta(
+                    out.req_id,
+                    list(out.new_token_ids),
+                    text,
+                    finished,
+                    None if out.finish_reason is None else str(out.finish_reason),
+                    tracked.num_prompt_tokens,
+                    tracked.num_output_tokens,
+                )
+            )
+            if finished:
+                del self._tracked[out.req_id]
+        return deltas

@@ -1,0 +1,179 @@
+"""ModelRunner: builds the step's inputs from a SchedulerOutput, runs the model and verifies/samples.
+
+State lives in `requests`, keyed by request id, never by batch row (invariant 17): the batch is
+rebuilt from the SchedulerOutput every step, so a request that joins, finishes or moves to another
+row never reads another request's state.
+
+A step is split in two, as in vLLM: `execute_model` runs the forward and keeps the logits;
+`sample_tokens` verifies drafts and samples. The engine's deferred branch runs other work between
+the two (it applies the previous frame's output and validates drafts against constraints).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.kv_cache import KVCache
+from refengine.model.transformer import Transformer
+from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, verify
+from refengine.worker.request_state import CachedRequestState
+
+
+class RunnerInvariantError(RuntimeError):
+    """The runner's per-request state contradicts what the scheduler sent."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by the fault-injection hook, so tests can watch the engine die honestly."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRow:
+    """One request's slice of the step."""
+
+    state: CachedRequestState
+    num_computed_tokens: int  # exact position of the first token fed this step
+    num_scheduled_tokens: int
+    draft_ids: tuple[int, ...]  # the drafts fed, after filling -1 placeholders
+    first_logits_row: int | None  # None: a prefill chunk that does not reach the last known token
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutedBatch:
+    rows: tuple[ScheduledRow, ...]
+    logits: torch.Tensor  # [sum over sampled rows of (k + 1), vocab]
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, kv_cache: KVCache, *, fault_after_steps: int | None = None) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.requests: dict[str, CachedRequestState] = {}
+        self.fault_after_steps = fault_after_steps
+        self.num_steps = 0
+        self._executed: ExecutedBatch | None = None
+
+    # ---- state -------------------------------------------------------------------------------
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            self.requests.pop(req_id, None)
+        for new in so.scheduled_new_reqs:
+            self.requests[new.req_id] = CachedRequestState.from_new(new)
+        for cached in so.scheduled_cached_reqs:
+            state = self.requests.get(cached.req_id)
+            # Invariant 17: a cached request is one this runner holds, found by id.
+            if state is None:
+                raise RunnerInvariantError(f"scheduled request {cached.req_id!r} has no runner state")
+            # Invariant 18: the scheduler's count is exact (sync) or optimistic (async), never behind.
+            if cached.num_computed_tokens < state.num_computed_tokens:
+                raise RunnerInvariantError(
+                    f"request {cached.req_id!r}: scheduler sent num_computed_tokens={cached.num_computed_tokens}, "
+                    f"behind the runner's exact {state.num_computed_tokens}"
+                )
+            state.block_ids = cached.block_ids
+
+    # ---- execute -----------------------------------------------------------------------------
+    def execute_model(self, so: SchedulerOutput) -> None:
+        if self._executed is not None:
+            raise RunnerInvariantError("execute_model called twice without sample_tokens in between")
+        self.num_steps += 1
+        if self.fault_after_steps is not None and self.num_steps > self.fault_after_steps:
+            raise InjectedFault(f"injected fault at runner step {self.num_steps}")
+        self._update_states(so)
+
+        rows: list[ScheduledRow] = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        sample_rows: list[int] = []
+        for req_id, num_scheduled in so.num_scheduled_tokens.items():
+            state = self.requests[req_id]
+            drafts = self._fill_drafts(state, so.scheduled_spec_decode_tokens.get(req_id, ()))
+            start = state.num_computed_tokens
+            num_known = num_scheduled - len(drafts)
+            # Invariant 19: the fed tokens are committed ones, ending at most at the last sampled token.
+            if start + num_known > state.num_tokens or num_known < 1:
+                raise RunnerInvariantError(
+                    f"request {req_id!r}: {num_scheduled} scheduled tokens with {len(drafts)} drafts from position "
+                    f"{start}, but the runner knows only {state.num_tokens} tokens"
+                )
+            first_logits_row = None
+            if start + num_known == state.num_tokens:
+                first_logits_row = len(sample_rows)
+                offset = len(input_ids) + num_known - 1
+                sample_rows.extend(range(offset, offset + len(drafts) + 1))
+            elif drafts:
+                raise RunnerInvariantError(f"request {req_id!r}: drafts scheduled behind a prefill chunk")
+            input_ids += state.token_ids[start : start + num_known] + list(drafts)
+            positions += range(start, start + num_scheduled)
+            rows.append(ScheduledRow(state, start, num_scheduled, drafts, first_logits_row))
+
+        if not rows:
+            self._executed = ExecutedBatch((), torch.empty(0))
+            return
+        meta = AttentionMetadata.build(
+            [r.num_computed_tokens for r in rows],
+            [r.num_scheduled_tokens for r in rows],
+            [r.state.block_ids for r in rows],
+            self.block_size,
+        )
+        with torch.inference_mode():
+            out = self.model(
+                torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta, self.kv_cache
+            )
+            logits = self.model.compute_logits(out.hidden_states[torch.tensor(sample_rows, dtype=torch.long)])
+        self._executed = ExecutedBatch(tuple(rows), logits)
+
+    @staticmethod
+    def _fill_drafts(state: CachedRequestState, scheduled: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+        """The scheduler decides how many drafts a request verifies; under async it only ships -1
+        placeholders and the runner fills them from its own pending drafts, by request id."""
+        return tuple(
+            state.pending_drafts[j] if d == PLACEHOLDER_TOKEN_ID and j < len(state.pending_drafts) else d
+            for j, d in enumerate(scheduled)
+        )
+
+    # ---- sample ------------------------------------------------------------------------------
+    def sample_tokens(self, draft_overrides: Mapping[str, list[int]] | None = None) -> ModelRunnerOutput:
+        """Verify and sample the executed step. `draft_overrides` replaces the drafts a request is
+        verified against (the deferred constraint branch pads invalid drafts with -1, which always
+        reject); the model was fed the original drafts, so only a prefix of them can be accepted."""
+        executed, self._executed = self._executed, None
+        if executed is None:
+            raise RunnerInvariantError("sample_tokens called without execute_model")
+        req_ids: list[str] = []
+        sampled: list[list[int]] = []
+        for row in executed.rows:
+            state = row.state
+            req_ids.append(state.req_id)
+            if row.first_logits_row is None:
+                state.num_computed_tokens += row.num_scheduled_tokens
+                sampled.append([])
+                continue
+            drafts = row.draft_ids
+            if draft_overrides is not None and state.req_id in draft_overrides:
+                drafts = tuple(draft_overrides[state.req_id])
+            k = len(drafts)
+            logits = executed.logits[row.first_logits_row : row.first_logits_row + k + 1]
+            tokens = verify(
+                logits,
+                drafts,
+                state.params,
+                state.token_ids,
+                state.num_output_tokens,
+                first_position=state.num_tokens,
+            )
+            state.token_ids += tokens
+            # Every fed token up to the last accepted draft now has committed KV; the last sampled token
+            # is the next step's input.
+            state.num_computed_tokens = state.num_tokens - 1
+            state.pending_drafts = []
+            sampled.append(tokens)
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
+
+    def take_draft_token_ids(self) -> dict[str, list[int]]:
+        """Sync scheduling only: the drafts proposed after this step, for the scheduler to schedule."""
+        return {req_id: list(s.pending_drafts) for req_id, s in self.requests.items() if s.pending_drafts}

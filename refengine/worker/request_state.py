@@ -1,0 +1,59 @@
+"""What the runner remembers about one request between steps, keyed by request id."""
+
+from dataclasses import dataclass, field
+
+from refengine.core.outputs import NewRequestData
+from refengine.sample.sampler import RowParams
+
+
+@dataclass(slots=True)
+class CachedRequestState:
+    """`token_ids` is the runner's own view: prompt plus every token it has sampled. Under async
+    scheduling it runs ahead of the scheduler, which learns the tokens one frame later.
+
+    `num_computed_tokens` is exact: positions whose KV holds committed tokens. The scheduler's count is
+    optimistic under async (it assumes every draft in flight is accepted); this one is corrected by the
+    acceptance the runner already saw (invariant 18).
+    """
+
+    req_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    block_ids: tuple[int, ...]
+    params: RowParams
+    # Drafts this runner proposed after its last verification; they fill the scheduler's -1
+    # placeholders (async) and are what take_draft_token_ids hands over (sync).
+    pending_drafts: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_new(cls, data: NewRequestData) -> "CachedRequestState":
+        sp = data.sampling_params
+        stop_ids = tuple(sp.stop_token_ids) + (
+            (data.eos_token_id,) if data.eos_token_id is not None and not sp.ignore_eos else ()
+        )
+        params = RowParams(
+            temperature=sp.temperature,
+            top_k=sp.top_k if sp.top_k and sp.top_k > 0 else 0,
+            top_p=sp.top_p,
+            min_tokens=sp.min_tokens,
+            stop_token_ids=stop_ids,
+            bad_words_token_ids=tuple(tuple(w) for w in sp.bad_words_token_ids),
+            rng_key=data.rng_key,
+        )
+        return cls(
+            req_id=data.req_id,
+            token_ids=[*data.prompt_token_ids, *data.output_token_ids],
+            num_prompt_tokens=len(data.prompt_token_ids),
+            num_computed_tokens=data.num_computed_tokens,
+            block_ids=data.block_ids,
+            params=params,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
