@@ -1,0 +1,129 @@
+"""`ladder` command line: parses flags into a RunConfig and hands it to the runner."""
+
+import sys
+from pathlib import Path
+
+import click
+
+from ladder import config as cfg
+from ladder.config import EXIT_USAGE, RunConfig, SetupError
+
+EPILOG = f"""\b
+Defaults: c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
+{cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}·c measured requests per rung after max(--warmup, c) warmup requests;
+ignore_eos on, temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
+--stall-timeout {cfg.DEFAULT_STALL_TIMEOUT_S:g} s; results in runs/<UTC time>-<label>/.
+
+\b
+Target: --base-url URL runs against a live server. --serve-cmd "CMD" starts one first and stops it after;
+"{{port}}" in CMD means the ladder picks a free loopback port. Neither: the embedded
+"refengine serve --model smollm2 --port {{port}}".
+
+\b
+Exit codes:
+  {cfg.EXIT_OK}  every rung OK
+  {cfg.EXIT_VOID}  at least one rung VOID (a request failed: HTTP error, timeout, truncated stream,
+     zero tokens, missing usage, or N != --output-len); the engine stayed alive
+  {cfg.EXIT_USAGE}  usage error, or the endpoint is unusable (unreachable, refused the key, not OpenAI,
+     server command died before it answered); nothing measured
+  {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall);
+     its rung is VOID(engine_dead), later rungs NOT_RUN
+"""
+
+
+def _ints(ctx, param, value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"expected positive integers like 1,2,4,8, got {value!r}")
+    return out
+
+
+def _percentiles(ctx, param, value: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        out = ()
+    if not out or not all(0 < p <= 100 for p in out):
+        raise click.BadParameter(f"expected percentiles in (0, 100] like 50,90,99, got {value!r}")
+    return out
+
+
+def _pairs(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
+    bad = [v for v in values if "=" not in v or v.startswith("=")]
+    if bad:
+        raise click.BadParameter(f"expected key=value, got {bad[0]!r}")
+    return dict(v.split("=", 1) for v in values)
+
+
+@click.group()
+def cli() -> None:
+    """ladder: a concurrency ladder against any OpenAI-compatible endpoint."""
+
+
+@cli.command(epilog=EPILOG)
+@click.option("--base-url", help="Server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine).")
+@click.option("--serve-cmd", help="Start this server command first and stop it (its process group) after.")
+@click.option("--serve-timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_SERVE_TIMEOUT_S,
+              show_default=True, help="Seconds for --serve-cmd to answer /v1/models.")
+@click.option("--model", help="Model name. [default: the first entry of /v1/models]")
+@click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default="openai-chat", show_default=True,
+              help="openai-chat: /v1/chat/completions; openai: /v1/completions.")
+@click.option("--c", "concurrencies", default=",".join(map(str, cfg.DEFAULT_CONCURRENCIES)), show_default=True,
+              callback=_ints, help="Concurrency of each rung, in order.")
+@click.option("--input-len", type=click.IntRange(1), default=cfg.DEFAULT_INPUT_LEN, show_default=True,
+              help="Prompt tokens per request (sized by probing the server's usage, or --tokenizer).")
+@click.option("--output-len", type=click.IntRange(2), default=cfg.DEFAULT_OUTPUT_LEN, show_default=True,
+              help="Output tokens per request (max_tokens with ignore_eos).")
+@click.option("--prompts-per-rung", type=click.IntRange(1), help="Measured requests per rung (fixed).")
+@click.option("--prompts-per-concurrency", type=click.IntRange(1), help="Measured requests per rung = K·c. "
+              f"[default: {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}]")
+@click.option("--warmup", type=click.IntRange(0), default=0, show_default=True,
+              help="Warmup requests per rung, excluded from numbers; raised to c.")
+@click.option("--label", default="run", show_default=True, help="Name of the run (manifest, out dir).")
+@click.option("--metadata", multiple=True, callback=_pairs, metavar="K=V",
+              help="Recorded in the manifest; repeatable. Engine keys (engine, dtype, spec_method, ...) "
+                   "feed ladder compare's like-for-like guard.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token. [env: OPENAI_API_KEY]")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_TIMEOUT_S,
+              show_default=True, help="Seconds per request, send to stream end.")
+@click.option("--stall-timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_STALL_TIMEOUT_S,
+              show_default=True, help="No chunk from any in-flight request for this long = engine dead.")
+@click.option("--metric-percentiles", "percentiles", default="50,90,99", show_default=True,
+              callback=_percentiles, help="Percentiles reported beside the mean.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Result directory.")
+@click.option("--seed", type=int, default=cfg.DEFAULT_SEED, show_default=True, help="Prompt seed.")
+@click.option("--temperature", type=click.FloatRange(0), default=cfg.DEFAULT_TEMPERATURE, show_default=True)
+@click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
+              help="Local tokenizer.json (or its folder) to size prompts instead of probing the server.")
+@click.option("--allow-chunk-count", is_flag=True,
+              help="Count one token per chunk when the server sends no usage, instead of failing.")
+def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, **kw) -> int:
+    """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""
+    if prompts_per_rung is not None and prompts_per_concurrency is not None:
+        raise click.UsageError("give --prompts-per-rung or --prompts-per-concurrency, not both")
+    from ladder.display import Display
+    from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
+
+    config = RunConfig(
+        prompts_per_rung=prompts_per_rung,
+        prompts_per_concurrency=prompts_per_concurrency or cfg.DEFAULT_PROMPTS_PER_CONCURRENCY,
+        timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
+        serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"), **kw)
+    return run_ladder(config, Display())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every error is one line on stderr, never a traceback."""
+    try:
+        code = cli.main(args=argv, prog_name="ladder", standalone_mode=False)
+    except (click.ClickException, SetupError) as e:
+        message = e.format_message() if isinstance(e, click.ClickException) else str(e)
+        click.echo(f"ladder: error: {message}", err=True)
+        sys.exit(EXIT_USAGE)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("ladder: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

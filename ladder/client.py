@@ -1,0 +1,134 @@
+"""The load generator: streams requests over one shared aiohttp session, c at a time per phase.
+
+NOTE: aiohttp, not httpx: on the 2-core development machine httpx cost about twice the client CPU per SSE
+event, even with a raw-bytes parser (reports/client-overhead.md has the numbers).
+"""
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+
+import aiohttp
+
+from ladder.records import RequestRecord
+from ladder.sse import SSEParser
+
+
+@dataclass(slots=True)
+class Progress:
+    """Shared by the requests of one phase; the watchdog reads it to spot a stalled engine."""
+
+    last_activity: float  # last send, chunk or completion of any request
+    in_flight: int = 0
+    num_done: int = 0
+    num_failed: int = 0
+
+
+@dataclass(frozen=True)
+class Target:
+    session: aiohttp.ClientSession
+    url: str  # the completions URL
+    chat: bool
+
+
+def request_body(prompt: str, *, model: str, chat: bool, max_tokens: int, temperature: float,
+                 continuous_usage: bool) -> bytes:
+    """The JSON body, serialised once before any clock starts."""
+    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+                  "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if continuous_usage:
+        body["stream_options"]["continuous_usage_stats"] = True
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return json.dumps(body).encode()
+
+
+def _carries_output(choice: dict, chat: bool) -> bool:
+    if not chat:
+        return bool(choice.get("text"))
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                or delta.get("tool_calls") or delta.get("function_call"))
+
+
+def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
+    rec.num_events += 1
+    if data == b"[DONE]":
+        rec.done = True
+        return
+    obj = json.loads(data)
+    usage = obj.get("usage")
+    if usage and usage.get("completion_tokens") is not None:
+        rec.completion_tokens = usage["completion_tokens"]
+        rec.prompt_tokens = usage.get("prompt_tokens")
+    choices = obj.get("choices")
+    if choices:
+        if _carries_output(choices[0], chat):
+            rec.chunk_times.append(now)
+            if usage:
+                rec.chunk_usage.append(rec.completion_tokens)
+    elif "error" in obj:
+        err = obj["error"]
+        rec.error = rec.error or f"stream_error: {err.get('message', err) if isinstance(err, dict) else err}"
+
+
+async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Progress, timeout_s: float) -> None:
+    """Send one request and record what comes back. Never raises except on cancellation."""
+    chat = target.chat
+    progress.in_flight += 1
+    rec.t_send = progress.last_activity = perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with target.session.post(target.url, data=body) as resp:
+                if resp.status != 200:
+                    text = (await resp.text(errors="replace")).strip().replace("\n", " ")
+                    rec.error = f"http_error: HTTP {resp.status}: {text[:160]}"
+                    return
+                parser = SSEParser()
+                read = resp.content.readany
+                while data := await read():
+                    now = progress.last_activity = perf_counter()
+                    for event in parser.feed(data):
+                        _on_event(rec, event, now, chat)
+    except TimeoutError:
+        rec.error = f"timeout: no complete response within {timeout_s:g} s"
+    except aiohttp.ClientPayloadError as e:
+        rec.error = f"truncated: the stream broke off: {e}"
+    except aiohttp.ClientError as e:
+        rec.error = f"connection_error: {type(e).__name__}: {e}"
+    except ValueError as e:
+        rec.error = f"bad_event: not JSON: {e}"
+    finally:
+        rec.t_end = progress.last_activity = perf_counter()
+        progress.in_flight -= 1
+
+
+async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[RequestRecord], concurrency: int,
+                    progress: Progress, timeout_s: float, on_done: Callable[[RequestRecord], bool]) -> None:
+    """Run every request with at most `concurrency` in flight. `on_done` returns whether the request failed.
+
+    Dispatch lag is measured per request as t_send - t_due: t_due is when a slot became free (the phase
+    start for the first wave), so it captures how late the client was to refill the slot.
+    """
+    sem = asyncio.Semaphore(concurrency)
+    start = perf_counter()
+    free_since = deque([start] * concurrency)
+
+    async def one(body: bytes, rec: RequestRecord) -> None:
+        await sem.acquire()
+        rec.t_due = free_since.popleft()
+        try:
+            await stream(target, body, rec, progress, timeout_s)
+        finally:
+            free_since.append(perf_counter())
+            sem.release()
+        progress.num_done += 1
+        progress.num_failed += on_done(rec)
+
+    progress.last_activity = start
+    await asyncio.gather(*(one(b, r) for b, r in zip(bodies, records, strict=True)))

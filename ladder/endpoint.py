@@ -1,0 +1,100 @@
+"""The server as the ladder sees it over HTTP: model list, health, canary, probes and /metrics counters."""
+
+from time import perf_counter
+
+import aiohttp
+
+from ladder.client import Progress, Target, request_body, stream
+from ladder.config import SetupError
+from ladder.metrics import parse_counters
+from ladder.records import RequestRecord, failure
+
+
+class UnreachableError(SetupError):
+    """Nothing answers at the base URL (yet)."""
+
+
+class Endpoint:
+    """One OpenAI-compatible server and the HTTP session every request to it shares."""
+
+    def __init__(self, base_url: str, api_key: str | None, chat: bool):
+        url = base_url.rstrip("/")
+        self.base_url = url[:-3] if url.endswith("/v1") else url  # accept either spelling of the base
+        self.chat = chat
+        self.path = "/v1/chat/completions" if chat else "/v1/completions"
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "Endpoint":
+        # NOTE: no connection cap (the phase semaphore is the cap) so probes never queue behind load;
+        # a 1 MiB read buffer keeps long chunks from throttling the stream (vllm#39963).
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), headers=self._headers, read_bufsize=1 << 20,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.session.close()
+
+    @property
+    def target(self) -> Target:
+        return Target(self.session, self.base_url + self.path, self.chat)
+
+    async def models(self) -> list[dict]:
+        """The /v1/models entries; any answer other than a model list is a SetupError."""
+        url = self.base_url + "/v1/models"
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                text = await resp.text(errors="replace")
+                if resp.status in (401, 403):
+                    raise SetupError(f"{url} refused the API key (HTTP {resp.status}); pass --api-key")
+                if resp.status != 200:
+                    raise SetupError(f"{url} answered HTTP {resp.status}: not an OpenAI-compatible server?")
+                try:
+                    data = (await resp.json(content_type=None))["data"]
+                except (ValueError, KeyError, TypeError):
+                    data = None
+                if not isinstance(data, list):
+                    raise SetupError(f"{url} returned no model list ({text[:60]!r}): "
+                                     f"not an OpenAI-compatible server?")
+                return data
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UnreachableError(f"cannot reach {url}: {type(e).__name__}: {e}") from e
+
+    async def health(self) -> str | None:
+        """Why /health says the engine is dead, or None. A server without /health (404) is not dead."""
+        try:
+            async with self.session.get(self.base_url + "/health",
+                                        timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return f"/health answered HTTP {resp.status}" if resp.status >= 500 else None
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"/health unreachable: {type(e).__name__}: {e}"
+
+    async def counters(self) -> dict[str, float]:
+        """The spec-decode counters from /metrics; empty when the server exposes none."""
+        try:
+            async with self.session.get(self.base_url + "/metrics",
+                                        timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return parse_counters(await resp.text(errors="replace")) if resp.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError):
+            return {}
+
+    async def probe(self, body: bytes, timeout_s: float) -> RequestRecord:
+        rec = RequestRecord(concurrency=0, phase="probe", index=0)
+        await stream(self.target, body, rec, Progress(perf_counter()), timeout_s)
+        return rec
+
+    async def canary(self, model: str, timeout_s: float) -> str | None:
+        """Why a 1-token completion failed, or None: catches an engine that stopped behind a live HTTP
+        front, which /health and /v1/models miss (vllm#1492)."""
+        body = request_body("ping", model=model, chat=self.chat, max_tokens=1, temperature=0.0,
+                            continuous_usage=False)
+        err = failure(await self.probe(body, timeout_s), 1, ignore_eos=True, allow_chunk_count=True)
+        return f"canary failed: {err}" if err else None
+
+    async def check_alive(self, model: str, timeout_s: float) -> str | None:
+        """Why the engine is dead, or None: /health first (cheap), then the canary."""
+        return await self.health() or await self.canary(model, timeout_s)
+

@@ -1,0 +1,46 @@
+"""RequestRecord: the raw facts of one streamed request, and the rule that says whether it succeeded.
+
+All times are `time.perf_counter()` seconds. Metrics are computed from these records only.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    concurrency: int
+    phase: str  # "warmup" | "measured"
+    index: int
+    t_due: float = 0.0  # when a concurrency slot became free for this request
+    t_send: float = 0.0  # when the request was handed to the HTTP client
+    t_end: float = 0.0  # when the stream closed (or the request failed)
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each token-bearing chunk
+    # usage.completion_tokens as of each token-bearing chunk (continuous usage); empty when the server
+    # reports usage only at the end.
+    chunk_usage: list[int] = field(default_factory=list)
+    num_events: int = 0  # every SSE data event, including the role prelude, the usage chunk and [DONE]
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    done: bool = False  # [DONE] arrived
+    error: str | None = None  # "kind: detail", set by the client
+
+
+def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:
+    """Why `rec` failed as "kind: detail", or None for a success."""
+    if rec.error is not None:
+        return rec.error
+    if not rec.done:
+        return "truncated: the stream ended without [DONE]"
+    if not rec.chunk_times:
+        return "zero_tokens: no chunk carried output"
+    if rec.completion_tokens is None and not allow_chunk_count:
+        return "no_usage: the stream carried no usage.completion_tokens"
+    n = output_tokens(rec)
+    if ignore_eos and n != output_len:
+        return f"length_mismatch: {n} output tokens, {output_len} requested with ignore_eos"
+    return None
+
+
+def output_tokens(rec: RequestRecord) -> int:
+    """N: the server's usage count; one token per chunk only where --allow-chunk-count allowed it."""
+    return rec.completion_tokens if rec.completion_tokens is not None else len(rec.chunk_times)

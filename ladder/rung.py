@@ -1,0 +1,71 @@
+"""The result of one rung: OK with numbers, VOID without any, or NOT_RUN.
+
+A VOID rung is a different type from an OK one, and it has no field that could hold a number: survivor
+statistics cannot be written for it, by construction.
+"""
+
+from dataclasses import asdict, dataclass
+
+from ladder.audit import Audit
+from ladder.metrics import RungStats, SpecAcceptance
+
+MAX_ERRORS = 5  # distinct error messages kept on a VOID row
+
+
+@dataclass(frozen=True)
+class RungOk:
+    concurrency: int
+    num_ok: int  # warmup + measured
+    prompt_hash: str
+    stats: RungStats
+    audit: Audit
+    spec: SpecAcceptance | None
+
+    status = "OK"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return ("CLIENT_BOUND",) if self.audit.client_bound else ()
+
+
+@dataclass(frozen=True)
+class RungVoid:
+    concurrency: int
+    num_ok: int
+    num_failed: int  # includes requests never sent because the engine died first
+    reason: str
+    errors: tuple[str, ...]
+    prompt_hash: str
+
+    status = "VOID"
+    flags = ()
+
+
+@dataclass(frozen=True)
+class RungNotRun:
+    concurrency: int
+    reason: str
+
+    status = "NOT_RUN"
+    flags = ()
+
+
+RungResult = RungOk | RungVoid | RungNotRun
+
+
+def void_from_failures(concurrency: int, num_ok: int, failures: list[str], prompt_hash: str,
+                       engine_dead: str | None) -> RungVoid:
+    """reason: engine_dead (with its cause) or the failure kinds in order of first appearance."""
+    distinct = list(dict.fromkeys(failures))
+    kinds = list(dict.fromkeys(f.split(":", 1)[0] for f in failures))
+    reason = f"engine_dead: {engine_dead}" if engine_dead else ", ".join(kinds)
+    return RungVoid(concurrency=concurrency, num_ok=num_ok, num_failed=len(failures), reason=reason,
+                    errors=tuple(distinct[:MAX_ERRORS]), prompt_hash=prompt_hash)
+
+
+def to_dict(rung: RungResult) -> dict:
+    row = {"concurrency": rung.concurrency, "status": rung.status, "flags": list(rung.flags)}
+    row.update((k, v) for k, v in asdict(rung).items() if k != "concurrency")
+    if isinstance(rung, RungOk):
+        row["audit"]["client_bound"] = rung.audit.client_bound
+    return row

@@ -1,0 +1,80 @@
+"""ServerProcess: a server command the ladder starts, waits for, watches and stops (--serve-cmd)."""
+
+import asyncio
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from time import perf_counter
+
+from ladder.config import EMBEDDED_SERVE_CMD, SetupError
+from ladder.endpoint import Endpoint, UnreachableError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def embedded_serve_cmd() -> str:
+    """`refengine serve` from the interpreter's own environment, so an unactivated venv works too."""
+    exe = Path(sys.executable).parent / "refengine"
+    return EMBEDDED_SERVE_CMD.replace("{refengine}", shlex.quote(str(exe)) if exe.exists() else "refengine")
+
+
+class ServerProcess:
+    """The command runs in its own session, so stop() reaches every process it spawned."""
+
+    def __init__(self, cmd: str, log_path: Path):
+        self.cmd = cmd
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def _log_tail(self) -> str:
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        return f"; last log line: {lines[-1][:200]!r}" if lines else ""
+
+    async def wait_ready(self, endpoint: Endpoint, timeout_s: float) -> None:
+        """Poll /v1/models until it answers. A server that exits or never answers is a SetupError."""
+        deadline = perf_counter() + timeout_s
+        while True:
+            rc = self.exit_code()
+            if rc is not None:
+                raise SetupError(f"the server command exited with code {rc} before /v1/models answered"
+                                 f"{self._log_tail()} (log: {self.log_path})")
+            try:
+                await endpoint.models()
+                return
+            except UnreachableError as e:
+                if perf_counter() > deadline:
+                    raise SetupError(f"the server did not answer /v1/models within {timeout_s:g} s "
+                                     f"(log: {self.log_path})") from e
+            await asyncio.sleep(0.25)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(grace_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # NOTE: the shell may be gone while its children live on in the group; reap them too.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()

@@ -1,0 +1,209 @@
+"""A scripted OpenAI-compatible streaming server: the test double for ladder.
+
+Raw asyncio HTTP/1.1 (keep-alive, chunked SSE), so it is fast enough to benchmark the client against and
+its timing is known exactly. Run it as a process: `python fake_openai.py --port P --script JSON`; it prints
+`ready <port>` on stdout once it listens.
+
+A "load request" is a completion request with max_tokens > 1; probes and canaries (max_tokens == 1) never
+count, so a script can name load requests by their arrival serial (0-based) without knowing how many
+probes the client sends.
+
+Script keys (all optional):
+  model             model id served on /v1/models                                   ("fake-model")
+  ttft, gap         seconds before the first content chunk / between content chunks  (0.0, 0.0)
+  tokens_per_chunk  tokens carried by each content chunk (the last may carry fewer)  (1)
+  usage             "final" | "none": whether include_usage is honoured              ("final")
+  continuous        honour stream_options.continuous_usage_stats                     (true)
+  reject_continuous answer 400 when continuous_usage_stats is sent                  (false)
+  role_prelude      send a role-only first chunk at once                             (true)
+  pings             send an SSE comment line before every content chunk              (false)
+  split_writes      write each event in two pieces, split inside a multi-byte char   (false)
+  api_key           require `Authorization: Bearer <api_key>`                        (null)
+  spec_k            expose vLLM spec-decode counters as if every chunk were one verify with k drafts
+  fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
+  die_after         after this many load requests the engine dies ...
+  die_mode          ... "exit" (the process exits), "500" (every completion then fails, /health stays 200,
+                    like an engine stopped behind a live HTTP front) or "stall" (every stream then freezes)
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+TOKEN_TEXTS = ["é", "日本", " w", "ö", "€"]  # multi-byte UTF-8 on purpose
+
+
+class FakeServer:
+    def __init__(self, script: dict):
+        self.s = script
+        self.num_load = 0
+        self.dead = False
+        self.stalled = asyncio.Event()
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.accepted = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if not await self.route(method, path, headers, body, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def send_json(self, writer, status: int, obj) -> None:
+        data = json.dumps(obj).encode()
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Error"}[status]
+        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+
+    async def route(self, method, path, headers, body, writer) -> bool:
+        key = self.s.get("api_key")
+        if key and headers.get("authorization") != f"Bearer {key}":
+            self.send_json(writer, 401, {"error": {"message": "Incorrect API key provided", "type": "auth"}})
+            return True
+        if method == "GET" and path == "/v1/models":
+            model = {"id": self.s.get("model", "fake-model"), "object": "model", "owned_by": "fake",
+                     "max_model_len": 4096}
+            self.send_json(writer, 200, {"object": "list", "data": [model]})
+        elif method == "GET" and path == "/health":
+            self.send_json(writer, 200, {})
+        elif method == "GET" and path == "/metrics":
+            text = self.metrics_text().encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+                         + str(len(text)).encode() + b"\r\n\r\n" + text)
+        elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            return await self.complete(json.loads(body), path.endswith("chat/completions"), writer)
+        else:
+            self.send_json(writer, 404, {"error": {"message": f"no route {path}"}})
+        await writer.drain()
+        return True
+
+    def metrics_text(self) -> str:
+        if not self.s.get("spec_k"):
+            return "# HELP vllm:num_requests_running x\nvllm:num_requests_running 0\n"
+        return (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
+                f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {self.draft_tokens}\n'
+                f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {self.accepted}\n')
+
+    async def complete(self, req: dict, chat: bool, writer) -> bool:
+        s = self.s
+        max_tokens = req.get("max_tokens") or req.get("max_completion_tokens") or 16
+        opts = req.get("stream_options") or {}
+        if s.get("reject_continuous") and "continuous_usage_stats" in opts:
+            self.send_json(writer, 400, {"error": {"message": "unknown field continuous_usage_stats"}})
+            return True
+        serial = None
+        if max_tokens > 1:
+            serial = self.num_load
+            self.num_load += 1
+            if s.get("die_after") is not None and serial >= s["die_after"]:
+                mode = s.get("die_mode", "exit")
+                if mode == "exit":
+                    os._exit(1)
+                if mode == "stall":
+                    self.stalled.set()
+                self.dead = mode == "500"
+        if self.dead or serial in s.get("fail_at", ()):
+            self.send_json(writer, 500, {"error": {"message": "request submitted to a stopped engine"}})
+            return True
+        if s.get("short_at") and serial in s["short_at"]:
+            max_tokens -= 1
+        prompt = (req["messages"][0]["content"] if chat else req["prompt"])
+        prompt_tokens = len(prompt.split()) * 4 // 3 + (7 if chat else 1)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        continuous = s.get("continuous", True) and opts.get("continuous_usage_stats")
+        usage_final = s.get("usage", "final") == "final" and opts.get("include_usage")
+
+        async def emit(obj) -> None:
+            data = b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+            if s.get("pings"):
+                data = b": ping\n\n" + data
+            if s.get("split_writes"):
+                cut = data.index(b"\xc3") + 1 if b"\xc3" in data else len(data) // 2
+                for part in (data[:cut], data[cut:]):
+                    writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                    await writer.drain()
+                    await asyncio.sleep(0.001)
+            else:
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                await writer.drain()
+
+        def chunk(delta_text, done_tokens, role=False, finish=None):
+            if chat:
+                delta = {"role": "assistant", "content": ""} if role else {"content": delta_text}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta_text, "finish_reason": finish}
+            obj = {"id": "cmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+            if continuous:
+                obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done_tokens,
+                                "total_tokens": prompt_tokens + done_tokens}
+            return obj
+
+        if chat and s.get("role_prelude", True):
+            await emit(chunk("", 0, role=True))
+        await asyncio.sleep(s.get("ttft", 0.0))
+        k = s.get("tokens_per_chunk", 1)
+        done = 0
+        while done < max_tokens:
+            if self.stalled.is_set():
+                await asyncio.sleep(3600)
+            n = min(k, max_tokens - done)
+            done += n
+            if s.get("spec_k"):
+                self.drafts += 1
+                self.draft_tokens += s["spec_k"]
+                self.accepted += n - 1
+            text = "".join(TOKEN_TEXTS[(done - n + i) % len(TOKEN_TEXTS)] for i in range(n))
+            await emit(chunk(text, done, finish="length" if done == max_tokens else None))
+            if done < max_tokens:
+                gap = s.get("gap", 0.0)
+                await asyncio.sleep(gap) if gap else await asyncio.sleep(0)
+        if usage_final:
+            await emit({"id": "cmpl-1", "choices": [], "usage": {
+                "prompt_tokens": prompt_tokens, "completion_tokens": done,
+                "total_tokens": prompt_tokens + done}})
+        if s.get("truncate_at") and serial in s["truncate_at"]:
+            writer.transport.abort()
+            return False
+        await emit_raw(writer, b"data: [DONE]\n\n")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+async def emit_raw(writer, data: bytes) -> None:
+    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+    await writer.drain()
+
+
+async def main(port: int, script: dict) -> None:
+    fake = FakeServer(script)
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", port)
+    print("ready", server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--script", default="{}")
+    args = parser.parse_args()
+    if sys.platform.startswith("linux") and os.environ.get("FAKE_CPU"):
+        os.sched_setaffinity(0, {int(os.environ["FAKE_CPU"])})
+    asyncio.run(main(args.port, json.loads(args.script)))

@@ -1,0 +1,164 @@
+"""ladder against the scripted fake server: exact counts, VOID rungs, engine death, --serve-cmd.
+
+Load-request serials with `--prompts-per-concurrency 3` (warmup = c): rung c=1 is 0-3 (warmup 0),
+rung c=2 is 4-11 (warmup 4-5), rung c=4 is 12-27. Timings are checked only within loose bounds.
+"""
+
+import json
+import socket
+import time
+
+import pytest
+from ladder_harness import fake_cmd, load_records, load_rungs
+
+from ladder.config import RunConfig
+from ladder.runner import resolve_target
+
+FAST = ("--input-len", "64", "--output-len", "10", "--prompts-per-concurrency", "3")
+
+
+def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, ladder):
+    url = fake_server(ttft=0.05, gap=0.01, tokens_per_chunk=3, spec_k=4)
+    code, out, err, run = ladder("--base-url", url, "--c", "1,2", *FAST, "--metadata", "dtype=bf16")
+    assert (code, err) == (0, "")
+    rungs = load_rungs(run)
+    assert [(r["concurrency"], r["status"], r["num_ok"]) for r in rungs] == [(1, "OK", 4), (2, "OK", 8)]
+    for r in rungs:
+        st = r["stats"]
+        assert st["num_requests"] == 3 * r["concurrency"]
+        assert st["output_tokens"] == {"min": 10, "mean": 10.0, "max": 10}
+        assert st["tokens_per_chunk"]["mean"] == 10 / 4  # chunks of 3, 3, 3, 1
+        assert abs(st["input_tokens"]["mean"] - 64) <= 2  # calibrated through two probes
+        assert r["spec"]["acceptance_length"] == 1 + 6 / 4 and r["spec"]["acceptance_rate"] == 6 / 16
+        # The role prelude is sent at once and must not count: TTFT is at least the scripted 50 ms.
+        assert 50 <= st["ttft_ms"]["percentiles"]["p50"] < 1000
+        assert 10 <= st["chunk_gap_ms"]["percentiles"]["p50"] < 500
+        assert st["itl_token_ms"]["mean"] < st["chunk_gap_ms"]["mean"]  # 3 tokens share most gaps
+        assert st["e2e_ms"]["mean"] >= st["ttft_ms"]["mean"] + 30
+    records = load_records(run)
+    assert len(records) == 4 + 8
+    assert all(r["chunk_usage"] == [3, 6, 9, 10] and r["num_events"] == 7 for r in records)  # +prelude, usage, DONE
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["model"] == "fake-model" and manifest["result"] == {"exit_code": 0, "engine_dead": None}
+    assert manifest["engine"]["engine"] == "fake" and manifest["engine"]["max_model_len"] == 4096
+    assert manifest["engine"]["dtype"] == "bf16" and manifest["metadata"] == {"dtype": "bf16"}
+    assert manifest["workload"]["continuous_usage_stats"] is True
+    assert manifest["workload"]["rung_prompt_hashes"]["1"] == rungs[0]["prompt_hash"]
+    assert len((run / "rungs.csv").read_text().splitlines()) == 3
+    assert "Definitions" in out and "c=2" in out
+
+
+def test_one_failed_request_voids_its_rung_only(fake_server, ladder):
+    url = fake_server(fail_at=[7])
+    code, out, _, run = ladder("--base-url", url, "--c", "1,2,4", *FAST)
+    rungs = load_rungs(run)
+    assert code == 1
+    assert [r["status"] for r in rungs] == ["OK", "VOID", "OK"]
+    void = rungs[1]
+    assert (void["num_ok"], void["num_failed"], void["reason"]) == (7, 1, "http_error")
+    assert "HTTP 500" in void["errors"][0]
+    assert not {"stats", "audit", "spec"} & set(void)
+    assert "VOID" in out
+
+
+def test_truncated_and_short_streams_void_with_their_reasons(fake_server, ladder):
+    url = fake_server(truncate_at=[1], short_at=[2])
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
+    (rung,) = load_rungs(run)
+    assert code == 1
+    assert (rung["status"], rung["reason"], rung["num_failed"]) == ("VOID", "truncated, length_mismatch", 2)
+    assert rung["errors"][1] == "length_mismatch: 9 output tokens, 10 requested with ignore_eos"
+
+
+@pytest.mark.parametrize("mode, cause", [("500", "canary failed: http_error: HTTP 500"),
+                                         ("exit", "/health unreachable")])
+def test_engine_death_voids_the_rung_and_skips_the_rest(fake_server, ladder, mode, cause):
+    url = fake_server(die_after=6, die_mode=mode)
+    code, out, _, run = ladder("--base-url", url, "--c", "1,2,4,8", *FAST)
+    rungs = load_rungs(run)
+    assert code == 3
+    assert [r["status"] for r in rungs] == ["OK", "VOID", "NOT_RUN", "NOT_RUN"]
+    assert rungs[1]["reason"].startswith("engine_dead: " + cause)
+    assert rungs[2]["reason"] == rungs[3]["reason"] == rungs[1]["reason"]
+    assert json.loads((run / "manifest.json").read_text())["result"]["exit_code"] == 3
+
+
+def test_stall_is_engine_death(fake_server, ladder):
+    url = fake_server(die_after=6, die_mode="stall")
+    t0 = time.monotonic()
+    code, _, _, run = ladder("--base-url", url, "--c", "1,2,4", *FAST, "--stall-timeout", "1")
+    rungs = load_rungs(run)
+    assert code == 3
+    assert [r["status"] for r in rungs] == ["OK", "VOID", "NOT_RUN"]
+    assert rungs[1]["reason"].startswith("engine_dead: stall: no chunk for")
+    assert time.monotonic() - t0 < 30
+
+
+def _port_open(url: str) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", int(url.rsplit(":", 1)[1]))) == 0
+
+
+def test_serve_cmd_runs_against_the_started_server_and_stops_it(ladder):
+    code, out, err, run = ladder("--serve-cmd", fake_cmd({"tokens_per_chunk": 2}, port="{port}"),
+                               "--c", "1", *FAST)
+    assert code == 0, (out, err)
+    base_url = json.loads((run / "manifest.json").read_text())["endpoint"]["base_url"]
+    assert not _port_open(base_url)
+    assert (run / "server.log").exists()
+
+
+def test_serve_cmd_process_death_is_engine_death(ladder):
+    cmd = fake_cmd({"die_after": 6, "die_mode": "exit", "gap": 0.01}, port="{port}")
+    code, _, _, run = ladder("--serve-cmd", cmd, "--c", "1,2,4", *FAST)
+    rungs = load_rungs(run)
+    assert code == 3
+    assert [r["status"] for r in rungs] == ["OK", "VOID", "NOT_RUN"]
+    assert "engine_dead" in rungs[1]["reason"]
+
+
+def test_serve_cmd_that_exits_before_answering_is_a_usage_error(ladder):
+    code, out, err, _ = ladder("--serve-cmd", "echo loading; exit 7", "--base-url", "http://127.0.0.1:9")
+    assert code == 2
+    assert err.startswith("ladder: error: the server command exited with code 7") and "loading" in err
+    assert err.count("\n") == 1
+
+
+def test_embedded_default_serves_refengine_on_a_free_port():
+    base_url, cmd = resolve_target(RunConfig(base_url=None, serve_cmd=None))
+    port = base_url.rsplit(":", 1)[1]
+    assert cmd.endswith(f"refengine serve --model smollm2 --port {port}")
+
+
+def test_missing_usage_needs_allow_chunk_count_and_a_tokenizer(fake_server, ladder, tmp_path):
+    url = fake_server(usage="none", continuous=False)
+    code, _, err, _ = ladder("--base-url", url, "--c", "1", *FAST)
+    assert code == 2 and "--allow-chunk-count" in err
+    code, _, err, _ = ladder("--base-url", url, "--c", "1", *FAST, "--allow-chunk-count")
+    assert code == 2 and "--tokenizer" in err
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tok.json"))
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST, "--allow-chunk-count",
+                             "--tokenizer", str(tmp_path / "tok.json"))
+    (rung,) = load_rungs(run)
+    assert code == 0 and rung["stats"]["output_tokens"]["mean"] == 10
+    assert rung["stats"]["input_tokens"] is None and rung["stats"]["total_throughput"] is None
+
+
+def test_server_rejecting_continuous_usage_gets_requests_without_it(fake_server, ladder):
+    url = fake_server(reject_continuous=True, tokens_per_chunk=2)
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
+    (rung,) = load_rungs(run)
+    assert code == 0
+    assert rung["stats"]["itl_token_ms"] is None and rung["stats"]["tokens_per_chunk"]["mean"] == 2.0
+    assert json.loads((run / "manifest.json").read_text())["workload"]["continuous_usage_stats"] is False
+
+
+def test_pings_split_writes_and_completions_backend(fake_server, ladder):
+    url = fake_server(pings=True, split_writes=True, tokens_per_chunk=2)
+    for backend in ("openai-chat", "openai"):
+        code, _, _, run = ladder("--base-url", url + "/v1", "--backend", backend, "--c", "2", *FAST)
+        (rung,) = load_rungs(run)
+        assert (code, rung["status"], rung["stats"]["tokens_per_chunk"]["mean"]) == (0, "OK", 2.0)
