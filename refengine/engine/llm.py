@@ -68,11 +68,11 @@ class LLM:
             outputs = step()
             if outputs is None:
                 continue
-            for delta in processor.process(outputs):
-                result = results[delta.request_id]
+            for req_id, delta in processor.process(outputs):
+                result = results[req_id]
                 result.token_ids += delta.token_ids
                 result.text += delta.text
                 if delta.finished:
                     result.finish_reason = delta.finish_reason
-                    self.engine.stop_checker.forget(delta.request_id)
+                    self.engine.stop_checker.forget(req_id)
         return list(results.values())

@@ -31,13 +31,10 @@ class OutputProcessor:
         holdback = max((len(s) for s in stop), default=1) - 1
         self._tracked[request_id] = _Tracked(IncrementalDetokenizer(self._tokenizer), num_prompt_tokens, holdback)
 
-    def abort(self, request_id: str) -> RequestDelta | None:
-        tracked = self._tracked.pop(request_id, None)
-        if tracked is None:
-            return None
-        return RequestDelta(request_id, [], "", True, "abort", tracked.num_prompt_tokens, tracked.num_output_tokens)
+    def abort(self, request_id: str) -> None:
+        self._tracked.pop(request_id, None)
 
-    def process(self, outputs: EngineCoreOutputs) -> list[RequestDelta]:
+    def process(self, outputs: EngineCoreOutputs) -> list[tuple[str, RequestDelta]]:
         deltas = []
         for out in outputs.outputs:
             tracked = self._tracked.get(out.req_id)
@@ -59,17 +56,16 @@ class OutputProcessor:
                 end = max(tracked.num_emitted_chars, len(tracked.text) - tracked.holdback)
             text = tracked.text[tracked.num_emitted_chars : end]
             tracked.num_emitted_chars = end
-            deltas.append(
-                RequestDelta(
-                    out.req_id,
-                    list(out.new_token_ids),
-                    text,
-                    finished,
-                    None if out.finish_reason is None else str(out.finish_reason),
-                    tracked.num_prompt_tokens,
-                    tracked.num_output_tokens,
-                )
+            delta = RequestDelta(
+                token_ids=list(out.new_token_ids),
+                text=text,
+                logprobs=None,
+                finished=finished,
+                finish_reason=None if out.finish_reason is None else out.finish_reason.value,
+                num_prompt_tokens=tracked.num_prompt_tokens,
+                num_output_tokens=tracked.num_output_tokens,
             )
+            deltas.append((out.req_id, delta))
             if finished:
                 del self._tracked[out.req_id]
         return deltas

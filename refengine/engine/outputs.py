@@ -1,6 +1,9 @@
 """What the engine hands to its callers."""
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from refengine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,17 +16,78 @@ class StepRecord:
     num_accepted: int
 
 
-@dataclass(frozen=True, slots=True)
-class RequestDelta:
-    """New output of one request from one engine step; several tokens when drafts were accepted."""
+@dataclass(frozen=True)
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
 
-    request_id: str
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """New output of one request from one engine step; several tokens when drafts were accepted.
+    `text` is complete UTF-8 only, and never holds any part of a stop string."""
+
     token_ids: list[int]
     text: str
+    logprobs: list[TokenLogprobs] | None
     finished: bool
-    finish_reason: str | None
+    finish_reason: Literal["stop", "length", "abort"] | None
     num_prompt_tokens: int
     num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    logprobs: int | None = None  # top logprobs wanted per token; 0 = the chosen token's only; None = none
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """How the engine was configured; servers report it so that benchmark tables can compare like
+    with like."""
+
+    numerics: str
+    dtype: str
+    weight_format: str
+    spec_method: str | None
+    num_speculative_tokens: int
+    async_scheduling: bool
+    async_scheduling_source: str
+    max_num_seqs: int
+    block_size: int
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_requests_running: int
+    num_requests_waiting: int
+    num_prompt_tokens: int  # counters from here on: totals since start
+    num_generation_tokens: int
+    num_preemptions: int
+    num_free_blocks: int
+    num_blocks: int
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    drafter_random_init: bool = False
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+class EngineDeadError(RuntimeError):
+    """Raised by generate() and by in-flight iterators once the engine loop has died."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(slots=True)

@@ -1,0 +1,199 @@
+"""AsyncLLM: the engine behind an asyncio front end (the HTTP server).
+
+The engine loop runs on its own thread, so a forward pass never blocks the event loop. Requests and
+aborts reach it through a command queue that it drains before every step, so requests are admitted
+while the engine is busy. Each request's deltas go back to the event loop that asked for them.
+
+If the loop raises, the engine is dead: the reason is logged once, every stream in flight gets an
+EngineDeadError, and so does every later call. The process stays up so that clients can read why.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from refengine.engine.engine_args import Engine, EngineArgs, build_engine
+from refengine.engine.llm import tokenize_bad_words
+from refengine.engine.output_processor import OutputProcessor
+from refengine.engine.outputs import (
+    EngineDeadError,
+    EngineInfo,
+    EngineStats,
+    GenerationRequest,
+    RequestDelta,
+)
+from refengine.request import Request
+
+logger = logging.getLogger("refengine")
+
+
+@dataclass(frozen=True, slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: "asyncio.Queue[RequestDelta | EngineDeadError]"
+
+    def put(self, item: "RequestDelta | EngineDeadError") -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request: GenerationRequest
+    stream: _Stream
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+class AsyncLLM:
+    def __init__(self, args: EngineArgs, *, served_model_name: str | None = None) -> None:
+        self.engine: Engine = build_engine(args)
+        engine = self.engine
+        self.tokenizer = engine.loaded.tokenizer
+        self.model_name = served_model_name or (args.model if isinstance(args.model, str) else engine.loaded.source.path)
+        self.max_model_len = engine.config.max_model_len
+        spec = args.speculative_config
+        self.engine_info = EngineInfo(
+            numerics=str(engine.loaded.model.numerics),
+            dtype=args.dtype,
+            weight_format=engine.loaded.source.weight_type,
+            spec_method=None if spec is None else spec.method,
+            num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+            async_scheduling=engine.async_resolution.enabled,
+            async_scheduling_source=engine.async_resolution.source,
+            max_num_seqs=engine.config.max_num_seqs,
+            block_size=engine.config.block_size,
+            num_blocks=engine.config.num_blocks,
+        )
+        self._processor = OutputProcessor(self.tokenizer)
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._num_requests = 0
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._dead_reason: str | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="refengine-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._dead_reason
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[RequestDelta, None]:
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._commands.put(_Add(request, stream))
+        if self._dead_reason is not None:
+            # The loop died between the check above and the put: nobody will answer the command.
+            raise EngineDeadError(self._dead_reason)
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, EngineDeadError):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                # The consumer went away (client disconnect): free the request's KV blocks.
+                self._commands.put(_Abort(request.request_id))
+
+    def stats(self) -> EngineStats:
+        scheduler = self.engine.core.scheduler
+        spec = scheduler.spec_decoding_stats
+        kv = scheduler.kv_cache_manager
+        return EngineStats(
+            num_requests_running=len(scheduler.running),
+            num_requests_waiting=len(scheduler.waiting),
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+            num_preemptions=scheduler.num_preemptions,
+            num_free_blocks=kv.num_free_blocks,
+            num_blocks=self.engine.config.num_blocks,
+            spec_num_drafts=spec.num_drafts,
+            spec_num_draft_tokens=spec.num_draft_tokens,
+            spec_num_accepted_tokens=spec.num_accepted_tokens,
+            spec_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
+        )
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._commands.put(None)
+        self._thread.join(timeout=30)
+        self.engine.core.shutdown()
+
+    # ---- the engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        core = self.engine.core
+        step = core.step_with_batch_queue if core.max_concurrent_batches > 1 else core.step
+        try:
+            while not self._stopping:
+                # Block only when there is nothing to step.
+                self._apply(self._commands.get() if not core.has_work() else None)
+                while not self._commands.empty():
+                    self._apply(self._commands.get_nowait())
+                if self._stopping or not core.has_work():
+                    continue
+                outputs = step()
+                if outputs is not None:
+                    self._publish(outputs)
+        except Exception as err:  # noqa: BLE001 - any failure of the loop kills the engine, by design
+            self._die(f"{type(err).__name__}: {err}")
+
+    def _apply(self, command: "_Add | _Abort | None") -> None:
+        if isinstance(command, _Add):
+            self._add(command)
+        elif isinstance(command, _Abort):
+            if self._streams.pop(command.request_id, None) is not None:
+                self.engine.core.abort_requests([command.request_id])
+                self._processor.abort(command.request_id)
+                self.engine.stop_checker.forget(command.request_id)
+
+    def _add(self, command: _Add) -> None:
+        req = command.request
+        tokenizer = self.tokenizer
+        request = Request(
+            req.request_id,
+            req.prompt_token_ids,
+            tokenize_bad_words(tokenizer, req.sampling_params),
+            eos_token_id=tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None,
+            arrival_index=self._num_requests,
+            engine_seed=self.engine.config.seed,
+        )
+        self._num_requests += 1
+        self.engine.core.add_request(request)
+        self._processor.add_request(req.request_id, len(req.prompt_token_ids), req.sampling_params.stop)
+        self._streams[req.request_id] = command.stream
+        self._num_prompt_tokens += len(req.prompt_token_ids)
+
+    def _publish(self, outputs) -> None:
+        for req_id, delta in self._processor.process(outputs):
+            self._num_generation_tokens += len(delta.token_ids)
+            stream = self._streams.get(req_id)
+            if stream is None:
+                continue
+            stream.put(delta)
+            if delta.finished:
+                del self._streams[req_id]
+                self.engine.stop_checker.forget(req_id)
+
+    def _die(self, reason: str) -> None:
+        self._dead_reason = reason
+        logger.error("engine is dead: %s", reason)
+        error = EngineDeadError(reason)
+        for stream in self._streams.values():
+            stream.put(error)
+        self._streams.clear()
+        # Calls that raced with the failure are still in the command queue: answer them too.
+        while not self._commands.empty():
+            command = self._commands.get_nowait()
+            if isinstance(command, _Add):
+                command.stream.put(error)
