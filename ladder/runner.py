@@ -272,7 +272,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
         async with Endpoint(base_url, config.api_key, config.chat) as ep:
             if serve_cmd:
                 display.note(f"starting: {serve_cmd}")
-                server = ServerProcess(serve_cmd, store.dir / "server.log")
+                server = ServerProcess(serve_cmd, store.path("server.log"))
                 await server.wait_ready(ep, config.serve_timeout_s)
             work = await prepare(config, ep)
             info = manifest(config, base_url, serve_cmd, work, epoch)

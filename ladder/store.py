@@ -19,13 +19,18 @@ from ladder.rung import RungResult, to_dict
 class RunStore:
     def __init__(self, out_dir: Path):
         self.dir = out_dir
-        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, name: str) -> Path:
+        """The path of a result file; the directory appears with its first file, so a run that fails
+        before it starts leaves nothing behind."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return self.dir / name
 
     def write_manifest(self, manifest: dict) -> None:
-        (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        self.path("manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
     def append_records(self, records: Sequence[RequestRecord], epoch: float) -> None:
-        with open(self.dir / "requests.jsonl", "a") as f:
+        with open(self.path("requests.jsonl"), "a") as f:
             for rec in records:
                 row = asdict(rec)
                 for key in ("t_due", "t_send", "t_end"):
@@ -37,9 +42,9 @@ class RunStore:
         import pandas as pd  # deferred: only the writer needs it, and it is slow to import
 
         rows = [to_dict(r) for r in rungs]
-        (self.dir / "rungs.json").write_text(json.dumps(rows, indent=2) + "\n")
+        self.path("rungs.json").write_text(json.dumps(rows, indent=2) + "\n")
         flat = pd.json_normalize(rows, sep="_")
         for col in ("flags", "errors"):
             if col in flat:
                 flat[col] = flat[col].map(lambda v: " | ".join(v) if isinstance(v, (list, tuple)) else v)
-        flat.to_csv(self.dir / "rungs.csv", index=False)
+        flat.to_csv(self.path("rungs.csv"), index=False)

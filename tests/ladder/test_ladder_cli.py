@@ -1,0 +1,77 @@
+"""Bad input gets one line on stderr and exit code 2, never a traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ladder.server import free_port
+
+
+def one_line_error(code, out, err) -> str:
+    assert code == 2, (out, err)
+    assert err.startswith("ladder: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in out + err
+    return err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--c", "1,x"), "Invalid value for '--c'"),
+    (("--c", "1,,2"), "Invalid value for '--c'"),
+    (("--c", "0,2"), "Invalid value for '--c'"),
+    (("--metric-percentiles", "50,101"), "Invalid value for '--metric-percentiles'"),
+    (("--metadata", "novalue"), "expected key=value"),
+    (("--output-len", "1"), "Invalid value for '--output-len'"),
+    (("--prompts-per-rung", "4", "--prompts-per-concurrency", "2"), "not both"),
+    (("--bogus",), "No such option"),
+])
+def test_malformed_flags(ladder, flags, message):
+    assert message in one_line_error(*ladder("--base-url", "http://127.0.0.1:9", *flags)[:3])
+
+
+def test_unreachable_url(ladder):
+    err = one_line_error(*ladder("--base-url", f"http://127.0.0.1:{free_port()}")[:3])
+    assert "cannot reach" in err
+
+
+def test_wrong_api_key_is_refused_by_the_server(fake_server, ladder):
+    url = fake_server(api_key="sekrit")
+    assert "refused the API key (HTTP 401)" in one_line_error(*ladder("--base-url", url)[:3])
+    assert "refused the API key" in one_line_error(*ladder("--base-url", url, "--api-key", "wrong")[:3])
+    code, *_ = ladder("--base-url", url, "--api-key", "sekrit", "--c", "1", "--input-len", "32",
+                      "--output-len", "4", "--prompts-per-rung", "1")
+    assert code == 0
+
+
+def test_non_openai_server(ladder, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                             "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):  # until it listens
+            code, out, err, _ = ladder("--base-url", f"http://127.0.0.1:{port}")
+            if "cannot reach" not in err:
+                break
+        assert "answered HTTP 404: not an OpenAI-compatible server?" in one_line_error(code, out, err)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_console_script_prints_one_line_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "from ladder.cli import main; main()", "run", "--base-url",
+                           f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    one_line_error(proc.returncode, proc.stdout, proc.stderr)
+    assert not (tmp_path / "out").exists()  # nothing measured, nothing written
+
+
+def test_help_documents_exit_codes(ladder, capsys):
+    from ladder.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    for line in ("0  every rung OK", "1  at least one rung VOID", "2  usage error", "3  the engine died"):
+        assert line in out
