@@ -14,6 +14,7 @@ from refengine.engine.stop_strings import StopStringChecker
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel, load_model
 from refengine.spec.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
+from refengine.spec.registry import build_drafter
 from refengine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("refengine")
@@ -37,6 +38,7 @@ class EngineArgs:
     speculative_config: SpeculativeConfig | None = None
     async_scheduling: bool | None = None  # None: REFENGINE_ASYNC_SCHEDULING, else on where compatible
     fault_after_steps: int | None = None  # None: REFENGINE_FAULT_AFTER_STEPS, else off
+    record_steps: bool = False  # keep each request's per-step drafts and acceptance (the oracle reads them)
 
 
 @dataclass(frozen=True)
@@ -89,5 +91,8 @@ def build_engine(args: EngineArgs) -> Engine:
     if fault is None and os.environ.get(FAULT_ENV_VAR):
         fault = int(os.environ[FAULT_ENV_VAR])
     kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype])
-    runner = ModelRunner(loaded.model, kv_cache, fault_after_steps=fault)
+    drafter = None if args.speculative_config is None else build_drafter(args.speculative_config, loaded)
+    if drafter is not None and drafter.random_init:
+        logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
+    runner = ModelRunner(loaded.model, kv_cache, drafter=drafter, fault_after_steps=fault, record_steps=args.record_steps)
     return Engine(EngineCore(scheduler, runner), loaded, config, resolution, stop_checker)

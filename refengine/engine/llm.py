@@ -74,5 +74,8 @@ class LLM:
                 result.text += delta.text
                 if delta.finished:
                     result.finish_reason = delta.finish_reason
+                    records = core.runner.step_records
+                    if records is not None:
+                        result.steps = records.pop(req_id, [])
                     self.engine.stop_checker.forget(req_id)
         return list(results.values())

@@ -1,7 +1,9 @@
 """Prompt-lookup drafting on the host: find the latest earlier occurrence of the sequence's suffix
 and propose the tokens that followed it. Drafts may be shorter than k, or empty."""
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+from refengine.spec.drafter import DraftBatch
 
 
 def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -15,3 +17,24 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> l
                 follow = start + n
                 return list(token_ids[follow : follow + k])
     return []
+
+
+class NgramDrafter:
+    """Host-side prompt lookup over the runner's committed tokens. It reads committed token lists,
+    which is why it forces synchronous scheduling (see ASYNC_SCHEDULING_COMPATIBLE)."""
+
+    capture_layers: tuple[int, ...] = ()
+    random_init = False
+
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
+        self.k = num_speculative_tokens
+        self.min_n = prompt_lookup_min
+        self.max_n = prompt_lookup_max
+
+    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
+        return {
+            d.req_id: propose_ngram(d.token_ids, self.k, self.min_n, self.max_n) for d in batch.requests if d.propose
+        }
+
+    def remove(self, req_ids: Iterable[str]) -> None:
+        """Stateless: everything it needs is in the committed token list."""

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from refengine.engine.outputs import StepRecord
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
-from refengine.model.transformer import Transformer
+from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, verify
+from refengine.spec.drafter import DraftBatch, Drafter, DraftInput
 from refengine.worker.request_state import CachedRequestState
 
 
@@ -37,6 +39,7 @@ class ScheduledRow:
     state: CachedRequestState
     num_computed_tokens: int  # exact position of the first token fed this step
     num_scheduled_tokens: int
+    first_row: int  # where its rows start in the flat token batch
     draft_ids: tuple[int, ...]  # the drafts fed, after filling -1 placeholders
     first_logits_row: int | None  # None: a prefill chunk that does not reach the last known token
 
@@ -45,11 +48,23 @@ class ScheduledRow:
 class ExecutedBatch:
     rows: tuple[ScheduledRow, ...]
     logits: torch.Tensor  # [sum over sampled rows of (k + 1), vocab]
+    model_output: ModelOutput | None
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, kv_cache: KVCache, *, fault_after_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        kv_cache: KVCache,
+        *,
+        drafter: Drafter | None = None,
+        fault_after_steps: int | None = None,
+        record_steps: bool = False,
+    ) -> None:
         self.model = model
+        self.drafter = drafter
+        # Per-request draft/accept history, for the oracle's sync-vs-async comparison.
+        self.step_records: dict[str, list[StepRecord]] | None = {} if record_steps else None
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.requests: dict[str, CachedRequestState] = {}
@@ -59,8 +74,11 @@ class ModelRunner:
 
     # ---- state -------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.finished_req_ids | so.preempted_req_ids:
+        gone = so.finished_req_ids | so.preempted_req_ids
+        for req_id in gone:
             self.requests.pop(req_id, None)
+        if self.drafter is not None and gone:
+            self.drafter.remove(gone)
         for new in so.scheduled_new_reqs:
             self.requests[new.req_id] = CachedRequestState.from_new(new)
         for cached in so.scheduled_cached_reqs:
@@ -109,10 +127,10 @@ class ModelRunner:
                 raise RunnerInvariantError(f"request {req_id!r}: drafts scheduled behind a prefill chunk")
             input_ids += state.token_ids[start : start + num_known] + list(drafts)
             positions += range(start, start + num_scheduled)
-            rows.append(ScheduledRow(state, start, num_scheduled, drafts, first_logits_row))
+            rows.append(ScheduledRow(state, start, num_scheduled, len(input_ids) - num_scheduled, drafts, first_logits_row))
 
         if not rows:
-            self._executed = ExecutedBatch((), torch.empty(0))
+            self._executed = ExecutedBatch((), torch.empty(0), None)
             return
         meta = AttentionMetadata.build(
             [r.num_computed_tokens for r in rows],
@@ -122,10 +140,14 @@ class ModelRunner:
         )
         with torch.inference_mode():
             out = self.model(
-                torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta, self.kv_cache
+                torch.tensor(input_ids, dtype=torch.long),
+                torch.tensor(positions, dtype=torch.long),
+                meta,
+                self.kv_cache,
+                capture_layers=() if self.drafter is None else self.drafter.capture_layers,
             )
             logits = self.model.compute_logits(out.hidden_states[torch.tensor(sample_rows, dtype=torch.long)])
-        self._executed = ExecutedBatch(tuple(rows), logits)
+        self._executed = ExecutedBatch(tuple(rows), logits, out)
 
     @staticmethod
     def _fill_drafts(state: CachedRequestState, scheduled: list[int] | tuple[int, ...]) -> tuple[int, ...]:
@@ -146,12 +168,14 @@ class ModelRunner:
             raise RunnerInvariantError("sample_tokens called without execute_model")
         req_ids: list[str] = []
         sampled: list[list[int]] = []
+        draft_inputs: list[DraftInput] = []
         for row in executed.rows:
             state = row.state
             req_ids.append(state.req_id)
             if row.first_logits_row is None:
                 state.num_computed_tokens += row.num_scheduled_tokens
                 sampled.append([])
+                draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens, propose=False))
                 continue
             drafts = row.draft_ids
             if draft_overrides is not None and state.req_id in draft_overrides:
@@ -172,7 +196,31 @@ class ModelRunner:
             state.num_computed_tokens = state.num_tokens - 1
             state.pending_drafts = []
             sampled.append(tokens)
+            num_accepted = len(tokens) - 1
+            draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens - k + num_accepted, propose=True))
+            if self.step_records is not None and k:
+                self.step_records.setdefault(state.req_id, []).append(StepRecord(tuple(drafts), num_accepted))
+        if self.drafter is not None and draft_inputs and executed.model_output is not None:
+            batch = DraftBatch(
+                tuple(draft_inputs), executed.model_output.hidden_states, executed.model_output.aux_hidden_states
+            )
+            with torch.inference_mode():
+                proposals = self.drafter.propose(batch)
+            for req_id, drafts in proposals.items():
+                self.requests[req_id].pending_drafts = list(drafts)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
+
+    @staticmethod
+    def _draft_input(row: ScheduledRow, num_valid_rows: int, *, propose: bool) -> DraftInput:
+        return DraftInput(
+            req_id=row.state.req_id,
+            token_ids=row.state.token_ids,
+            first_position=row.num_computed_tokens,
+            num_valid_rows=num_valid_rows,
+            rows=slice(row.first_row, row.first_row + num_valid_rows),
+            block_ids=row.state.block_ids,
+            propose=propose,
+        )
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         """Sync scheduling only: the drafts proposed after this step, for the scheduler to schedule."""

@@ -1,0 +1,64 @@
+"""The drafter interface: what the runner hands a drafter after each verification.
+
+Every drafter keeps its per-request state keyed by request id (invariant 17) and sees only the rows
+that hold committed tokens: the fed prompt or decode tokens plus the accepted drafts. Rejected rows are
+never shown to it, so its context cannot run ahead of what the target committed (invariant 26).
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class DraftContextError(RuntimeError):
+    """A drafter's per-request context no longer matches what the target committed. Drafting from it
+    would be drafting from corrupted state, so the engine refuses instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraftInput:
+    """One request's slice of the step just verified.
+
+    Positions `first_position .. first_position + num_valid_rows - 1` were fed this step and hold
+    committed tokens; `token_ids[p + 1]` is the token that follows position p, so it exists for every
+    valid row (for the last row it is the token just sampled, or the next prompt token of a chunk).
+    """
+
+    req_id: str
+    token_ids: Sequence[int]
+    first_position: int
+    num_valid_rows: int
+    rows: slice  # the valid rows in DraftBatch.hidden_states and aux_hidden_states
+    block_ids: tuple[int, ...]
+    propose: bool  # False for a prefill chunk short of the prompt's end: ingest its rows, draft nothing
+
+    @property
+    def last_position(self) -> int:
+        return self.first_position + self.num_valid_rows - 1
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBatch:
+    requests: tuple[DraftInput, ...]
+    hidden_states: torch.Tensor  # [T, H] target output after its final norm, every fed row of the step
+    aux_hidden_states: dict[int, torch.Tensor]  # layer i's output, for i in Drafter.capture_layers
+
+
+class Drafter(Protocol):
+    """num_speculative_tokens drafts per proposing request, fewer only when it cannot fit (lossless)."""
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]: ...
+
+    @property
+    def random_init(self) -> bool:
+        """True when a head has no trained weights; the engine logs it and /metrics exposes it."""
+        ...
+
+    def propose(self, batch: DraftBatch) -> dict[str, list[int]]: ...
+
+    def remove(self, req_ids: Iterable[str]) -> None:
+        """Drop state of finished or preempted requests (a resumed request starts from position 0)."""
+        ...
