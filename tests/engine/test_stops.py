@@ -1,0 +1,79 @@
+"""Stop handling through the whole engine: stop strings across token boundaries, bad_words,
+min_tokens with stop ids, and max_tokens (scheduler-level cases live in tests/core)."""
+
+import pytest
+
+from refengine.engine.llm import LLM
+from refengine.model.tiny import build_tiny_model
+from refengine.sampling_params import SamplingParams
+
+PROMPT = [ord(c) for c in "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(build_tiny_model("qwen3", seed=5), num_blocks=128, block_size=4, max_model_len=128)
+
+
+def greedy(**kw):
+    kw.setdefault("max_tokens", 40)
+    return SamplingParams(temperature=0.0, ignore_eos=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def base(llm):
+    (out,) = llm.generate([PROMPT], greedy())
+    assert len(out.token_ids) == 40 and out.finish_reason == "length"
+    return out
+
+
+def ascii_pair(text: str, start: int) -> str:
+    """A two-character printable stop string that first occurs at or after `start`."""
+    for i in range(start, len(text) - 1):
+        pair = text[i : i + 2]
+        if pair.isascii() and pair.isprintable() and text.find(pair) == i:
+            return pair
+    pytest.skip("no printable ASCII pair in the tiny model's output")
+
+
+def test_stop_string_spanning_token_boundaries(llm, base):
+    stop = ascii_pair(base.text, 4)  # two byte tokens: the match spans a token boundary
+    (out,) = llm.generate([PROMPT], greedy(stop=[stop]))
+    assert out.finish_reason == "stop"
+    assert out.text == base.text[: base.text.index(stop)]
+    assert stop not in out.text
+    assert out.token_ids == base.token_ids[: len(out.token_ids)] and len(out.token_ids) < 40
+
+
+def test_stop_token_ids_respect_min_tokens(llm, base):
+    stop_id = base.token_ids[1]
+    (early,) = llm.generate([PROMPT], greedy(stop_token_ids=[stop_id]))
+    assert early.token_ids == base.token_ids[:2] and early.finish_reason == "stop"
+    (late,) = llm.generate([PROMPT], greedy(stop_token_ids=[stop_id], min_tokens=6))
+    assert len(late.token_ids) >= 6 and stop_id not in late.token_ids[:6]
+    assert late.finish_reason == "length" or late.token_ids[-1] == stop_id
+
+
+def test_max_tokens_is_exact(llm):
+    outs = llm.generate([PROMPT, PROMPT[:5]], [greedy(max_tokens=1), greedy(max_tokens=7)])
+    assert [len(o.token_ids) for o in outs] == [1, 7]
+    assert all(o.finish_reason == "length" for o in outs)
+
+
+def test_bad_words_single_and_multi_token(llm, base):
+    text = base.text
+    # bad_words strings go through the tokenizer; a printable character is one byte token here.
+    banned_char = next(c for c in text[2:] if c.isascii() and c.isalnum())
+    (single,) = llm.generate([PROMPT], greedy(bad_words=[banned_char]))
+    assert ord(banned_char) not in single.token_ids
+    assert single.token_ids != base.token_ids
+
+    # A two-token sequence, given as token ids (the tiny model's output is mostly not printable).
+    ids = base.token_ids
+    pairs = [(ids[j], ids[j + 1]) for j in range(len(ids) - 1)]
+    i = next(j for j in range(3, len(ids) - 1) if pairs.index(pairs[j]) == j)
+    (multi,) = llm.generate([PROMPT], greedy(bad_words_token_ids=[list(pairs[i])]))
+    # Everything before the banned continuation is unchanged; the pair's second token is replaced.
+    prefix = base.token_ids[: i + 1]
+    assert multi.token_ids[: i + 1] == prefix
+    assert multi.token_ids[i + 1] != base.token_ids[i + 1]
