@@ -29,15 +29,19 @@ def paged_attention(
     Keys are always read back from the cache, so a token sees the same stored values whether its
     neighbours arrived in this step or an earlier one.
     """
-    _store_kv(k, v, cache, meta.slot_mapping)
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     # Invariant: the batch holds exactly the rows the metadata describes.
-    if starts[-1] != q.shape[0] or len(seq_lens) != len(starts) - 1:
+    if (
+        starts[-1] != q.shape[0]
+        or len(seq_lens) != len(starts) - 1
+        or meta.slot_mapping.shape[0] != q.shape[0]
+    ):
         raise ModelInputError(
-            f"attention metadata describes {starts[-1]} tokens in {len(starts) - 1} sequences, "
-            f"got {q.shape[0]} tokens and {len(seq_lens)} seq_lens"
+            f"attention metadata describes {starts[-1]} tokens in {len(starts) - 1} sequences with "
+            f"{meta.slot_mapping.shape[0]} slots; got {q.shape[0]} tokens and {len(seq_lens)} seq_lens"
         )
+    _store_kv(k, v, cache, meta.slot_mapping)
     attend = _attend_rows if numerics is Numerics.BATCH_INVARIANT else _attend_batched
     out = torch.empty_like(q)
     for seq, seq_len in enumerate(seq_lens):

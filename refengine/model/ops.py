@@ -5,9 +5,10 @@ Two hazards on CPU make a row's result depend on its neighbours (reports/batch-i
 * BLAS picks a different kernel and blocking for each matrix shape (a 1-row product runs a gemv, a
   many-row one a gemm), so `(X @ W.T)[i]` changes with the number of rows in X. In batch-invariant
   mode every product therefore runs on tiles of exactly TILE_ROWS rows, zero-padded, one call each.
-* torch's vectorised elementwise loops finish a tensor's tail with scalar code, and for `rsqrt`,
-  `sigmoid` and `silu` the scalar and vector versions differ in the last bit. So these ops are built
-  from `exp`, `sqrt`, `+`, `*` and `/`, whose scalar and vector versions agree bitwise.
+* torch's vectorised elementwise loops finish a contiguous tensor's tail with scalar code, and for
+  `silu` and `sigmoid` the scalar and vector versions differ in the last bit, so a row's result would
+  depend on where the tensor ends. These ops are built from `exp`, `sqrt`, `+`, `*` and `/`, whose
+  scalar and vector versions agree bitwise.
 
 Reductions over the last dim (`mean`, `sum`, `softmax`) depend only on the row's own values.
 """

@@ -26,13 +26,16 @@ _HF_CLASSES = {Arch.LLAMA: "LlamaForCausalLM", Arch.QWEN3: "Qwen3ForCausalLM"}
 def tiny_config(
     arch: Arch | str = Arch.LLAMA, *, num_hidden_layers: int = 2, vocab_size: int = 320
 ) -> ModelConfig:
-    """Llama ties its embeddings (as SmolLM2 does), Qwen3 does not, so both paths get exercised."""
+    """Llama ties its embeddings (as SmolLM2 does), Qwen3 does not, so both paths get exercised.
+
+    intermediate_size is not a multiple of the SIMD width, so elementwise ops get scalar tails.
+    """
     arch = Arch(arch)
     return ModelConfig(
         arch=arch,
         vocab_size=vocab_size,
         hidden_size=64,
-        intermediate_size=128,
+        intermediate_size=120,
         num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -1,0 +1,110 @@
+"""Paged KV: where a sequence's blocks live does not change its logits; the metadata is honoured."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from model_drive import BLOCK_SIZE, new_cache, prefill_logits, step
+
+from refengine.model import (
+    AttentionMetadata,
+    KVCache,
+    LayerKVCache,
+    LoadedModel,
+    ModelInputError,
+    Numerics,
+    build_tiny_model,
+    paged_attention,
+)
+
+
+@pytest.mark.parametrize("numerics", ["batch_invariant", "fast"])
+def test_shuffled_block_tables_give_the_logits_of_contiguous_ones(numerics: str) -> None:
+    loaded = build_tiny_model("qwen3", seed=4, numerics=numerics)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(loaded.config.vocab_size) for _ in range(n)] for n in (29, 13, 40)]
+    contiguous = [prefill_logits(loaded.model, ids) for ids in prompts]
+    # All three sequences' blocks shuffled together through one pool, interleaved and out of order.
+    pool = list(range(64))
+    rng.shuffle(pool)
+    tables, cursor = [], 0
+    for ids in prompts:
+        count = -(-len(ids) // BLOCK_SIZE)
+        tables.append(pool[cursor : cursor + count])
+        cursor += count
+    paged = step(
+        loaded.model,
+        new_cache(loaded.model, 64),
+        [(ids, 0, t) for ids, t in zip(prompts, tables, strict=True)],
+    )
+    for expected, got in zip(contiguous, paged, strict=True):
+        if numerics == "batch_invariant":
+            assert torch.equal(expected, got)
+        else:
+            torch.testing.assert_close(expected, got, rtol=1e-5, atol=1e-5)
+
+
+def _layer_cache(num_blocks: int, num_kv_heads: int, head_dim: int) -> LayerKVCache:
+    shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+    return LayerKVCache(key=torch.zeros(shape), value=torch.zeros(shape))
+
+
+def _reference_attention(q, k, v, causal: bool) -> torch.Tensor:
+    group = q.shape[1] // k.shape[1]
+    keys, values = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), is_causal=causal, scale=0.25
+    )
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("numerics", list(Numerics))
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_matches_dense_reference_and_honours_causal_flag(numerics: Numerics, causal: bool) -> None:
+    gen = torch.Generator().manual_seed(2)
+    num_tokens, heads, kv_heads, head_dim = 11, 4, 2, 16
+    q = torch.randn(num_tokens, heads, head_dim, generator=gen)
+    k = torch.randn(num_tokens, kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_tokens, kv_heads, head_dim, generator=gen)
+    meta = AttentionMetadata.build([0], [num_tokens], [[5, 2, 7]], BLOCK_SIZE, causal=causal)
+    out = paged_attention(q, k, v, _layer_cache(8, kv_heads, head_dim), meta, 0.25, numerics)
+    torch.testing.assert_close(out, _reference_attention(q, k, v, causal), rtol=1e-5, atol=1e-5)
+
+
+def test_slot_minus_one_writes_nothing() -> None:
+    kv_heads, head_dim = 2, 8
+    cache = _layer_cache(4, kv_heads, head_dim)
+    k = torch.ones(3, kv_heads, head_dim)
+    meta = AttentionMetadata.build([0], [3], [[1]], BLOCK_SIZE)
+    meta = AttentionMetadata(meta.query_start_loc, meta.seq_lens, meta.block_tables, torch.tensor([4, -1, 6]))
+    paged_attention(torch.ones(3, 4, head_dim), k, k, cache, meta, 1.0, Numerics.FAST)
+    written = cache.key.flatten(0, 1).abs().sum(dim=(1, 2)) > 0
+    assert written.nonzero().flatten().tolist() == [4, 6]
+
+
+def test_capture_layers_returns_each_layers_output(tiny_model: LoadedModel) -> None:
+    model = tiny_model.model
+    meta = AttentionMetadata.build([0], [6], [[0, 1]], BLOCK_SIZE)
+    ids, positions = torch.arange(6), torch.arange(6)
+    out = model(ids, positions, meta, new_cache(model), capture_layers=(0, 1))
+    assert sorted(out.aux_hidden_states) == [0, 1]
+    hidden = model.embed(ids)
+    layer_cache = new_cache(model)
+    for index, layer in enumerate(model.layers):
+        hidden = layer(positions, hidden, meta, layer_cache.layers[index])
+        assert torch.equal(hidden, out.aux_hidden_states[index])
+    assert torch.equal(model.norm(hidden), out.hidden_states)
+
+
+def test_bad_inputs_raise_model_input_error(tiny_model: LoadedModel) -> None:
+    model = tiny_model.model
+    meta = AttentionMetadata.build([0], [4], [[0]], BLOCK_SIZE)
+    with pytest.raises(ModelInputError, match="capture_layers"):
+        model(torch.arange(4), torch.arange(4), meta, new_cache(model), capture_layers=(7,))
+    with pytest.raises(ModelInputError, match="describes 4 tokens"):
+        model(torch.arange(5), torch.arange(5), meta, new_cache(model))
+    with pytest.raises(ModelInputError, match="layers"):
+        model(torch.arange(4), torch.arange(4), meta, KVCache(new_cache(model).layers[:1]))
+    with pytest.raises(ModelInputError, match="do not fit"):
+        AttentionMetadata.build([0], [9], [[0, 1]], BLOCK_SIZE)
