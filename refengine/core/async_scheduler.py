@@ -5,7 +5,8 @@ from collections.abc import Callable
 
 from refengine.config import EngineConfig
 from refengine.core.outputs import SchedulerOutput
-from refengine.core.scheduler import Scheduler, SchedulerInvariantError, StopChecker
+from refengine.core.scheduler import Scheduler, SchedulerInvariantError
+from refengine.core.stop import StopChecker
 from refengine.request import Request
 
 # Returns how many leading drafts are valid for the request given its committed output (bad_words in
@@ -57,7 +58,8 @@ class AsyncScheduler(Scheduler):
             raise SchedulerInvariantError(f"{request}: output placeholders went negative")
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
-        # Invariant 15: real ids would overwrite placeholders one step late (test_async_refuses_*).
+        # Invariant 15: real ids would overwrite the placeholders one step late
+        # (test_async_scheduler_ships_only_placeholders).
         raise SchedulerInvariantError(
             "async scheduling keeps -1 placeholders; drafts reach it only via update_draft_token_ids_in_output"
         )

@@ -2,7 +2,7 @@
 bookkeeping that applies each step's output to the requests."""
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from refengine.config import EngineConfig
 from refengine.core.kv_cache_manager import KVCacheManager
@@ -15,11 +15,8 @@ from refengine.core.outputs import (
     SchedulerOutput,
 )
 from refengine.core.spec_decode_stats import SpecDecodingStats
+from refengine.core.stop import StopChecker, check_stop
 from refengine.request import Request, RequestStatus
-
-# Called after each token appended to a request with stop strings (once min_tokens is reached); returns
-# the stop string that now ends the output text, or None. The engine implements it with its detokenizer.
-StopChecker = Callable[[Request], str | None]
 
 
 class SchedulerInvariantError(RuntimeError):
@@ -58,7 +55,9 @@ class Scheduler:
                 f"to generate within max_model_len={self.config.max_model_len}"
             )
         if request.sampling_params.stop and self.stop_checker is None:
-            raise ValueError(f"request {request.request_id!r} has stop strings but the scheduler has no stop_checker")
+            raise ValueError(
+                f"request {request.request_id!r} has stop strings but the scheduler has no stop_checker"
+            )
         if request.status != RequestStatus.WAITING:
             raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
         self.requests[request.request_id] = request
@@ -72,12 +71,6 @@ class Scheduler:
         for req_id in req_ids:
             if (request := self.requests.get(req_id)) is not None:
                 self._finish_request(request, status)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
 
     def has_requests(self) -> bool:
         """Unfinished requests, or finished ones the runner has not been told about yet."""
@@ -146,7 +139,9 @@ class Scheduler:
         output = SchedulerOutput(
             scheduled_new_reqs=tuple(self._new_request_data(r) for r, cached in scheduled if not cached),
             scheduled_cached_reqs=tuple(
-                CachedRequestData(r.request_id, r.num_computed_tokens, self.kv_cache_manager.get_block_ids(r.request_id))
+                CachedRequestData(
+                    r.request_id, r.num_computed_tokens, self.kv_cache_manager.get_block_ids(r.request_id)
+                )
                 for r, cached in scheduled
                 if cached
             ),
@@ -174,11 +169,15 @@ class Scheduler:
     def _take(self, request: Request, num_new: int, num_scheduled: dict, spec_tokens: dict) -> None:
         num_scheduled[request.request_id] = num_new
         # Positions past the known tokens and placeholders are draft positions.
-        num_drafts = request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders
+        num_drafts = (
+            request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders
+        )
         if num_drafts > 0:
             # Invariant 2: the draft list matches the draft slots exactly (test_budget_caps_drafts).
             if num_drafts > len(request.spec_token_ids):
-                raise SchedulerInvariantError(f"{request}: {num_drafts} draft slots for {request.spec_token_ids}")
+                raise SchedulerInvariantError(
+                    f"{request}: {num_drafts} draft slots for {request.spec_token_ids}"
+                )
             spec_tokens[request.request_id] = request.spec_token_ids[:num_drafts]
 
     def _new_request_data(self, request: Request) -> NewRequestData:
@@ -208,7 +207,10 @@ class Scheduler:
 
     def _preempt_request(self, request: Request) -> None:
         # Invariant 9: recompute from scratch; output of frames already in flight becomes stale and is
-        # counted in tokens, the unit it drains in (test_preempt_marks_all_inflight_output_stale).
+        # counted in tokens, the unit it drains in (test_preempt_marks_all_inflight_output_stale). A
+        # running request has no stale output left: it was not re-admitted until that drained.
+        if request.num_stale_output_tokens != 0:
+            raise SchedulerInvariantError(f"{request}: preempted while stale output is in flight")
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -273,7 +275,9 @@ class Scheduler:
                 num_draft_tokens = len(drafts) - num_invalid
                 # Invariant 13: a -1 pad is never accepted (test_update_draft_token_ids_in_output_*).
                 if num_accepted > num_draft_tokens:
-                    raise SchedulerInvariantError(f"{request}: accepted {num_accepted} of {num_draft_tokens} drafts")
+                    raise SchedulerInvariantError(
+                        f"{request}: accepted {num_accepted} of {num_draft_tokens} drafts"
+                    )
                 if num_draft_tokens > 0:
                     for stats in (step_stats, self.spec_decoding_stats, request.spec_decoding_stats):
                         stats.observe_draft(num_draft_tokens, num_accepted)
@@ -302,28 +306,17 @@ class Scheduler:
     def _release_placeholders(self, request: Request, num_tokens: int) -> None:
         """Sync scheduling makes no placeholders; AsyncScheduler overrides this."""
 
-    def _append_output(self, request: Request, generated: list[int]) -> tuple[list[int], RequestStatus | None]:
+    def _append_output(
+        self, request: Request, generated: list[int]
+    ) -> tuple[list[int], RequestStatus | None]:
         """Append one token at a time, checking for a stop after each; tokens after a stop are dropped."""
         for i, token_id in enumerate(generated):
             request.append_output_token_ids(token_id)
-            if (status := self._check_stop(request, token_id)) is not None:
+            if (
+                status := check_stop(request, token_id, self.config.max_model_len, self.stop_checker)
+            ) is not None:
                 return generated[: i + 1], status
         return generated, None
-
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            if token_id == request.eos_token_id and not params.ignore_eos:
-                return RequestStatus.FINISHED_STOPPED
-            if token_id in params.stop_token_ids:
-                request.stop_reason = token_id
-                return RequestStatus.FINISHED_STOPPED
-            if params.stop and (matched := self.stop_checker(request)) is not None:
-                request.stop_reason = matched
-                return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
 
     def _finish_request(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:

@@ -95,15 +95,19 @@ class FakeRunner:
             assert cached.req_id in self.states, f"{cached.req_id} sent as cached but unknown to the runner"
             starts[cached.req_id] = (cached.num_computed_tokens, cached.block_ids)
         # What each held request looked like before this step: (has sampled, its pending drafts).
-        self.frame_start = {c.req_id: (self.states[c.req_id].sampled, self.states[c.req_id].drafts)
-                            for c in so.scheduled_cached_reqs}
+        self.frame_start = {
+            c.req_id: (self.states[c.req_id].sampled, self.states[c.req_id].drafts)
+            for c in so.scheduled_cached_reqs
+        }
         self.last_executed = so
         rows = []
         for req_id, num_scheduled in so.num_scheduled_tokens.items():
             state = self.states[req_id]
             start, block_ids = starts[req_id]
             needed = start + num_scheduled + self.config.num_lookahead_tokens
-            assert len(block_ids) * self.config.block_size >= needed, f"{req_id}: blocks do not cover {needed}"
+            assert len(block_ids) * self.config.block_size >= needed, (
+                f"{req_id}: blocks do not cover {needed}"
+            )
             if not state.sampled and start + num_scheduled < state.num_known_tokens:
                 rows.append([])  # a prefill chunk that does not reach the last known token
                 continue
@@ -129,7 +133,9 @@ class EngineLoop:
     """The engine's two fronts: step() for sync (depth 1), and the depth-2 batch queue for async
     (schedule n+1 before applying n; FIFO; a step with a pending constrained output is deferred)."""
 
-    def __init__(self, scheduler: Scheduler, runner: FakeRunner, check: Callable[["EngineLoop", str], None]) -> None:
+    def __init__(
+        self, scheduler: Scheduler, runner: FakeRunner, check: Callable[["EngineLoop", str], None]
+    ) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.check = check
@@ -139,6 +145,7 @@ class EngineLoop:
         self.delivered: dict[str, list[int]] = {}
         self.finish_reasons: dict[str, str] = {}
         self.scheduled_tokens: dict[str, int] = {}
+        self.preempted_ids: set[str] = set()
         self.num_steps = 0
 
     def in_flight_outputs(self) -> list[SchedulerOutput]:
@@ -149,6 +156,7 @@ class EngineLoop:
         so = self.last_output = self.scheduler.schedule()
         for req_id, n in so.num_scheduled_tokens.items():
             self.scheduled_tokens[req_id] = self.scheduled_tokens.get(req_id, 0) + n
+        self.preempted_ids |= so.preempted_req_ids
         return so
 
     def _apply(self, so: SchedulerOutput, ro: ModelRunnerOutput) -> EngineCoreOutputs:

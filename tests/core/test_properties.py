@@ -223,6 +223,9 @@ def check_final(loop: EngineLoop, w: Workload) -> None:
         tokens, reason = expected_output(w, r)
         assert loop.delivered.get(r.req_id, []) == tokens, r
         assert loop.finish_reasons[r.req_id] == reason, r
+        if w.k == 0 and reason == "length" and r.req_id not in loop.preempted_ids:
+            # Invariants 1 and 7: every position computed once, and no step whose output is thrown away.
+            assert loop.scheduled_tokens[r.req_id] == r.prompt_len + len(tokens) - 1, r
 
 
 PROPERTY_SETTINGS = settings(
@@ -242,4 +245,3 @@ def test_property_sync_random_workloads(w: Workload) -> None:
 def test_property_async_random_workloads(w: Workload) -> None:
     loop = run_workload(w, async_scheduling=True)
     check_final(loop, w)
-

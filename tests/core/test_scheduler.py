@@ -61,7 +61,7 @@ def test_fcfs_admission_capped_by_max_num_seqs():
     assert out.finished_req_ids == {"a", "b"}
     so, _ = step(scheduler, {"c": [1]})
     assert list(so.num_scheduled_tokens) == ["c"] and so.finished_req_ids == {"a", "b"}
-    assert not scheduler.has_unfinished_requests() and scheduler.has_requests()
+    assert not scheduler.requests and scheduler.has_requests()
 
 
 def test_max_model_len_caps_scheduling_and_finishes_by_length():
@@ -105,7 +105,12 @@ def test_spec_decoding_stats(drafts, row, expected):
     so = scheduler.schedule()
     out = scheduler.update_from_output(so, runner_output(so, {"a": row}))
     for stats in (scheduler.spec_decoding_stats, request.spec_decoding_stats):
-        got = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, stats.num_accepted_tokens_per_pos)
+        got = (
+            stats.num_drafts,
+            stats.num_draft_tokens,
+            stats.num_accepted_tokens,
+            stats.num_accepted_tokens_per_pos,
+        )
         assert got == expected
     assert (out.spec_decoding_stats is None) == (not drafts)
 
