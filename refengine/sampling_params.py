@@ -45,7 +45,9 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
         self.temperature = float(t)
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"SamplingParams.top_k must be -1 or 0 (off) or a positive integer, got {self.top_k!r}")
+            raise ValueError(
+                f"SamplingParams.top_k must be -1 or 0 (off) or a positive integer, got {self.top_k!r}"
+            )
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {p!r}")
@@ -71,7 +73,9 @@ class SamplingParams:
                 f"SamplingParams.bad_words_token_ids must be a list of non-empty token id lists, "
                 f"got {self.bad_words_token_ids!r}"
             )
-        self.bad_words_token_ids = [_token_id_list("bad_words_token_ids", w) for w in self.bad_words_token_ids]
+        self.bad_words_token_ids = [
+            _token_id_list("bad_words_token_ids", w) for w in self.bad_words_token_ids
+        ]
 
     @property
     def is_greedy(self) -> bool:
