@@ -4,8 +4,11 @@
 around any engine factory, so tests can run the real command line over a fake engine.
 """
 
+import logging
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 
 import click
 import uvicorn
@@ -13,6 +16,8 @@ import uvicorn
 from refengine.entrypoints.app import DEFAULT_MAX_REQUEST_BYTES, ServerConfig, build_app
 from refengine.entrypoints.engine_client import EngineClient
 from refengine.spec.config import SpeculativeConfig
+
+logger = logging.getLogger(__name__)
 
 FAULT_ENV_VAR = "REFENGINE_FAULT_AFTER_STEPS"
 # Seconds in-flight streams get to finish on shutdown before uvicorn closes them.
@@ -75,10 +80,20 @@ def run_server(engine: EngineClient, options: ServeOptions) -> None:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal for the handler it
+    # replaced. By then the server has stopped cleanly, so that handler absorbs it and the process
+    # exits 0 after shutting the engine down (rather than "Aborted!" or death by SIGTERM).
+    previous = {sig: signal.signal(sig, _absorb) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         engine.shutdown()
+
+
+def _absorb(signum: int, frame: FrameType | None) -> None:
+    logger.info("stopped by signal %d", signum)
 
 
 def make_serve_command(engine_factory: EngineFactory) -> click.Command:

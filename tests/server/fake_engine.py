@@ -220,6 +220,11 @@ class FakeAsyncLLM:
                 drafter_random_init=self.drafter_random_init,
             )
 
+    def inject_fault(self) -> None:
+        """Makes the next step with work raise, as the fault hook does after N steps."""
+        with self._lock:
+            self.fault_after_steps = self._num_steps
+
     def shutdown(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
@@ -261,11 +266,13 @@ class FakeAsyncLLM:
             self._abort(seq.request.request_id)
 
     def _step(self) -> None:
-        self._num_steps += 1
-        if self.fault_after_steps is not None and self._num_steps > self.fault_after_steps:
-            raise RuntimeError(f"injected fault after {self.fault_after_steps} steps")
         outputs: list[tuple[_Seq, RequestDelta]] = []
         with self._lock:
+            # Like the runner, only steps with work count towards the injected fault.
+            if self._waiting or self._running:
+                self._num_steps += 1
+                if self.fault_after_steps is not None and self._num_steps > self.fault_after_steps:
+                    raise RuntimeError(f"injected fault after {self.fault_after_steps} steps")
             while self._waiting and len(self._running) < self.engine_info.max_num_seqs:
                 seq = self._waiting[0]
                 need = self._blocks_for(len(seq.request.prompt_token_ids) + 1)

@@ -1,0 +1,259 @@
+"""`refengine serve` end to end: a server subprocess on a free loopback port, concurrent streams,
+fault injection passed through, clean shutdown; and the flag parsing."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from conftest import free_port
+from fake_engine import FakeTokenizer, reference_output
+from serve_fake import fake_engine
+from sse_client import parse_events, streamed_token_ids
+
+from refengine.entrypoints.cli_serve import ServeOptions, make_serve_command
+from refengine.sampling_params import SamplingParams
+
+HERE = Path(__file__).parent
+SPEC = '{"method": "ngram", "num_speculative_tokens": 3}'
+
+
+class ServerProcess:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            str(HERE / "serve_fake.py"),
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=HERE,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited early: {self.proc.communicate()}")
+            try:
+                httpx.get(f"{self.url}/v1/models", timeout=1)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self, sig: signal.Signals = signal.SIGINT) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        _, stderr = self.proc.communicate(timeout=15)
+        return self.proc.returncode, stderr
+
+
+@pytest.fixture
+def spec_server():
+    server = ServerProcess("--model", "fake-model", "--speculative-config", SPEC, "--max-num-seqs", "4")
+    yield server
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.communicate()
+
+
+def test_eight_concurrent_streams_over_a_real_socket_then_clean_shutdown(spec_server):
+    prompts = [f"question {i}" for i in range(8)]
+    tokenizer = FakeTokenizer()
+
+    async def one(client: httpx.AsyncClient, i: int) -> list[dict]:
+        body = {
+            "model": "fake-model",
+            "prompt": prompts[i],
+            "max_tokens": 50,
+            "temperature": 0,
+            "stream": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            events, done = parse_events((await response.aread()).decode())
+        assert done
+        return events
+
+    async def run() -> list[list[dict]]:
+        async with httpx.AsyncClient(base_url=spec_server.url, timeout=30) as client:
+            return await asyncio.gather(*[one(client, i) for i in range(8)])
+
+    for i, events in enumerate(asyncio.run(run())):
+        expected, _ = reference_output(
+            tokenizer.encode(prompts[i]), SamplingParams(max_tokens=50, temperature=0.0)
+        )
+        assert streamed_token_ids(events) == expected
+        assert events[-1]["usage"]["completion_tokens"] == len(expected)
+    metrics = httpx.get(f"{spec_server.url}/metrics").text
+    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="fake-model"}' in metrics
+    returncode, stderr = spec_server.stop()
+    assert returncode == 0, stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_fault_injection_is_passed_through_and_the_process_survives(how):
+    args, env = ("--fault-after-steps", "5"), {}
+    if how == "env":
+        args, env = (), {"REFENGINE_FAULT_AFTER_STEPS": "5"}
+    server = ServerProcess(*args, env=env)
+    try:
+        body = {"model": "smollm2", "prompt": "x", "max_tokens": 100, "ignore_eos": True}
+        first = httpx.post(f"{server.url}/v1/completions", json=body, timeout=10)
+        assert first.status_code == 500
+        reason = "engine is dead: RuntimeError: injected fault after 5 steps"
+        assert first.json()["error"]["message"] == reason
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503 and health.json()["error"]["message"] == reason
+        later = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=10)
+        assert later.status_code == 500 and later.json()["error"]["message"] == reason
+        assert server.proc.poll() is None, "the process stays up"
+    finally:
+        returncode, stderr = server.stop(signal.SIGTERM)
+    assert returncode == 0, stderr
+
+
+class Captured(Exception):
+    pass
+
+
+def parse(args: list[str]) -> tuple[ServeOptions | None, object]:
+    """Runs the command line with a factory that records the options instead of serving."""
+    seen: list[ServeOptions] = []
+
+    def factory(options: ServeOptions):
+        seen.append(options)
+        raise ValueError("captured")
+
+    result = CliRunner().invoke(make_serve_command(factory), args)
+    return (seen[0] if seen else None), result
+
+
+def test_flags_map_onto_serve_options():
+    options, result = parse(
+        [
+            "--model",
+            "m.gguf",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9",
+            "--served-model-name",
+            "alias",
+            "--api-key",
+            "s",
+            "--speculative-config",
+            SPEC,
+            "--no-async-scheduling",
+            "--max-num-seqs",
+            "3",
+            "--max-model-len",
+            "64",
+            "--max-num-batched-tokens",
+            "128",
+            "--num-blocks",
+            "40",
+            "--block-size",
+            "8",
+            "--seed",
+            "5",
+            "--dtype",
+            "bfloat16",
+            "--fast",
+            "--max-request-bytes",
+            "1000",
+            "--fault-after-steps",
+            "7",
+        ]
+    )
+    assert result.exit_code == 1 and "captured" in result.output  # the engine's refusal is a clean error
+    assert options is not None
+    assert (options.model, options.host, options.port, options.served_model_name, options.api_key) == (
+        "m.gguf",
+        "0.0.0.0",
+        9,
+        "alias",
+        "s",
+    )
+    assert (
+        options.speculative_config.method == "ngram"
+        and options.speculative_config.num_speculative_tokens == 3
+    )
+    assert options.async_scheduling is False
+    assert (options.max_num_seqs, options.max_model_len, options.max_num_batched_tokens) == (3, 64, 128)
+    assert (options.num_blocks, options.block_size, options.seed, options.dtype) == (40, 8, 5, "bfloat16")
+    assert (options.numerics, options.max_request_bytes, options.fault_after_steps) == ("fast", 1000, 7)
+
+
+def test_defaults():
+    options, _ = parse([])
+    assert options is not None
+    assert (options.model, options.host, options.port, options.numerics) == (
+        "smollm2",
+        "127.0.0.1",
+        8000,
+        "batch_invariant",
+    )
+    assert options.async_scheduling is None and options.speculative_config is None
+    assert options.fault_after_steps is None and options.api_key is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--speculative-config", "{"],
+        ["--speculative-config", json.dumps({"method": "magic", "num_speculative_tokens": 2})],
+        ["--speculative-config", "[]"],
+        ["--num-blocks", "4", "--kv-cache-memory-gib", "1"],
+        ["--port", "70000"],
+        ["--max-num-seqs", "0"],
+        ["--dtype", "int3"],
+    ],
+)
+def test_bad_flags_are_usage_errors(args):
+    options, result = parse(args)
+    assert options is None and result.exit_code == 2, result.output
+
+
+def test_help_lists_the_vllm_style_flags():
+    text = CliRunner().invoke(make_serve_command(fake_engine), ["--help"]).output
+    for flag in [
+        "--model",
+        "--host",
+        "--port",
+        "--speculative-config",
+        "--async-scheduling / --no-async-scheduling",
+        "--max-num-seqs",
+        "--max-model-len",
+        "--max-num-batched-tokens",
+        "--num-blocks",
+        "--kv-cache-memory-gib",
+        "--block-size",
+        "--seed",
+        "--api-key",
+        "--served-model-name",
+        "--dtype",
+        "--batch-invariant / --fast",
+        "--max-request-bytes",
+        "--fault-after-steps",
+    ]:
+        assert flag in text
