@@ -132,10 +132,12 @@ def check_apply_cmd(ctx: Context, only: tuple[str, ...]) -> None:
 def show(ctx: Context, mutant_id: str) -> None:
     """Show one mutant: the bug, the invariant, the tests and the diff it makes."""
     (mutant,) = ctx.select(ctx.catalogue(), (mutant_id,))
-    console.print(f"[bold]{escape(mutant.id)}[/bold] {escape(mutant.title)}")
-    console.print(f"invariant: {escape(mutant.invariant)}")
-    console.print(f"tests: {escape(', '.join(mutant.tests))}")
-    console.print(f"must fail: {escape(', '.join(mutant.must_fail))}  timeout: {mutant.timeout_s:g}s")
+    # Plain echo: node ids are copied from here, so they must not be wrapped at the terminal width.
+    click.echo(f"{mutant.id}: {mutant.title}")
+    click.echo(f"invariant: {mutant.invariant}")
+    click.echo(f"tests: {' '.join(mutant.tests)}")
+    click.echo(f"must fail: {' '.join(mutant.must_fail)}")
+    click.echo(f"timeout: {mutant.timeout_s:g}s")
     target = ctx.root / mutant.file
     try:
         original = target.read_bytes()
