@@ -144,7 +144,11 @@ def _weight_type(file: GgufFile) -> str:
     """The file's declared quantization (`general.file_type`), else its most common tensor type."""
     if file.has("general.file_type"):
         try:
-            return gguf.LlamaFileType(file.integer("general.file_type")).name.removeprefix("MOSTLY_")
+            return (
+                gguf.LlamaFileType(file.integer("general.file_type"))
+                .name.removeprefix("MOSTLY_")
+                .removeprefix("ALL_")
+            )
         except ValueError:
             pass
     return Counter(file.tensor_type(name) for name in file.tensor_names).most_common(1)[0][0]

