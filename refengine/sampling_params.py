@@ -76,7 +76,3 @@ class SamplingParams:
         self.bad_words_token_ids = [
             _token_id_list("bad_words_token_ids", w) for w in self.bad_words_token_ids
         ]
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0

@@ -21,8 +21,3 @@ class SpecDecodingStats:
         per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
         for pos in range(num_accepted_tokens):
             per_pos[pos] += 1
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens emitted per verify step, counting the recovered-or-bonus token."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

@@ -3,10 +3,9 @@ import pytest
 from refengine.sampling_params import SamplingParams
 
 
-def test_defaults_and_greedy():
-    assert not SamplingParams().is_greedy
-    params = SamplingParams(temperature=0, stop=("a",), stop_token_ids=(5,))
-    assert params.is_greedy and params.temperature == 0.0
+def test_values_are_normalised():
+    params = SamplingParams(temperature=0, top_p=1, stop=("a",), stop_token_ids=(5,))
+    assert params.temperature == 0.0 and isinstance(params.temperature, float) and params.top_p == 1.0
     assert params.stop == ["a"] and params.stop_token_ids == [5]
 
 
