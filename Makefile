@@ -35,3 +35,6 @@ lint: install
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis mutants
+
+bench: install
+	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md
