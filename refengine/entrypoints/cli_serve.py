@@ -96,6 +96,34 @@ def _absorb(signum: int, frame: FrameType | None) -> None:
     logger.info("stopped by signal %d", signum)
 
 
+def build_async_llm(options: ServeOptions) -> EngineClient:
+    """The real engine. Imported here so that `refengine --help` does not load torch."""
+    from refengine.engine.async_llm import AsyncLLM
+    from refengine.engine.engine_args import EngineArgs
+    from refengine.model.errors import ModelLoadError
+
+    defaults = EngineArgs()
+    args = EngineArgs(
+        model=options.model,
+        numerics=options.numerics,
+        dtype=options.dtype,
+        max_num_seqs=options.max_num_seqs or defaults.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        max_model_len=options.max_model_len,
+        block_size=options.block_size or defaults.block_size,
+        num_blocks=options.num_blocks,
+        kv_cache_memory_gib=options.kv_cache_memory_gib or defaults.kv_cache_memory_gib,
+        seed=options.seed,
+        speculative_config=options.speculative_config,
+        async_scheduling=options.async_scheduling,
+        fault_after_steps=options.fault_after_steps,
+    )
+    try:
+        return AsyncLLM(args)
+    except ModelLoadError as e:  # a missing or unreadable model: say which, without a traceback
+        raise click.ClickException(str(e)) from None
+
+
 def make_serve_command(engine_factory: EngineFactory) -> click.Command:
     @click.command("serve")
     @click.option(
@@ -212,3 +240,6 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         run_server(engine, options)
 
     return serve
+
+
+serve_command = make_serve_command(build_async_llm)

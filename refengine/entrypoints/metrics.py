@@ -90,7 +90,8 @@ class EngineCollector(Collector):
             float(self.engine.dead_reason is not None),
         )
         info = InfoMetricFamily("refengine:engine", "How the engine was configured.", labels=labels)
-        info.add_metric(values, {k: str(v) for k, v in asdict(self.engine.engine_info).items()})
+        fields = asdict(self.engine.engine_info)
+        info.add_metric(values, {k: "" if v is None else str(v) for k, v in fields.items()})
         yield info
 
 

@@ -3,74 +3,29 @@ fault injection passed through, clean shutdown; and the flag parsing."""
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 from click.testing import CliRunner
-from conftest import free_port
 from fake_engine import FakeTokenizer, reference_output
 from serve_fake import fake_engine
+from server_process import FAKE_SERVE, ServerProcess
 from sse_client import parse_events, streamed_token_ids
 
 from refengine.entrypoints.cli_serve import ServeOptions, make_serve_command
 from refengine.sampling_params import SamplingParams
 
-HERE = Path(__file__).parent
 SPEC = '{"method": "ngram", "num_speculative_tokens": 3}'
-
-
-class ServerProcess:
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            str(HERE / "serve_fake.py"),
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-            *args,
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=HERE,
-            env={**os.environ, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited early: {self.proc.communicate()}")
-            try:
-                httpx.get(f"{self.url}/v1/models", timeout=1)
-                return
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self, sig: signal.Signals = signal.SIGINT) -> tuple[int, str]:
-        self.proc.send_signal(sig)
-        _, stderr = self.proc.communicate(timeout=15)
-        return self.proc.returncode, stderr
 
 
 @pytest.fixture
 def spec_server():
-    server = ServerProcess("--model", "fake-model", "--speculative-config", SPEC, "--max-num-seqs", "4")
+    server = ServerProcess(
+        FAKE_SERVE, "--model", "fake-model", "--speculative-config", SPEC, "--max-num-seqs", "4"
+    )
     yield server
-    if server.proc.poll() is None:
-        server.proc.kill()
-        server.proc.communicate()
+    server.kill()
 
 
 def test_eight_concurrent_streams_over_a_real_socket_then_clean_shutdown(spec_server):
@@ -115,7 +70,7 @@ def test_fault_injection_is_passed_through_and_the_process_survives(how):
     args, env = ("--fault-after-steps", "5"), {}
     if how == "env":
         args, env = (), {"REFENGINE_FAULT_AFTER_STEPS": "5"}
-    server = ServerProcess(*args, env=env)
+    server = ServerProcess(FAKE_SERVE, *args, env=env)
     try:
         body = {"model": "smollm2", "prompt": "x", "max_tokens": 100, "ignore_eos": True}
         first = httpx.post(f"{server.url}/v1/completions", json=body, timeout=10)

@@ -1,0 +1,60 @@
+"""A `refengine serve` subprocess on a free loopback port."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from conftest import free_port
+
+HERE = Path(__file__).parent
+# The serve command itself; the lead registers it as `refengine serve`.
+REAL_SERVE = [
+    sys.executable,
+    "-c",
+    "from refengine.entrypoints.cli_serve import serve_command; serve_command()",
+]
+FAKE_SERVE = [sys.executable, str(HERE / "serve_fake.py")]
+
+
+class ServerProcess:
+    def __init__(
+        self, command: list[str], *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [*command, "--port", str(self.port), "--log-level", "warning", *args]
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=HERE,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited early: {self.proc.communicate()}")
+            try:
+                httpx.get(f"{self.url}/v1/models", timeout=1)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise
+                time.sleep(0.05)
+
+    def stop(self, sig: signal.Signals = signal.SIGINT) -> tuple[int, str]:
+        """Signals the server and waits; returns its exit status and stderr."""
+        self.proc.send_signal(sig)
+        _, stderr = self.proc.communicate(timeout=30)
+        return self.proc.returncode, stderr
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
