@@ -13,8 +13,10 @@ from refengine.engine.engine_core import EngineCore
 from refengine.engine.stop_strings import StopStringChecker
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel, load_model
+from refengine.request import Request
+from refengine.sample.sampler import banned_next_tokens
 from refengine.spec.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
-from refengine.spec.registry import build_drafter
+from refengine.spec.registry import KVLayout, build_drafter
 from refengine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("refengine")
@@ -52,6 +54,17 @@ class Engine:
     stop_checker: StopStringChecker
 
 
+def valid_draft_prefix(request: Request, drafts: list[int]) -> int:
+    """How many leading drafts survive the request's bad_words, given its committed history: the
+    constraint this engine validates drafts against, as a grammar would."""
+    history = list(request.all_token_ids)
+    for j, draft in enumerate(drafts):
+        if draft in banned_next_tokens(history, request.sampling_params.bad_words_token_ids):
+            return j
+        history.append(draft)
+    return len(drafts)
+
+
 def build_engine(args: EngineArgs) -> Engine:
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
@@ -85,13 +98,19 @@ def build_engine(args: EngineArgs) -> Engine:
     )
     config.validate()
     stop_checker = StopStringChecker(loaded.tokenizer)
-    scheduler_cls = AsyncScheduler if resolution.enabled else Scheduler
-    scheduler = scheduler_cls(config, stop_checker=stop_checker)
+    if resolution.enabled:
+        scheduler = AsyncScheduler(config, stop_checker=stop_checker, draft_validator=valid_draft_prefix)
+    else:
+        scheduler = Scheduler(config, stop_checker=stop_checker)
     fault = args.fault_after_steps
     if fault is None and os.environ.get(FAULT_ENV_VAR):
         fault = int(os.environ[FAULT_ENV_VAR])
     kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype])
-    drafter = None if args.speculative_config is None else build_drafter(args.speculative_config, loaded)
+    drafter = (
+        None
+        if args.speculative_config is None
+        else build_drafter(args.speculative_config, loaded, KVLayout(num_blocks, args.block_size))
+    )
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
     runner = ModelRunner(loaded.model, kv_cache, drafter=drafter, fault_after_steps=fault, record_steps=args.record_steps)

@@ -51,19 +51,35 @@ class EngineCore:
 
     def step_with_batch_queue(self) -> EngineCoreOutputs | None:
         """Depth 2: schedule and launch frame n+1 before applying the output of frame n, oldest first.
-        Returns None when it only launched a frame."""
+        Returns None when it only launched a frame.
+
+        Deferred branch (invariant 16): when a scheduled request has a constraint (bad_words) and output
+        still in flight, its drafts can only be judged against the history that output brings. So the
+        forward of n+1 is launched, the output of n applied, the drafts validated and padded with -1
+        (update_draft_token_ids_in_output), and only then is n+1 sampled."""
+        deferred: SchedulerOutput | None = None
         if self.scheduler.has_requests() and len(self.batch_queue) < self.max_concurrent_batches:
             so = self.scheduler.schedule()
             if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
-                # Invariant 14: FIFO, push left and pop right (test_batch_queue_is_fifo).
-                self.batch_queue.appendleft(_Frame(so, self._worker.submit(self._execute, so)))
-                if len(self.batch_queue) < self.max_concurrent_batches:
-                    return None
-        if not self.batch_queue:
-            return None
-        frame = self.batch_queue.pop()
-        outputs = self.scheduler.update_from_output(frame.scheduler_output, frame.future.result())
-        self._post_step()
+                if so.pending_constrained_output:
+                    deferred = so
+                    launched = self._worker.submit(self.runner.execute_model, so)
+                else:
+                    # Invariant 14: FIFO, push left and pop right (test_batch_queue_is_fifo).
+                    self.batch_queue.appendleft(_Frame(so, self._worker.submit(self._execute, so)))
+                    if len(self.batch_queue) < self.max_concurrent_batches:
+                        return None
+        outputs = None
+        if self.batch_queue:
+            frame = self.batch_queue.pop()
+            outputs = self.scheduler.update_from_output(frame.scheduler_output, frame.future.result())
+        if deferred is not None:
+            launched.result()
+            self.scheduler.update_draft_token_ids_in_output(self.runner.take_draft_token_ids(), deferred)
+            overrides = {r: deferred.scheduled_spec_decode_tokens[r] for r in deferred.num_invalid_spec_tokens}
+            self.batch_queue.appendleft(_Frame(deferred, self._worker.submit(self.runner.sample_tokens, overrides)))
+        if outputs is not None:
+            self._post_step()
         return outputs
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:

@@ -36,8 +36,11 @@ class LLM:
         self,
         prompts: Sequence[str] | Sequence[Sequence[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        batch_queue: bool | None = None,
     ) -> list[RequestOutput]:
-        """Runs every prompt to completion; outputs come back in prompt order."""
+        """Runs every prompt to completion; outputs come back in prompt order. `batch_queue` picks the
+        front: depth 2 (step_with_batch_queue) or depth 1 (step); by default depth 2 under async."""
         if sampling_params is None:
             sampling_params = SamplingParams(temperature=0.0)
         params_list = (
@@ -63,7 +66,9 @@ class LLM:
             core.add_request(request)
             processor.add_request(req_id, len(ids), params.stop)
             results[req_id] = RequestOutput(req_id, ids)
-        step = core.step_with_batch_queue if core.max_concurrent_batches > 1 else core.step
+        if batch_queue is None:
+            batch_queue = core.max_concurrent_batches > 1
+        step = core.step_with_batch_queue if batch_queue else core.step
         while core.has_work():
             outputs = step()
             if outputs is None:

@@ -125,7 +125,8 @@ class ModelRunner:
                 sample_rows.extend(range(offset, offset + len(drafts) + 1))
             elif drafts:
                 raise RunnerInvariantError(f"request {req_id!r}: drafts scheduled behind a prefill chunk")
-            input_ids += state.token_ids[start : start + num_known] + list(drafts)
+            # A placeholder the runner has no draft for is fed as token 0 and verified as -1: rejected.
+            input_ids += state.token_ids[start : start + num_known] + [max(d, 0) for d in drafts]
             positions += range(start, start + num_scheduled)
             rows.append(ScheduledRow(state, start, num_scheduled, len(input_ids) - num_scheduled, drafts, first_logits_row))
 
@@ -199,7 +200,8 @@ class ModelRunner:
             num_accepted = len(tokens) - 1
             draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens - k + num_accepted, propose=True))
             if self.step_records is not None and k:
-                self.step_records.setdefault(state.req_id, []).append(StepRecord(tuple(drafts), num_accepted))
+                # What was fed, not the validity-padded override: sync and async arms feed the same drafts.
+                self.step_records.setdefault(state.req_id, []).append(StepRecord(row.draft_ids, num_accepted))
         if self.drafter is not None and draft_inputs and executed.model_output is not None:
             batch = DraftBatch(
                 tuple(draft_inputs), executed.model_output.hidden_states, executed.model_output.aux_hidden_states
