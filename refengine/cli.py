@@ -4,6 +4,7 @@ import logging
 
 import click
 
+from refengine.entrypoints.cli_serve import serve_command
 from refengine.sampling_params import SamplingParams
 
 
@@ -37,3 +38,6 @@ def generate(model: str, prompt: str, chat: bool, max_tokens: int, temperature: 
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     (out,) = llm.generate([ids], params)
     click.echo(out.text)
+
+
+main.add_command(serve_command)
