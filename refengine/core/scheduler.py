@@ -20,7 +20,7 @@ from refengine.request import Request, RequestStatus
 
 
 class SchedulerInvariantError(RuntimeError):
-    """The scheduler's counters contradict an invariant of docs' engine-invariants note."""
+    """The scheduler's counters contradict an engine invariant (numbered as in the design note)."""
 
 
 class Scheduler:
