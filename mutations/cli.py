@@ -88,6 +88,7 @@ only_option = click.option("--only", multiple=True, metavar="ID", help="Only thi
 @click.pass_context
 def main(ctx: click.Context, root: Path, catalogue_path: Path | None) -> None:
     """Named invariant mutations (each must turn a named test red) and the mutmut score gate."""
+    root = root.resolve()  # the journal and the tests' PYTHONPATH must not depend on the working directory
     ctx.obj = Context(root=root, catalogue_path=catalogue_path or root / "mutations" / "catalogue.toml")
 
 
