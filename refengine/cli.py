@@ -5,6 +5,7 @@ import logging
 import click
 
 from refengine.entrypoints.cli_serve import serve_command
+from refengine.oracle.command import oracle_command
 from refengine.sampling_params import SamplingParams
 
 
@@ -41,3 +42,4 @@ def generate(model: str, prompt: str, chat: bool, max_tokens: int, temperature: 
 
 
 main.add_command(serve_command)
+main.add_command(oracle_command)

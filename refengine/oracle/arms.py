@@ -1,0 +1,52 @@
+"""The oracle's matrix: {sync depth 1, async depth 1, async depth 2} x {no spec, every method}
+x {chunked prefill} x {forced preemption} x {bad_words}."""
+
+import itertools
+from dataclasses import dataclass
+
+from refengine.spec.config import ASYNC_SCHEDULING_COMPATIBLE
+
+FRONTS = ("sync", "async-d1", "async-d2")
+METHODS = tuple(ASYNC_SCHEDULING_COMPATIBLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    front: str  # sync: Scheduler + step(); async-d1: AsyncScheduler + step(); async-d2: + batch queue
+    method: str | None
+    chunked: bool
+    preempt: bool
+    bad_words: bool
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.front != "sync"
+
+    @property
+    def batch_queue(self) -> bool:
+        return self.front == "async-d2"
+
+    @property
+    def name(self) -> str:
+        flags = [f for f, on in (("chunked", self.chunked), ("preempt", self.preempt), ("bad_words", self.bad_words)) if on]
+        return f"{self.front}/{self.method or 'no-spec'}" + (f"[{','.join(flags)}]" if flags else "")
+
+    def baseline(self) -> "Arm":
+        """Greedy reference: sync, no spec, no chunking, no preemption; bad_words changes outputs by
+        design, so it stays."""
+        return Arm("sync", None, False, False, self.bad_words)
+
+    def sync_twin(self) -> "Arm":
+        """The same method and workload, scheduled synchronously."""
+        return Arm("sync", self.method, self.chunked, self.preempt, self.bad_words)
+
+
+def build_matrix(methods: tuple[str | None, ...]) -> list[Arm]:
+    arms = []
+    for method, front, chunked, preempt, bad_words in itertools.product(
+        methods, FRONTS, (False, True), (False, True), (False, True)
+    ):
+        if front != "sync" and method is not None and not ASYNC_SCHEDULING_COMPATIBLE[method]:
+            continue  # the truth table forces these methods to sync: there is no async arm to run
+        arms.append(Arm(front, method, chunked, preempt, bad_words))
+    return arms

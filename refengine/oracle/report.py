@@ -1,0 +1,47 @@
+"""Rendering oracle verdicts: a rich table for the terminal and markdown for reports/oracle.md."""
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from refengine.oracle.run import Verdict
+
+COLUMNS = ("arm", "compared with", "tokens", "per-step drafts", "acceptance", "steps", "preemptions", "verdict")
+
+
+def _cells(v: Verdict) -> tuple[str, ...]:
+    r = v.result
+    div = v.divergence
+    tokens = "identical" if div is None else (
+        f"diverged: request {div.request} position {div.position}: {div.expected} vs {div.actual}"
+    )
+    if v.step_mismatch is not None:
+        steps = f"MISMATCH {v.step_mismatch}"
+    elif v.notes:
+        steps = "; ".join(v.notes)
+    elif r.arm.method is None:
+        steps = "-"
+    else:
+        steps = "equal to sync" if r.arm.async_scheduling else "reference"
+    rate = r.acceptance_rate
+    acceptance = "-" if rate is None else f"{100 * rate:.1f}% of {r.num_draft_tokens}" + (" (random head)" if r.random_init else "")
+    verdict = "VACUOUS" if v.vacuous else ("IDENTICAL" if v.ok else "MISMATCH")
+    return (r.arm.name, v.reference, tokens, steps, acceptance, str(r.num_engine_steps), str(r.num_preemptions), verdict)
+
+
+def print_table(title: str, verdicts: Sequence[Verdict], console: Console) -> None:
+    table = Table(title=title, show_lines=False)
+    for col in COLUMNS:
+        table.add_column(col, overflow="fold")
+    for v in verdicts:
+        cells = _cells(v)
+        style = None if v.ok else "bold red"
+        table.add_row(*cells, style=style)
+    console.print(table)
+
+
+def markdown(title: str, verdicts: Sequence[Verdict]) -> str:
+    lines = [f"### {title}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(v)) + " |" for v in verdicts]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,172 @@
+"""Runs oracle arms and compares them: tokens against the baseline, per-step drafts and acceptance
+between a method's sync and async arms."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from refengine.engine.llm import LLM
+from refengine.engine.outputs import StepRecord
+from refengine.model.loader import LoadedModel
+from refengine.oracle.arms import Arm
+from refengine.sampling_params import SamplingParams
+from refengine.spec.config import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: tuple[tuple[int, ...], ...]
+    max_tokens: int
+    concurrency: int
+    temperature: float
+    seed: int
+    num_speculative_tokens: int
+    # Token sequences banned in bad_words arms, derived from the baseline's output so they bite.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass
+class ArmResult:
+    arm: Arm
+    tokens: list[list[int]]
+    steps: list[list[StepRecord]]
+    num_engine_steps: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_preemptions: int
+    random_init: bool
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+@dataclass(frozen=True)
+class Divergence:
+    request: int
+    position: int
+    expected: int | None  # None: the stream ended earlier
+    actual: int | None
+
+
+@dataclass
+class Verdict:
+    result: ArmResult
+    reference: str  # the arm the tokens were compared with
+    divergence: Divergence | None = None
+    step_mismatch: str | None = None  # first per-step draft/acceptance difference with the sync twin
+    vacuous: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None and self.step_mismatch is None and not self.vacuous
+
+
+def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
+    longest = max(len(p) for p in workload.prompts)
+    spec = None
+    if arm.method is not None:
+        spec = SpeculativeConfig(arm.method, workload.num_speculative_tokens, **_method_defaults(arm.method))
+    lookahead = 0 if spec is None else spec.num_lookahead_slots
+    max_model_len = longest + workload.max_tokens + 1
+    blocks_one_seq = -(-(max_model_len + lookahead) // block_size)
+    return {
+        "max_num_seqs": workload.concurrency,
+        "max_model_len": max_model_len,
+        "block_size": block_size,
+        # Forced preemption: a pool that holds one full sequence and a little more.
+        "num_blocks": blocks_one_seq + 2 if arm.preempt else blocks_one_seq * workload.concurrency + 8,
+        # Chunked prefill: a budget shorter than the prompts, so prefills span several steps.
+        "max_num_batched_tokens": max(2 + workload.num_speculative_tokens, longest // 3) if arm.chunked else 2048,
+        "speculative_config": spec,
+        "async_scheduling": arm.async_scheduling,
+        "seed": workload.seed,
+        "record_steps": True,
+    }
+
+
+def _method_defaults(method: str) -> dict:
+    # The self-draft gives the embedded model a draft_model with no extra weights.
+    return {"num_draft_layers": 1} if method == "draft_model" else {}
+
+
+def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
+    banned = [list(w) for w in workload.bad_words_token_ids] if arm.bad_words else []
+    return [
+        SamplingParams(
+            temperature=workload.temperature,
+            seed=None if workload.temperature == 0 else workload.seed + i,
+            max_tokens=workload.max_tokens,
+            ignore_eos=True,
+            bad_words_token_ids=banned,
+        )
+        for i in range(len(workload.prompts))
+    ]
+
+
+def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -> ArmResult:
+    llm = LLM(model, **engine_kwargs(arm, workload, block_size))
+    core = llm.engine.core
+    counted = _count_steps(core)
+    outs = llm.generate([list(p) for p in workload.prompts], sampling_params(workload, arm), batch_queue=arm.batch_queue)
+    stats = core.scheduler.spec_decoding_stats
+    drafter = core.runner.drafter
+    core.shutdown()
+    return ArmResult(
+        arm=arm,
+        tokens=[o.token_ids for o in outs],
+        steps=[o.steps for o in outs],
+        num_engine_steps=counted[0],
+        num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens,
+        num_preemptions=core.scheduler.num_preemptions,
+        random_init=drafter is not None and drafter.random_init,
+    )
+
+
+def _count_steps(core) -> list[int]:
+    """Counts runner forwards without touching the engine's code path."""
+    counter = [0]
+    execute = core.runner.execute_model
+
+    def counting(so):
+        counter[0] += 1
+        return execute(so)
+
+    core.runner.execute_model = counting
+    return counter
+
+
+def first_divergence(expected: Sequence[Sequence[int]], actual: Sequence[Sequence[int]]) -> Divergence | None:
+    for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
+        for pos in range(max(len(exp), len(act))):
+            e = exp[pos] if pos < len(exp) else None
+            a = act[pos] if pos < len(act) else None
+            if e != a:
+                return Divergence(i, pos, e, a)
+    return None
+
+
+def first_step_mismatch(expected: list[list[StepRecord]], actual: list[list[StepRecord]]) -> str | None:
+    for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
+        for n in range(max(len(exp), len(act))):
+            e = exp[n] if n < len(exp) else None
+            a = act[n] if n < len(act) else None
+            if e != a:
+                return f"request {i} step {n}: sync {e} vs {a}"
+    return None
+
+
+def judge(result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, greedy: bool) -> Verdict:
+    verdict = Verdict(result, reference.arm.name, first_divergence(reference.tokens, result.tokens))
+    if sync_twin is not None and sync_twin is not result:
+        if result.num_preemptions == 0 and sync_twin.num_preemptions == 0:
+            verdict.step_mismatch = first_step_mismatch(sync_twin.steps, result.steps)
+        else:
+            # A resumed request recomputes its prefill without drafts, at a step that depends on when it
+            # was preempted; the per-step records are only comparable when neither arm preempted.
+            verdict.notes.append("steps not compared: preemption")
+    if result.arm.method is not None and not result.random_init and greedy:
+        # A trained drafter that never lands a draft means the async-with-drafts path went unexercised.
+        verdict.vacuous = result.num_accepted_tokens == 0
+    return verdict
