@@ -1,12 +1,180 @@
-"""Builds the drafter a SpeculativeConfig names, for a loaded target model."""
+"""Builds the drafter a SpeculativeConfig names, for a loaded target model.
 
-from refengine.model.loader import LoadedModel
+Heads (eagle, eagle3, mtp, dflash) load from `spec.model`, a folder with config.json and safetensors
+in vLLM's names; without one they are randomly initialised from a fixed seed and the drafter says so
+(`random_init`), which the engine logs and /metrics exposes.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+from refengine.model.config import Numerics
+from refengine.model.kv_cache import KVCache
+from refengine.model.loader import LoadedModel, load_model
 from refengine.spec.config import SpeculativeConfig
+from refengine.spec.dflash import DFlashDrafter, DFlashHead, build_target_layer_ids
+from refengine.spec.draft_model import DraftModelDrafter, LayerStackNetwork
 from refengine.spec.drafter import Drafter
+from refengine.spec.eagle import Eagle3Head, EagleHead, default_eagle3_aux_layer_ids
+from refengine.spec.heads import (
+    HeadCheckpoint,
+    HeadLoadError,
+    head_model_config,
+    load_head_weights,
+    random_init,
+    read_head_checkpoint,
+)
+from refengine.spec.hidden_drafter import HiddenStateDrafter
+from refengine.spec.mtp import MtpHead, first_mtp_layer
 from refengine.spec.ngram import NgramDrafter
+from refengine.spec.target_view import TargetView
+
+Head = EagleHead | Eagle3Head | MtpHead | DFlashHead
 
 
-def build_drafter(spec: SpeculativeConfig, target: LoadedModel) -> Drafter:
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The target's paged KV geometry; a drafter's own KV uses the same block ids."""
+
+    num_blocks: int
+    block_size: int
+
+
+def build_drafter(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout) -> Drafter:
+    k = spec.num_speculative_tokens
     if spec.method == "ngram":
-        return NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-    raise ValueError(f"speculative method {spec.method!r} has no drafter in this build yet")
+        return NgramDrafter(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "draft_model":
+        network, max_positions = _draft_network(spec, target, layout)
+        return DraftModelDrafter(network, k, layout.block_size, max_positions)
+    checkpoint = None if spec.model is None else read_head_checkpoint(spec.model)
+    head = build_head(spec, target, layout, checkpoint)
+    max_positions = head.config.max_position_embeddings
+    if isinstance(head, DFlashHead):
+        return DFlashDrafter(head, k, layout.block_size, max_positions, random_init=checkpoint is None)
+    return HiddenStateDrafter(
+        head, spec.method, k, layout.block_size, max_positions, random_init=checkpoint is None
+    )
+
+
+def build_head(
+    spec: SpeculativeConfig,
+    target: LoadedModel,
+    layout: KVLayout,
+    checkpoint: HeadCheckpoint | None = None,
+    *,
+    numerics: Numerics | None = None,
+) -> Head:
+    """The head `spec.method` names, for `target`, with its own paged KV in `layout`: loaded from
+    `checkpoint`, else randomly initialised (seeded). `numerics` defaults to the target's (a trainer
+    passes Numerics.FAST, whose ops are differentiable)."""
+    model = target.model
+    numerics = model.numerics if numerics is None else numerics
+    dtype = model.embed_tokens.weight.dtype
+    raw = {} if checkpoint is None else checkpoint.config
+    origin = f"{spec.method} head" if checkpoint is None else str(checkpoint.folder)
+    num_target_layers = target.config.num_hidden_layers
+    # DeepSeek MTP checkpoints carry the whole model's config; the MTP module is one layer.
+    config = head_model_config(
+        target.config, raw, origin, num_hidden_layers=1 if spec.method == "mtp" else None
+    )
+    kv_cache = KVCache.allocate(config, layout.num_blocks, layout.block_size, dtype)
+    view = TargetView(model)
+    head: Head
+    if spec.method == "eagle":
+        head = EagleHead(view, config, kv_cache, numerics, dtype)
+        rename = EagleHead.parameter_name
+    elif spec.method == "eagle3":
+        eagle_config = raw.get("eagle_config") or {}
+        aux = eagle_config.get("eagle_aux_hidden_state_layer_ids") or raw.get(
+            "eagle_aux_hidden_state_layer_ids"
+        )
+        own_lm_head = None if checkpoint is None else checkpoint.tensors.get("lm_head.weight")
+        head = Eagle3Head(
+            view,
+            config,
+            kv_cache,
+            tuple(aux) if aux else default_eagle3_aux_layer_ids(num_target_layers),
+            num_target_layers,
+            numerics,
+            dtype,
+            draft_vocab_size=None if own_lm_head is None else own_lm_head.shape[0],
+        )
+        rename = Eagle3Head.parameter_name
+    elif spec.method == "mtp":
+        head = MtpHead(view, config, kv_cache, numerics, dtype)
+        first = None if checkpoint is None else first_mtp_layer(list(checkpoint.tensors))
+        rename = lambda name: MtpHead.parameter_name(name, first)  # noqa: E731
+    elif spec.method == "dflash":
+        dflash_config = raw.get("dflash_config") or {}
+        layer_ids = spec.target_layer_ids or tuple(
+            dflash_config.get("target_layer_ids")
+            or build_target_layer_ids(num_target_layers, config.num_hidden_layers)
+        )
+        if not all(0 <= i < num_target_layers for i in layer_ids):
+            raise HeadLoadError(
+                f"{origin}: target_layer_ids {list(layer_ids)} outside 0..{num_target_layers - 1}"
+            )
+        head = DFlashHead(
+            view,
+            config,
+            kv_cache,
+            layer_ids,
+            _mask_token_id(spec, dflash_config, target, origin),
+            numerics,
+            dtype,
+        )
+        rename = DFlashHead.parameter_name
+    else:
+        raise ValueError(f"speculative method {spec.method!r} has no head")
+    if checkpoint is None:
+        random_init(head)
+    else:
+        load_head_weights(head, checkpoint.tensors, rename, origin)
+        if isinstance(head, Eagle3Head):
+            head.load_vocab_map(checkpoint.tensors, origin)
+    return head
+
+
+def _mask_token_id(spec: SpeculativeConfig, dflash_config: dict, target: LoadedModel, origin: str) -> int:
+    """spec.mask_token_id, else the checkpoint's dflash_config.mask_token_id, else the tokenizer's first
+    eos id: a token that never sits inside a committed context mid-sequence, so the block's mask rows
+    cannot be mistaken for text (DFlash's own checkpoints name a reserved id in their config)."""
+    mask = spec.mask_token_id
+    if mask is None:
+        mask = dflash_config.get("mask_token_id")
+    if mask is None:
+        if not target.tokenizer.eos_token_ids:
+            raise HeadLoadError(f"{origin}: no mask_token_id configured and the tokenizer has no eos id")
+        mask = target.tokenizer.eos_token_ids[0]
+    if not 0 <= mask < target.config.vocab_size:
+        raise HeadLoadError(
+            f"{origin}: mask_token_id {mask} outside the vocabulary (0..{target.config.vocab_size - 1})"
+        )
+    return int(mask)
+
+
+def _draft_network(
+    spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout
+) -> tuple[LayerStackNetwork, int]:
+    """A separate model (spec.model), or a self-draft: the target's first num_draft_layers layers."""
+    dtype = target.model.embed_tokens.weight.dtype
+    if spec.model is not None:
+        draft = load_model(spec.model, dtype=dtype, numerics=target.model.numerics)
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"draft model {spec.model}: vocabulary of {draft.config.vocab_size} tokens, the target has "
+                f"{target.config.vocab_size}"
+            )
+    elif spec.num_draft_layers is None:
+        raise ValueError("draft_model needs 'model' (a draft model) or 'num_draft_layers' (a self-draft)")
+    else:
+        draft = target
+    num_layers = spec.num_draft_layers or draft.config.num_hidden_layers
+    if num_layers > draft.config.num_hidden_layers:
+        raise ValueError(
+            f"num_draft_layers={num_layers} exceeds the draft's {draft.config.num_hidden_layers} layers"
+        )
+    kv_config = dataclasses.replace(draft.config, num_hidden_layers=num_layers)
+    kv_cache = KVCache.allocate(kv_config, layout.num_blocks, layout.block_size, dtype)
+    return LayerStackNetwork(draft.model, num_layers, kv_cache), draft.config.max_position_embeddings

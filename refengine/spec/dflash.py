@@ -1,0 +1,201 @@
+"""DFlash: block drafting from the target's context features.
+
+Context: for every committed position p, the outputs of the target layers `target_layer_ids` at p,
+concatenated, then fc and hidden_norm: one row c_p. Every head layer projects c_p to keys and values
+(its k_proj/k_norm/rotary at position p, its v_proj) and keeps them in its paged KV, so a request's
+context is exactly the KV at positions 0..L-1, where L counts the positions the target has processed
+and committed.
+
+Query block: [t, mask x k] at positions L..L+k, where t is the last sampled token, which the target has
+not processed yet. The block attends non-causally over the context and itself; the target's lm_head
+on block rows 1..k gives all k drafts in one pass. The block's own KV lands at positions L..L+k (the
+k + 1 lookahead slots) and is overwritten by the next step's context rows.
+
+Before every step the request's context length must equal the first position of the rows being
+ingested (DraftContextError otherwise): a desynchronised context is never drafted from.
+"""
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.config import ModelConfig, Numerics
+from refengine.model.kv_cache import KVCache
+from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
+from refengine.spec.context import ContextLengths
+from refengine.spec.drafter import DraftBatch, DraftInput
+from refengine.spec.head_layer import HeadDecoderLayer
+from refengine.spec.target_view import TargetView
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """The DFlash default: the middle layer for a one-layer head, else num_draft_layers layers spread
+    evenly over 1..L-3."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+class BlockDraftNetwork(Protocol):
+    """A DFlash head as the drafter drives it (the teacher drafter in the tests stands in here)."""
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        """The target layers whose outputs, concatenated in this order, are the context features."""
+        ...
+
+    @property
+    def mask_token_id(self) -> int: ...
+
+    def combine(self, features: torch.Tensor) -> torch.Tensor:
+        """Context features of committed rows -> context rows."""
+        ...
+
+    def store_context(self, context: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+        """Make the context rows keys and values at their positions (meta.slot_mapping)."""
+        ...
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The query block, attending over each request's context (non-causal meta)."""
+        ...
+
+    def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
+
+
+class DFlashHead(nn.Module):
+    """Qwen3-style layers (q/k norms), as the DFlash checkpoints are; embedding and lm_head are the
+    target's."""
+
+    def __init__(
+        self,
+        target: TargetView,
+        config: ModelConfig,
+        kv_cache: KVCache,
+        target_layer_ids: tuple[int, ...],
+        mask_token_id: int,
+        numerics: Numerics = Numerics.BATCH_INVARIANT,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        self.capture_layers = target_layer_ids
+        self.mask_token_id = mask_token_id
+        self.fc = Linear(len(target_layer_ids) * hidden, hidden, numerics, dtype)
+        self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
+        self.layers = nn.ModuleList(
+            HeadDecoderLayer(
+                config, rotary, numerics, dtype, attn_in_features=hidden, input_norm=True, qk_norm=True
+            )
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
+        self.config = config
+        self.target = target
+        self.kv_cache = kv_cache
+
+    def combine(self, features: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(features))
+
+    def store_context(self, context: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+        # The same context rows feed every layer; the layers never update them.
+        for layer, cache in zip(self.layers, self.kv_cache.layers, strict=True):
+            layer.self_attn.store_context(positions, context, meta, cache)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        h = self.target.embed(input_ids)
+        for layer, cache in zip(self.layers, self.kv_cache.layers, strict=True):
+            h = layer(positions, layer.pre_norm(h), h, meta, cache)
+        return h
+
+    def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor:
+        return self.target.compute_logits(self.norm(out)).argmax(dim=-1)
+
+    @staticmethod
+    def parameter_name(checkpoint_name: str) -> str | None:
+        name = checkpoint_name.removeprefix("model.")
+        return None if name in ("embed_tokens.weight", "lm_head.weight") else name
+
+    @staticmethod
+    def checkpoint_name(parameter_name: str) -> str:
+        return parameter_name
+
+
+class DFlashDrafter:
+    def __init__(
+        self,
+        network: BlockDraftNetwork,
+        num_speculative_tokens: int,
+        block_size: int,
+        max_positions: int,
+        *,
+        random_init: bool,
+    ) -> None:
+        self.network = network
+        self.k = num_speculative_tokens
+        self.block_size = block_size
+        self.max_positions = max_positions
+        self.random_init = random_init
+        self.context = ContextLengths("dflash")
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.network.capture_layers)))
+
+    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
+        requests = batch.requests
+        for d in requests:
+            self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
+        features = torch.cat([batch.aux_hidden_states[i] for i in self.network.capture_layers], dim=-1)
+        self.network.store_context(
+            self.network.combine(torch.cat([features[d.rows] for d in requests])),
+            torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)]),
+            AttentionMetadata.build(
+                [d.first_position for d in requests],
+                [d.num_valid_rows for d in requests],
+                [d.block_ids for d in requests],
+                self.block_size,
+            ),
+        )
+        wanted = {d.req_id: self._num_drafts(d) for d in requests if d.propose}
+        proposing = [d for d in requests if wanted.get(d.req_id, 0) > 0]
+        drafts: dict[str, list[int]] = {r: [] for r in wanted}
+        if not proposing:
+            return drafts
+        mask = self.network.mask_token_id
+        ids = [t for d in proposing for t in [d.token_ids[d.last_position + 1]] + [mask] * wanted[d.req_id]]
+        starts = [d.last_position + 1 for d in proposing]
+        sizes = [wanted[d.req_id] + 1 for d in proposing]
+        meta = AttentionMetadata.build(
+            starts, sizes, [d.block_ids for d in proposing], self.block_size, causal=False
+        )
+        positions = [s + i for s, n in zip(starts, sizes, strict=True) for i in range(n)]
+        out = self.network.forward(torch.tensor(ids), torch.tensor(positions), meta)
+        # Block rows 1..n of each request, the rows after t.
+        draft_rows = [
+            r
+            for b, n in zip(meta.query_start_loc[:-1].tolist(), sizes, strict=True)
+            for r in range(b + 1, b + n)
+        ]
+        tokens = iter(self.network.greedy_tokens(out[draft_rows]).tolist())
+        for d in proposing:
+            drafts[d.req_id] = [next(tokens) for _ in range(wanted[d.req_id])]
+        return drafts
+
+    def _num_drafts(self, d: DraftInput) -> int:
+        """The block needs slots and positions last_position + 1 .. last_position + 1 + n."""
+        limit = min(len(d.block_ids) * self.block_size, self.max_positions)
+        return max(0, min(self.k, limit - d.last_position - 2))
+
+    def remove(self, req_ids: Iterable[str]) -> None:
+        self.context.remove(req_ids)
