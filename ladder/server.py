@@ -27,14 +27,19 @@ def embedded_serve_cmd() -> str:
 
 
 class ServerProcess:
-    """The command runs in its own session, so stop() reaches every process it spawned."""
+    """The command runs without a shell (wrap it in `sh -c '...'` for shell syntax), so the process the
+    ladder watches and waits for is the server itself; it runs in its own session, so stop() also reaches
+    every process the server spawned."""
 
     def __init__(self, cmd: str, log_path: Path):
-        self.cmd = cmd
         self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            argv = shlex.split(cmd)
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+        except (ValueError, OSError) as e:  # unbalanced quotes, no such program
+            raise SetupError(f"cannot start --serve-cmd {cmd!r}: {e}") from e
 
     def exit_code(self) -> int | None:
         return self.proc.poll()
@@ -61,20 +66,14 @@ class ServerProcess:
             await asyncio.sleep(0.25)
 
     def stop(self, grace_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(grace_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        # NOTE: the shell may be gone while its children live on in the group; reap them too.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        """SIGTERM the group, give the server grace_s to exit, then SIGKILL what is left of the group: the
+        server if it ignored SIGTERM, and any helper process it left behind."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:  # the whole group is gone already
+                pass
+            try:
+                self.proc.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                pass

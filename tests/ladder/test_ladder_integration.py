@@ -118,10 +118,17 @@ def test_serve_cmd_process_death_is_engine_death(ladder):
 
 
 def test_serve_cmd_that_exits_before_answering_is_a_usage_error(ladder):
-    code, out, err, _ = ladder("--serve-cmd", "echo loading; exit 7", "--base-url", "http://127.0.0.1:9")
+    code, out, err, _ = ladder("--serve-cmd", "sh -c 'echo loading; exit 7'", "--base-url",
+                               "http://127.0.0.1:9")
     assert code == 2
     assert err.startswith("ladder: error: the server command exited with code 7") and "loading" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("cmd", ["no-such-server-program --port 1", "sh -c 'unbalanced"])
+def test_serve_cmd_that_cannot_start_is_a_usage_error(ladder, cmd):
+    code, _, err, _ = ladder("--serve-cmd", cmd, "--base-url", "http://127.0.0.1:9")
+    assert code == 2 and err.startswith("ladder: error: cannot start --serve-cmd") and err.count("\n") == 1
 
 
 def test_embedded_default_serves_refengine_on_a_free_port():
