@@ -8,8 +8,8 @@ from refengine.sampling_params import SamplingParams
 pytestmark = pytest.mark.model
 
 
-def test_smollm2_greedy_identity_alone_and_batched():
-    llm = LLM("smollm2", max_model_len=256, num_blocks=64)
+def test_smollm2_greedy_identity_alone_and_batched(smollm2):
+    llm = LLM(smollm2, max_model_len=256, num_blocks=64)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     params = SamplingParams(temperature=0.0, max_tokens=12)
     batched = llm.generate(prompts, params)
