@@ -22,7 +22,7 @@ FAKE_SERVE = [sys.executable, str(HERE / "serve_fake.py")]
 
 class ServerProcess:
     def __init__(
-        self, command: list[str], *args: str, env: dict[str, str] | None = None, timeout: float = 60
+        self, command: list[str], *args: str, env: dict[str, str] | None = None, timeout: float = 120
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
