@@ -38,3 +38,7 @@ clean:
 
 bench: install
 	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md
+
+# A benchmark, not a test: client CPU per SSE event at c = 1, 8, 32, ladder's aiohttp client beside httpx.
+bench-client: install
+	$(PY) tests/ladder/bench_client.py --out reports/client-overhead.md
