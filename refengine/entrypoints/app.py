@@ -18,26 +18,18 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refengine.entrypoints import sse
+from refengine.entrypoints.builders import ChatBuilder, CompletionBuilder, ResponseBuilder
 from refengine.entrypoints.engine_client import EngineClient, EngineDeadError, RequestDelta
 from refengine.entrypoints.errors import APIError, engine_dead, from_validation_error
-from refengine.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
+from refengine.entrypoints.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
 from refengine.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    ModelCard,
-    ModelList,
     RequestModel,
     SamplingRequest,
 )
-from refengine.entrypoints.serving import (
-    ChatBuilder,
-    CompletionBuilder,
-    PreparedRequest,
-    ResponseBuilder,
-    chat_logprobs_wanted,
-    new_request_id,
-    prepare,
-)
+from refengine.entrypoints.responses import ModelCard, ModelList
+from refengine.entrypoints.serving import PreparedRequest, chat_logprobs_wanted, new_request_id, prepare
 
 M = TypeVar("M", bound=RequestModel)
 
@@ -52,23 +44,6 @@ class ServerConfig:
     served_model_name: str
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-
-
-class _Timing:
-    """Feeds one request's TTFT, end-to-end latency and finish reason into the metrics."""
-
-    def __init__(self, metrics: ServerMetrics) -> None:
-        self.metrics = metrics
-        self.start = time.perf_counter()
-        self.seen_token = False
-
-    def observe(self, delta: RequestDelta) -> None:
-        now = time.perf_counter() - self.start
-        if delta.token_ids and not self.seen_token:
-            self.seen_token = True
-            self.metrics.first_token(now)
-        if delta.finished:
-            self.metrics.finished(delta.finish_reason or "stop", now)
 
 
 class OpenAIServer:
@@ -193,7 +168,7 @@ class OpenAIServer:
     async def generate(
         self, request: Request, prepared: PreparedRequest, builder: ResponseBuilder
     ) -> Response:
-        timing = _Timing(self.metrics)
+        timing = self.metrics.timer()
         try:
             stream = self.engine.generate(prepared.generation)
             if not prepared.options.stream:
@@ -213,7 +188,7 @@ class OpenAIServer:
         return sse.EventStreamResponse(self._events(stream, first, builder, timing, prepared))
 
     async def _collect(
-        self, stream: AsyncGenerator[RequestDelta, None], timing: _Timing
+        self, stream: AsyncGenerator[RequestDelta, None], timing: RequestTimer
     ) -> list[RequestDelta]:
         deltas = []
         async with contextlib.aclosing(stream):
@@ -229,7 +204,7 @@ class OpenAIServer:
         stream: AsyncGenerator[RequestDelta, None],
         first: RequestDelta,
         builder: ResponseBuilder,
-        timing: _Timing,
+        timing: RequestTimer,
         prepared: PreparedRequest,
     ) -> AsyncGenerator[bytes, None]:
         async with contextlib.aclosing(stream):

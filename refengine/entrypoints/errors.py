@@ -5,7 +5,7 @@ from http import HTTPStatus
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from refengine.entrypoints.protocol import ErrorInfo, ErrorResponse
+from refengine.entrypoints.responses import ErrorInfo, ErrorResponse
 
 # OpenAI names a client mistake "invalid_request_error" whatever the status; the code tells them apart.
 _TYPE_BY_STATUS = {401: "authentication_error", 500: "server_error", 503: "server_error"}

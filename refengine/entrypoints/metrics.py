@@ -6,6 +6,7 @@ are timed here, where the HTTP request begins. Every app gets its own CollectorR
 apps in one process (tests) never share or collide on metrics.
 """
 
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 
@@ -13,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from refengine.entrypoints.engine_client import EngineClient
+from refengine.entrypoints.engine_client import EngineClient, RequestDelta
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -129,15 +130,31 @@ class ServerMetrics:
             registry=self.registry,
         )
 
-    def first_token(self, seconds: float) -> None:
-        self.ttft.labels(self.model_name).observe(seconds)
-
-    def finished(self, finish_reason: str, seconds: float) -> None:
-        self.request_success.labels(self.model_name, finish_reason).inc()
-        self.e2e.labels(self.model_name).observe(seconds)
+    def timer(self) -> "RequestTimer":
+        return RequestTimer(self)
 
     def failed(self) -> None:
         self.request_failure.labels(self.model_name).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Times one request from the moment the server starts driving it: TTFT at its first token,
+    end-to-end latency and the finish reason at its last delta."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.start = time.perf_counter()
+        self.seen_token = False
+
+    def observe(self, delta: RequestDelta) -> None:
+        elapsed = time.perf_counter() - self.start
+        labels = self.metrics.model_name
+        if delta.token_ids and not self.seen_token:
+            self.seen_token = True
+            self.metrics.ttft.labels(labels).observe(elapsed)
+        if delta.finished:
+            self.metrics.request_success.labels(labels, delta.finish_reason or "stop").inc()
+            self.metrics.e2e.labels(labels).observe(elapsed)

@@ -1,4 +1,4 @@
-"""OpenAI wire format: request models (validated strictly) and response models.
+"""OpenAI request bodies, validated strictly.
 
 Requests are parsed with `model_validate_json` in strict mode, so JSON types must match exactly
 ("5" is not an int, 1.0 is not an int, "true" is not a bool). Unknown fields are ignored, as OpenAI
@@ -7,15 +7,13 @@ they carry their no-op value, so a client is never silently given different sema
 Cross-field rules that need the prompt length or the tokenizer live in serving.py.
 """
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     field_validator,
-    model_serializer,
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -232,140 +230,3 @@ class ChatCompletionRequest(SamplingRequest):
         if value is not None and value != {"type": "text"}:
             raise ValueError('only {"type": "text"} is supported')
         return value
-
-
-# ---- responses -----------------------------------------------------------------------------------
-
-
-class ResponseModel(BaseModel):
-    """OpenAI keeps core nullable fields as explicit nulls (finish_reason) but leaves optional
-    extensions out; fields named in `omit_when_none` are dropped from the JSON when they are None."""
-
-    omit_when_none: ClassVar[frozenset[str]] = frozenset()
-
-    @model_serializer(mode="wrap")
-    def _drop_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        for key in self.omit_when_none:
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
-
-
-class ErrorInfo(ResponseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(ResponseModel):
-    error: ErrorInfo
-
-
-class Usage(ResponseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class CompletionLogprobs(ResponseModel):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
-    text_offset: list[int]
-
-
-class CompletionChoice(ResponseModel):
-    omit_when_none = frozenset({"token_ids"})
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None
-
-
-class CompletionResponse(ResponseModel):
-    omit_when_none = frozenset({"usage"})
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class TopLogprob(ResponseModel):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class ChatTokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChatLogprobs(ResponseModel):
-    content: list[ChatTokenLogprob]
-
-
-class ChatMessageOut(ResponseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(ResponseModel):
-    omit_when_none = frozenset({"token_ids"})
-    index: int = 0
-    message: ChatMessageOut
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None
-
-
-class ChatCompletionResponse(ResponseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatDelta(ResponseModel):
-    omit_when_none = frozenset({"role", "content"})
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(ResponseModel):
-    omit_when_none = frozenset({"token_ids"})
-    index: int = 0
-    delta: ChatDelta
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None
-
-
-class ChatCompletionChunk(ResponseModel):
-    omit_when_none = frozenset({"usage"})
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(ResponseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "refengine"
-    root: str
-    max_model_len: int
-
-
-class ModelList(ResponseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

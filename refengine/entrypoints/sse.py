@@ -8,7 +8,7 @@ from typing import TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from refengine.entrypoints.protocol import ResponseModel
+from refengine.entrypoints.responses import ResponseModel
 
 T = TypeVar("T")
 

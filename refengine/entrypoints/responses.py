@@ -1,0 +1,139 @@
+"""OpenAI response bodies: whole responses, streamed chunks, errors and the model list."""
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
+
+
+class ResponseModel(BaseModel):
+    """OpenAI keeps core nullable fields as explicit nulls (finish_reason) but leaves optional
+    extensions out; fields named in `omit_when_none` are dropped from the JSON when they are None."""
+
+    omit_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for key in self.omit_when_none:
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo
+
+
+class Usage(ResponseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(ResponseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(ResponseModel):
+    omit_when_none = frozenset({"token_ids"})
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class CompletionResponse(ResponseModel):
+    omit_when_none = frozenset({"usage"})
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(ResponseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(ResponseModel):
+    content: list[ChatTokenLogprob]
+
+
+class ChatMessageOut(ResponseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(ResponseModel):
+    omit_when_none = frozenset({"token_ids"})
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(ResponseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(ResponseModel):
+    omit_when_none = frozenset({"role", "content"})
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(ResponseModel):
+    omit_when_none = frozenset({"token_ids"})
+    index: int = 0
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(ResponseModel):
+    omit_when_none = frozenset({"usage"})
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "refengine"
+    root: str
+    max_model_len: int
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
