@@ -116,16 +116,21 @@ def random_init(module: nn.Module, seed: int = HEAD_INIT_SEED) -> None:
 
 
 def load_head_weights(
-    module: nn.Module, tensors: Mapping[str, torch.Tensor], rename: Callable[[str], str | None], origin: str
+    module: nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    parameter_name: Callable[[str], str | None],
+    checkpoint_name: Callable[[str], str],
+    origin: str,
 ) -> None:
-    """Copy checkpoint tensors into `module`. `rename` maps a checkpoint name to the module's spelling
-    (None: a tensor the head does not use, such as a copy of the target's embedding). Every parameter
-    region must be filled, with the right shape."""
+    """Copy checkpoint tensors into `module`. `parameter_name` maps a checkpoint name to the module's
+    spelling (None: a tensor the head does not use, such as a copy of the target's embedding) and
+    `checkpoint_name` back, for naming a missing tensor as the checkpoint would. Every parameter region
+    must be filled, with the right shape."""
     regions = _regions(module)
     params = dict(module.named_parameters())
     filled: set[str] = set()
     for name, tensor in tensors.items():
-        ours = rename(name)
+        ours = parameter_name(name)
         if ours is None:
             continue
         region = regions.get(ours)
@@ -141,7 +146,7 @@ def load_head_weights(
     missing = [name for name in regions if name not in filled]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise HeadLoadError(f"{origin}: missing tensor {missing[0]!r}{more}")
+        raise HeadLoadError(f"{origin}: missing tensor {checkpoint_name(missing[0])!r}{more}")
 
 
 def head_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

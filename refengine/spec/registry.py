@@ -6,6 +6,7 @@ in vLLM's names; without one they are randomly initialised from a fixed seed and
 """
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from refengine.model.config import Numerics
@@ -104,7 +105,7 @@ def build_head(
     elif spec.method == "mtp":
         head = MtpHead(view, config, kv_cache, numerics, dtype)
         first = None if checkpoint is None else first_mtp_layer(list(checkpoint.tensors))
-        rename = lambda name: MtpHead.parameter_name(name, first)  # noqa: E731
+        rename = functools.partial(MtpHead.parameter_name, first_layer=first)
     elif spec.method == "dflash":
         dflash_config = raw.get("dflash_config") or {}
         layer_ids = spec.target_layer_ids or tuple(
@@ -130,7 +131,7 @@ def build_head(
     if checkpoint is None:
         random_init(head)
     else:
-        load_head_weights(head, checkpoint.tensors, rename, origin)
+        load_head_weights(head, checkpoint.tensors, rename, head.checkpoint_name, origin)
         if isinstance(head, Eagle3Head):
             head.load_vocab_map(checkpoint.tensors, origin)
     return head

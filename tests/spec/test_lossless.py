@@ -1,6 +1,7 @@
 """Greedy speculative decoding is lossless for every method: spec-on tokens equal spec-off tokens,
 16 prompts at max_num_seqs 1, 2, 4 and 8, with randomly initialised heads (their drafts are mostly
-wrong, so rejection and rollback run on nearly every step)."""
+wrong, so rejection and rollback run on nearly every step). And a request's drafts never depend on
+what else is in the batch: its per-step drafts at every concurrency equal those at max_num_seqs 1."""
 
 import random
 
@@ -52,10 +53,35 @@ def _spec(name: str, draft_model_path: str) -> SpeculativeConfig:
     return SpeculativeConfig(method, 3, **extra)
 
 
+def _run(tiny4, name, draft_model_path, max_num_seqs):
+    spec = _spec(name, draft_model_path)
+    llm = LLM(tiny4, **ENGINE, max_num_seqs=max_num_seqs, speculative_config=spec, record_steps=True)
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert llm.engine.core.scheduler.spec_decoding_stats.num_draft_tokens > 0  # drafts were verified
+    return [o.token_ids for o in outs], [o.steps for o in outs]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny4, separate_draft_model):
+    """Per method: outputs and per-step records at max_num_seqs 1, computed once."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = _run(tiny4, name, separate_draft_model, 1)
+        return cache[name]
+
+    return get
+
+
 @pytest.mark.parametrize("max_num_seqs", [1, 2, 4, 8])
 @pytest.mark.parametrize("name", list(METHODS))
-def test_spec_on_equals_spec_off(tiny4, baseline, separate_draft_model, name, max_num_seqs):
-    spec = _spec(name, separate_draft_model)
-    llm = LLM(tiny4, **ENGINE, max_num_seqs=max_num_seqs, speculative_config=spec)
-    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
-    assert llm.engine.core.scheduler.spec_decoding_stats.num_draft_tokens > 0  # drafts were verified
+def test_spec_on_equals_spec_off(tiny4, baseline, separate_draft_model, alone, name, max_num_seqs):
+    solo_tokens, solo_steps = alone(name)
+    tokens, steps = (
+        (solo_tokens, solo_steps)
+        if max_num_seqs == 1
+        else _run(tiny4, name, separate_draft_model, max_num_seqs)
+    )
+    assert tokens == baseline
+    assert steps == solo_steps
