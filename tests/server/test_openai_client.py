@@ -111,3 +111,21 @@ def test_errors_map_to_the_client_exceptions(oai, server):
     wrong_key = openai.OpenAI(base_url=f"{server[0]}/v1", api_key="not-k", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong_key.completions.create(model=MODEL, prompt="x")
+
+
+def test_engine_death_mid_stream_raises_in_the_client():
+    engine = FakeAsyncLLM(model_name=MODEL, step_interval=0.002)
+    try:
+        with serve_in_thread(build_app(engine, ServerConfig(served_model_name=MODEL))) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            stream = client.completions.create(
+                model=MODEL, prompt="x", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+            )
+            with pytest.raises(openai.APIError, match="engine is dead: RuntimeError: injected fault"):
+                for i, _ in enumerate(stream):
+                    if i == 2:
+                        engine.inject_fault()
+            with pytest.raises(openai.InternalServerError, match="engine is dead"):
+                client.completions.create(model=MODEL, prompt="x", max_tokens=4)
+    finally:
+        engine.shutdown()

@@ -5,6 +5,7 @@ import asyncio
 import signal
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import REAL_SERVE, ServerProcess
@@ -172,3 +173,57 @@ async def test_runner_fault_kills_the_engine_honestly(tiny):
                 assert (await client.get("/metrics")).status_code == 200
     finally:
         engine.shutdown()
+
+
+def test_openai_client_against_the_real_engine(tiny):
+    engine, serving = serve_tiny(tiny)
+    try:
+        with serving as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            messages = [{"role": "user", "content": "hello"}]
+            whole = client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=12, temperature=0
+            )
+            chunks = list(
+                client.chat.completions.create(
+                    model="tiny",
+                    messages=messages,
+                    max_tokens=12,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text == whole.choices[0].message.content
+            assert chunks[-1].usage == whole.usage and whole.usage.completion_tokens >= 1
+            completion = client.completions.create(
+                model="tiny", prompt="abc", max_tokens=5, extra_body={"ignore_eos": True}
+            )
+            assert completion.usage.completion_tokens == 5 and completion.usage.prompt_tokens == 3
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_serve_smollm2_streams_a_chat_like_the_readme_curl():
+    """The README's line: `refengine serve --model smollm2`, then a streaming chat request."""
+    server = ServerProcess(REAL_SERVE, "--model", "smollm2", timeout=300)
+    try:
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "What is speculative decoding?"}],
+            "max_tokens": 8,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+        assert response.status_code == 200
+        events, done = parse_events(response.text)
+        assert done and events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+        assert events[-1]["usage"]["completion_tokens"] <= 8
+    finally:
+        returncode, stderr = server.stop(signal.SIGINT)
+    assert returncode == 0, stderr
