@@ -40,7 +40,7 @@ class Display:
         self._task = None
 
     def note(self, text: str) -> None:
-        self.console.print(escape(text))
+        self.console.print(escape(text), highlight=False)
 
     def phase_start(self, concurrency: int, phase: str, total: int) -> None:
         if not self.console.is_terminal:
@@ -61,9 +61,9 @@ class Display:
             self._progress = None
 
     def rung_end(self, rung: RungResult) -> None:
-        self.console.print(escape(rung_line(rung)))
+        self.console.print(escape(rung_line(rung)), highlight=False)
 
     def definitions(self) -> None:
         self.console.print("Definitions (ttft/tpot shown as p50):")
         for name, formula in DEFINITIONS.items():
-            self.console.print(escape(f"  {name:<19} {formula}"))
+            self.console.print(escape(f"  {name:<19} {formula}"), highlight=False)

@@ -24,6 +24,7 @@ Script keys (all optional):
   die_after         after this many load requests the engine dies ...
   die_mode          ... "exit" (the process exits), "500" (every completion then fails, /health stays 200,
                     like an engine stopped behind a live HTTP front) or "stall" (every stream then freezes)
+  exit_after_done   the process exits right after completing this many load requests
 """
 
 import argparse
@@ -183,6 +184,8 @@ class FakeServer:
         await emit_raw(writer, b"data: [DONE]\n\n")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+        if serial is not None and serial + 1 == s.get("exit_after_done"):
+            os._exit(1)
         return True
 
 

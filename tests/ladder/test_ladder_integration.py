@@ -83,6 +83,23 @@ def test_engine_death_voids_the_rung_and_skips_the_rest(fake_server, ladder, mod
     assert json.loads((run / "manifest.json").read_text())["result"]["exit_code"] == 3
 
 
+def test_engine_death_between_rungs_leaves_the_finished_rung_ok(fake_server, ladder):
+    url = fake_server(exit_after_done=4)  # exits right after rung c=1's last request
+    code, _, _, run = ladder("--base-url", url, "--c", "1,2", *FAST)
+    rungs = load_rungs(run)
+    assert code == 3
+    assert [r["status"] for r in rungs] == ["OK", "NOT_RUN"]
+    assert rungs[1]["reason"].startswith("engine_dead: /health unreachable")
+
+
+def test_request_timeout_voids_the_rung_but_the_engine_lives(fake_server, ladder):
+    url = fake_server(gap=0.5)
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST, "--timeout", "0.3")
+    (rung,) = load_rungs(run)
+    assert (code, rung["status"], rung["reason"]) == (1, "VOID", "timeout")
+    assert rung["errors"] == ["timeout: no complete response within 0.3 s"]
+
+
 def test_stall_is_engine_death(fake_server, ladder):
     url = fake_server(die_after=6, die_mode="stall")
     t0 = time.monotonic()

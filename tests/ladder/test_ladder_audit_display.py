@@ -1,0 +1,57 @@
+"""Client self-audit and the console display."""
+
+import asyncio
+import io
+import time
+
+from rich.console import Console
+
+from ladder.audit import Audit, AuditProbe
+from ladder.display import Display, rung_line
+from ladder.records import RequestRecord
+from ladder.rung import RungNotRun, RungVoid
+
+
+def test_client_bound_thresholds():
+    assert not Audit(cpu_pct=90.0, loop_lag_p99_ms=10.0, dispatch_lag_p99_ms=50.0).client_bound
+    assert Audit(cpu_pct=90.5, loop_lag_p99_ms=1.0, dispatch_lag_p99_ms=0.0).client_bound
+    assert Audit(cpu_pct=5.0, loop_lag_p99_ms=10.5, dispatch_lag_p99_ms=0.0).client_bound
+
+
+def test_a_blocked_event_loop_and_late_dispatch_show_in_the_audit():
+    async def blocked() -> Audit:
+        probe = AuditProbe()
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+            end = time.perf_counter() + 0.03
+            while time.perf_counter() < end:  # the loop is busy: the sleep probe wakes ~30 ms late
+                pass
+        records = [RequestRecord(1, "measured", i, t_due=1.0, t_send=1.0 + 0.002 * i) for i in range(5)]
+        return probe.stop(records + [RequestRecord(1, "measured", 9)])  # never sent: ignored
+
+    audit = asyncio.run(blocked())
+    assert audit.loop_lag_p99_ms > 10 and audit.client_bound
+    assert 7.5 < audit.dispatch_lag_p99_ms < 8.0  # p99 of 0, 2, 4, 6, 8 ms
+    assert audit.cpu_pct > 10  # mostly busy, but other processes share the machine: a loose bound only
+
+
+def test_live_display_on_a_terminal_and_plain_lines_elsewhere():
+    for terminal in (True, False):
+        buf = io.StringIO()
+        display = Display(Console(file=buf, force_terminal=terminal, width=200))
+        display.phase_start(4, "measured", 2)
+        display.request_done(0)
+        display.request_done(1)
+        display.phase_end()
+        display.rung_end(RungVoid(4, 1, 1, "http_error", ("http_error: HTTP 500: x",), "h"))
+        display.rung_end(RungNotRun(8, "engine_dead: stall"))
+        display.definitions()
+        text = buf.getvalue()
+        assert "c=4    VOID    ok=1 failed=1  http_error  (http_error: HTTP 500: x)" in text
+        assert "c=8    NOT_RUN engine_dead: stall" in text and "tpot_ms" in text
+        assert ("━" in text) == terminal  # the progress bar exists only on a terminal
+
+
+def test_rung_line_never_prints_numbers_for_void():
+    line = rung_line(RungVoid(2, 0, 3, "engine_dead: canary failed", (), "h"))
+    assert line == "c=2    VOID    ok=0 failed=3  engine_dead: canary failed"
