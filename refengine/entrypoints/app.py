@@ -263,7 +263,6 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
     server = OpenAIServer(engine, config)
     # No generated docs: every route is one of the OpenAI ones below, and nothing else answers 200.
     app = FastAPI(title="refengine", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.server = server
 
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.render_metrics, methods=["GET"])

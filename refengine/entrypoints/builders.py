@@ -51,6 +51,7 @@ class ResponseBuilder(ABC):
         return self.tokenizer.decode([token_id])
 
     def prelude(self, num_prompt_tokens: int) -> list[ResponseModel]:
+        """Chunks streamed before any output (chat sends the assistant role first)."""
         return []
 
     @abstractmethod

@@ -391,3 +391,14 @@ async def test_api_key_accepted_and_ops_routes_stay_open(keyed_client):
     assert ok.status_code == 200
     assert (await keyed_client.get("/health")).status_code == 200
     assert (await keyed_client.get("/metrics")).status_code == 200
+
+
+def test_oversized_bodies_over_a_real_socket_get_413_and_the_connection_recovers(live_url):
+    def chunks():
+        for _ in range(200):
+            yield b"x" * 65536
+
+    with httpx.Client(base_url=live_url, timeout=10) as client:
+        for content in (b'{"prompt": "' + b"x" * 10_000_000 + b'"}', chunks()):
+            assert_error_body(client.post(COMP, content=content), 413)
+        assert client.post(COMP, json=comp()).status_code == 200
