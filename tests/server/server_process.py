@@ -22,10 +22,16 @@ FAKE_SERVE = [sys.executable, str(HERE / "serve_fake.py")]
 
 class ServerProcess:
     def __init__(
-        self, command: list[str], *args: str, env: dict[str, str] | None = None, timeout: float = 120
+        self,
+        command: list[str],
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        wait: bool = True,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.timeout = timeout
         argv = [*command, "--port", str(self.port), "--log-level", "warning", *args]
         self.proc = subprocess.Popen(
             argv,
@@ -35,7 +41,11 @@ class ServerProcess:
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + timeout
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.timeout
         while True:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited early: {self.proc.communicate()}")

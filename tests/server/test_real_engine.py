@@ -37,11 +37,16 @@ def tiny_folder(tiny, tmp_path_factory):
 
 
 def test_serve_subprocess_streams_equal_offline_generate(tiny_folder):
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    offline = LLM(str(tiny_folder), **POOL).generate(PROMPTS, params)
     pool_flags = ["--num-blocks", "512", "--block-size", "4", "--max-model-len", "256"]
-    server = ServerProcess(REAL_SERVE, "--model", str(tiny_folder), "--speculative-config", SPEC, *pool_flags)
+    server = ServerProcess(
+        REAL_SERVE, "--model", str(tiny_folder), "--speculative-config", SPEC, *pool_flags, wait=False
+    )
     try:
+        # The offline reference runs while the server starts; spec off, so the test also says that
+        # serving with drafts is lossless.
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+        offline = LLM(str(tiny_folder), **POOL).generate(PROMPTS, params)
+        server.wait_ready()
 
         async def one(client: httpx.AsyncClient, prompt: str) -> list[dict]:
             body = {
