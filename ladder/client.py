@@ -23,7 +23,6 @@ class Progress:
 
     last_activity: float  # last send, chunk or completion of any request
     in_flight: int = 0
-    num_done: int = 0
     num_failed: int = 0
 
 
@@ -68,14 +67,15 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         return
     obj = _decode(data.decode())[0]
     usage = obj.get("usage")
-    if usage and usage.get("completion_tokens") is not None:
+    counted = bool(usage) and usage.get("completion_tokens") is not None
+    if counted:
         rec.completion_tokens = usage["completion_tokens"]
         rec.prompt_tokens = usage.get("prompt_tokens")
     choices = obj.get("choices")
     if choices:
         if _carries_output(choices[0], chat):
             rec.chunk_times.append(now)
-            if usage:
+            if counted:
                 rec.chunk_usage.append(rec.completion_tokens)
     elif "error" in obj:
         err = obj["error"]
@@ -132,8 +132,6 @@ async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[R
         finally:
             free_since.append(perf_counter())
             sem.release()
-        progress.num_done += 1
         progress.num_failed += on_done(rec)
 
-    progress.last_activity = start
     await asyncio.gather(*(one(b, r) for b, r in zip(bodies, records, strict=True)))

@@ -10,8 +10,8 @@ from ladder.metrics import parse_counters
 from ladder.records import RequestRecord, failure
 
 
-class UnreachableError(SetupError):
-    """Nothing answers at the base URL (yet)."""
+class NotReadyError(SetupError):
+    """Nothing usable answers at the base URL yet: no connection, or a 5xx while the server starts."""
 
 
 class Endpoint:
@@ -50,6 +50,8 @@ class Endpoint:
                 text = await resp.text(errors="replace")
                 if resp.status in (401, 403):
                     raise SetupError(f"{url} refused the API key (HTTP {resp.status}); pass --api-key")
+                if resp.status >= 500:
+                    raise NotReadyError(f"{url} answered HTTP {resp.status}: {text[:100]}")
                 if resp.status != 200:
                     raise SetupError(f"{url} answered HTTP {resp.status}: not an OpenAI-compatible server?")
                 try:
@@ -61,7 +63,7 @@ class Endpoint:
                                      f"not an OpenAI-compatible server?")
                 return data
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise UnreachableError(f"cannot reach {url}: {type(e).__name__}: {e}") from e
+            raise NotReadyError(f"cannot reach {url}: {type(e).__name__}: {e}") from e
 
     async def health(self) -> str | None:
         """Why /health says the engine is dead, or None. A server without /health (404) is not dead."""

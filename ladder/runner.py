@@ -102,24 +102,20 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
                              "pass --tokenizer PATH")
         second = await probe(words[1])
         cal = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
-        sizer = prompts.calibrated_sizer(cal.words_for(config.input_len))
-        sizing = {"method": "probe", "words": cal.words_for(config.input_len), **asdict(cal)}
+        num_words = cal.words_for(config.input_len)
+        sizer = prompts.calibrated_sizer(num_words)
+        sizing = {"method": "probe", "words": num_words, **asdict(cal)}
+
+    def bodies(texts: list[str]) -> list[bytes]:
+        return [request_body(t, model=model, chat=config.chat, max_tokens=config.output_len,
+                             temperature=config.temperature, continuous_usage=continuous) for t in texts]
 
     rungs = {}
     for c in config.concurrencies:
-        def texts(phase: str, n: int, c: int = c) -> list[str]:
-            return prompts.rung_prompts(config.seed, c, phase, n, sizer)
-        measured = texts("measured", config.num_prompts(c))
-        rungs[c] = RungWorkload(
-            warmup=[_body(config, model, continuous, p) for p in texts("warmup", config.num_warmup(c))],
-            measured=[_body(config, model, continuous, p) for p in measured],
-            prompt_hash=prompts.prompt_hash(measured))
+        measured = prompts.rung_prompts(config.seed, c, "measured", config.num_prompts(c), sizer)
+        warmup = prompts.rung_prompts(config.seed, c, "warmup", config.num_warmup(c), sizer)
+        rungs[c] = RungWorkload(bodies(warmup), bodies(measured), prompts.prompt_hash(measured))
     return Workload(model, info, continuous, sizing, rungs)
-
-
-def _body(config: RunConfig, model: str, continuous: bool, prompt: str) -> bytes:
-    return request_body(prompt, model=model, chat=config.chat, max_tokens=config.output_len,
-                        temperature=config.temperature, continuous_usage=continuous)
 
 
 def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Workload, epoch: float) -> dict:
@@ -159,18 +155,20 @@ class Ladder:
     def _failure(self, rec: RequestRecord) -> str | None:
         return failure(rec, self.config.output_len, ignore_eos=True, allow_chunk_count=self.config.allow_chunk_count)
 
-    def _dead_now(self, progress: Progress) -> str | None:
+    def _server_exited(self) -> str | None:
         if self.server is not None and (rc := self.server.exit_code()) is not None:
             return f"the server process exited with code {rc}"
+        return None
+
+    def _dead_now(self, progress: Progress) -> str | None:
+        """The checks cheap enough to run every WATCH_INTERVAL_S: process liveness and stall."""
         idle = perf_counter() - progress.last_activity
         if progress.in_flight and idle > self.config.stall_timeout_s:
             return f"stall: no chunk for {idle:.0f} s with {progress.in_flight} requests in flight"
-        return None
+        return self._server_exited()
 
     async def check_alive(self) -> str | None:
-        if self.server is not None and (rc := self.server.exit_code()) is not None:
-            return f"the server process exited with code {rc}"
-        return await self.ep.check_alive(self.work.model, self.config.stall_timeout_s)
+        return self._server_exited() or await self.ep.check_alive(self.work.model, self.config.stall_timeout_s)
 
     async def _watch(self, task: asyncio.Task, progress: Progress) -> str | None:
         """Wait for the phase; on engine death cancel it and return why."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from time import perf_counter
 
 from ladder.config import EMBEDDED_SERVE_CMD, SetupError
-from ladder.endpoint import Endpoint, UnreachableError
+from ladder.endpoint import Endpoint, NotReadyError
 
 
 def free_port() -> int:
@@ -59,7 +59,7 @@ class ServerProcess:
             try:
                 await endpoint.models()
                 return
-            except UnreachableError as e:
+            except NotReadyError as e:
                 if perf_counter() > deadline:
                     raise SetupError(f"the server did not answer /v1/models within {timeout_s:g} s "
                                      f"(log: {self.log_path})") from e
