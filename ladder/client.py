@@ -21,7 +21,7 @@ from ladder.sse import SSEParser
 class Progress:
     """Shared by the requests of one phase; the watchdog reads it to spot a stalled engine."""
 
-    last_activity: float  # last send, chunk or completion of any request
+    last_activity: float  # last send, SSE data event or completion of any request
     in_flight: int = 0
     num_failed: int = 0
 
@@ -97,9 +97,11 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
                 parser = SSEParser()
                 read = resp.content.readany
                 while data := await read():
-                    now = progress.last_activity = perf_counter()
-                    for event in parser.feed(data):
-                        _on_event(rec, event, now, chat)
+                    now = perf_counter()
+                    if events := parser.feed(data):  # keep-alive comments alone are no sign of life
+                        progress.last_activity = now
+                        for event in events:
+                            _on_event(rec, event, now, chat)
     except TimeoutError:
         rec.error = f"timeout: no complete response within {timeout_s:g} s"
     except aiohttp.ClientPayloadError as e:

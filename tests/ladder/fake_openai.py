@@ -161,8 +161,10 @@ class FakeServer:
         k = s.get("tokens_per_chunk", 1)
         done = 0
         while done < max_tokens:
-            if self.stalled.is_set():
-                await asyncio.sleep(3600)
+            while self.stalled.is_set():  # a hung engine behind an HTTP front that may still ping
+                if s.get("pings"):
+                    await emit_raw(writer, b": ping\n\n")
+                await asyncio.sleep(0.2)
             n = min(k, max_tokens - done)
             done += n
             if s.get("spec_k"):

@@ -100,8 +100,9 @@ def test_request_timeout_voids_the_rung_but_the_engine_lives(fake_server, ladder
     assert rung["errors"] == ["timeout: no complete response within 0.3 s"]
 
 
-def test_stall_is_engine_death(fake_server, ladder):
-    url = fake_server(die_after=6, die_mode="stall")
+@pytest.mark.parametrize("pings", [False, True])
+def test_stall_is_engine_death_even_while_the_server_pings(fake_server, ladder, pings):
+    url = fake_server(die_after=6, die_mode="stall", pings=pings)
     t0 = time.monotonic()
     code, _, _, run = ladder("--base-url", url, "--c", "1,2,4", *FAST, "--stall-timeout", "1")
     rungs = load_rungs(run)
