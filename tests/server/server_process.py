@@ -11,12 +11,8 @@ import httpx
 from conftest import free_port
 
 HERE = Path(__file__).parent
-# The serve command itself; the lead registers it as `refengine serve`.
-REAL_SERVE = [
-    sys.executable,
-    "-c",
-    "from refengine.entrypoints.cli_serve import serve_command; serve_command()",
-]
+# The installed console script, as a user runs it.
+REAL_SERVE = [str(Path(sys.executable).with_name("refengine")), "serve"]
 FAKE_SERVE = [sys.executable, str(HERE / "serve_fake.py")]
 
 

@@ -213,7 +213,7 @@ def test_openai_client_against_the_real_engine(tiny):
 @pytest.mark.slow
 @pytest.mark.model
 def test_serve_smollm2_streams_a_chat_like_the_readme_curl():
-    """The README's line: `refengine serve --model smollm2`, then a streaming chat request."""
+    """The README's lines: `refengine serve --model smollm2`, then a streaming chat request."""
     server = ServerProcess(REAL_SERVE, "--model", "smollm2", timeout=300)
     try:
         body = {
