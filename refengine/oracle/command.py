@@ -40,7 +40,8 @@ def _methods(ctx, param, value: str) -> tuple[str | None, ...]:
 
 def resolve_model(name: str) -> LoadedModel:
     if name in TINY_MODELS:
-        return build_tiny_model(TINY_MODELS[name], seed=0)
+        # Eight layers: enough for eagle3's three distinct aux layers and dflash's target layers.
+        return build_tiny_model(TINY_MODELS[name], seed=0, num_hidden_layers=8)
     return load_model(name)
 
 
@@ -131,7 +132,10 @@ def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, tempe
         "- greedy: every arm must equal the sync no-spec baseline with the same bad_words setting; seeded: every "
         "async arm must equal its method's sync arm. Async arms must also match their sync twin's per-step drafts "
         "and accepted counts.\n"
-        "- VACUOUS: a drafter with trained (not random) weights that accepted nothing.\n\n"
+        "- VACUOUS: a trained (not randomly initialised) eagle, eagle3, mtp or dflash head that accepted nothing.\n"
+        "- With preemption, seeded spec arms are compared on tokens only when neither arm preempted, and per-step "
+        "records likewise: async reserves blocks for optimistic counts, so it preempts at other steps, and a resumed "
+        "request re-prefills without drafts.\n\n"
         f"**Result: {summary}.**\n\n"
     )
     REPORT_PATH.parent.mkdir(exist_ok=True)

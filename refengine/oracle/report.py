@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from refengine.oracle.run import Verdict
@@ -13,9 +14,10 @@ COLUMNS = ("arm", "compared with", "tokens", "per-step drafts", "acceptance", "s
 def _cells(v: Verdict) -> tuple[str, ...]:
     r = v.result
     div = v.divergence
-    tokens = "identical" if div is None else (
-        f"diverged: request {div.request} position {div.position}: {div.expected} vs {div.actual}"
-    )
+    if div is not None:
+        tokens = f"diverged: request {div.request} position {div.position}: {div.expected} vs {div.actual}"
+    else:
+        tokens = "not compared" if any(n.startswith("tokens") for n in v.notes) else "identical"
     if v.step_mismatch is not None:
         steps = f"MISMATCH {v.step_mismatch}"
     elif v.notes:
@@ -35,9 +37,9 @@ def print_table(title: str, verdicts: Sequence[Verdict], console: Console) -> No
     for col in COLUMNS:
         table.add_column(col, overflow="fold")
     for v in verdicts:
-        cells = _cells(v)
         style = None if v.ok else "bold red"
-        table.add_row(*cells, style=style)
+        # Arm names carry [flags], which rich would read as markup.
+        table.add_row(*(escape(c) for c in _cells(v)), style=style)
     console.print(table)
 
 

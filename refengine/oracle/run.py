@@ -68,7 +68,10 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
     if arm.method is not None:
         spec = SpeculativeConfig(arm.method, workload.num_speculative_tokens, **_method_defaults(arm.method))
     lookahead = 0 if spec is None else spec.num_lookahead_slots
-    max_model_len = longest + workload.max_tokens + 1
+    # Headroom past the longest request: under async scheduling the scheduler's optimistic count (every
+    # draft in flight accepted) would otherwise cap the drafts near max_model_len earlier than sync does,
+    # and the arms would verify different drafts for a reason that is not a bug.
+    max_model_len = longest + workload.max_tokens + 2 * (workload.num_speculative_tokens + 1) + 1
     blocks_one_seq = -(-(max_model_len + lookahead) // block_size)
     return {
         "max_num_seqs": workload.concurrency,
@@ -157,16 +160,31 @@ def first_step_mismatch(expected: list[list[StepRecord]], actual: list[list[Step
     return None
 
 
+HEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash"})
+
+
 def judge(result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, greedy: bool) -> Verdict:
-    verdict = Verdict(result, reference.arm.name, first_divergence(reference.tokens, result.tokens))
+    """Greedy: tokens against the baseline. Seeded: tokens against the sync twin. Either way, per-step
+    drafts and acceptance against the sync twin.
+
+    Preemption is scheduled differently under async (the scheduler reserves blocks for optimistic
+    counts), and a resumed request recomputes its prefill without drafts; so when either arm preempted,
+    the positions that carry drafts differ. Greedy tokens cannot depend on that; seeded tokens can (the
+    acceptance draws are made at draft positions), and neither can the per-step records match. Those two
+    comparisons are skipped, and the report says so."""
+    preempted = result.num_preemptions > 0 or (sync_twin is not None and sync_twin.num_preemptions > 0)
+    verdict = Verdict(result, reference.arm.name)
+    drafts_matter = result.arm.method is not None and preempted
+    if greedy or not drafts_matter:
+        verdict.divergence = first_divergence(reference.tokens, result.tokens)
+    else:
+        verdict.notes.append("tokens not compared: preemption moved the draft positions")
     if sync_twin is not None and sync_twin is not result:
-        if result.num_preemptions == 0 and sync_twin.num_preemptions == 0:
-            verdict.step_mismatch = first_step_mismatch(sync_twin.steps, result.steps)
-        else:
-            # A resumed request recomputes its prefill without drafts, at a step that depends on when it
-            # was preempted; the per-step records are only comparable when neither arm preempted.
+        if preempted:
             verdict.notes.append("steps not compared: preemption")
-    if result.arm.method is not None and not result.random_init and greedy:
-        # A trained drafter that never lands a draft means the async-with-drafts path went unexercised.
+        else:
+            verdict.step_mismatch = first_step_mismatch(sync_twin.steps, result.steps)
+    if result.arm.method in HEAD_METHODS and not result.random_init and greedy:
+        # A trained head that never lands a draft means the async-with-drafts path went unexercised.
         verdict.vacuous = result.num_accepted_tokens == 0
     return verdict
