@@ -1,5 +1,8 @@
 """EAGLE and EAGLE3 heads, in vLLM's layout (Llama-style layers, no q/k norms).
 
+EAGLE reads the target's final hidden state after its final norm (what vLLM's target returns); EAGLE3
+reads the outputs of three target layers, before any norm.
+
 EAGLE:  h = fc([embed(token at p + 1) | target hidden at p]) -> decoder layer(s) -> norm -> target lm_head.
         The first layer has no input norm (fc's output goes straight into attention), as in vLLM.
 EAGLE3: the target hidden is three target layers (low, middle, high) concatenated, reduced by fc.
@@ -180,6 +183,9 @@ class Eagle3Head(nn.Module):
             raise HeadLoadError(
                 f"{origin}: tensor 'd2t' has shape {tuple(d2t.shape)}, expected {tuple(self.d2t.shape)}"
             )
+        target_ids = torch.arange(len(d2t)) + d2t.long()
+        if target_ids.min() < 0 or target_ids.max() >= self.target.vocab_size:
+            raise HeadLoadError(f"{origin}: 'd2t' maps draft ids outside the target vocabulary")
         self.d2t.copy_(d2t.long())
 
     @staticmethod

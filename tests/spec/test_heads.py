@@ -134,6 +134,9 @@ def test_eagle3_reduced_draft_vocabulary(tiny4, tmp_path):
     out = torch.randn(5, hidden, generator=torch.Generator().manual_seed(2))
     expected = (loaded.norm(out) @ lm_head.T).argmax(-1) * 6
     assert torch.equal(loaded.greedy_tokens(out), expected)
+    _rewrite(folder, lambda t: t.update({"d2t": d2t + 1000}))
+    with pytest.raises(HeadLoadError, match="outside the target vocabulary"):
+        build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
     _rewrite(folder, lambda t: t.pop("d2t"))
     with pytest.raises(HeadLoadError, match="no 'd2t' tensor"):
         build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
