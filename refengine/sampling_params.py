@@ -4,6 +4,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+MAX_LOGPROBS = 20
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -36,6 +38,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     bad_words: list[str] = field(default_factory=list)
+    logprobs: int | None = None  # None: none; n: the emitted token's logprob and the n most likely
     # The tokenized bad_words, filled in by the engine with its tokenizer.
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
 
@@ -65,6 +68,10 @@ class SamplingParams:
         self.stop_token_ids = _token_id_list("stop_token_ids", self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(
+                f"SamplingParams.logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+            )
         self.bad_words = _str_list("bad_words", self.bad_words)
         if not isinstance(self.bad_words_token_ids, Sequence) or not all(
             isinstance(w, Sequence) and w for w in self.bad_words_token_ids

@@ -1,7 +1,7 @@
 """The boundary objects: SchedulerOutput goes to the runner, ModelRunnerOutput comes back, and
 EngineCoreOutputs goes on to the engine."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from refengine.core.spec_decode_stats import SpecDecodingStats
 from refengine.request import FinishReason
@@ -56,12 +56,24 @@ class SchedulerOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The log-probability of an emitted token under the model's raw output distribution, and the
+    `top` most likely tokens with theirs."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
     """One row per scheduled request: accepted drafts then one recovered-or-bonus token, or an empty
-    list for a prefill chunk that does not reach the end of the known tokens."""
+    list for a prefill chunk that does not reach the end of the known tokens. `logprobs` holds one entry
+    per emitted token, for the requests that asked for them."""
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +82,7 @@ class EngineCoreOutput:
     new_token_ids: tuple[int, ...]  # already trimmed after a stop
     finish_reason: FinishReason | None
     stop_reason: int | str | None  # the stop token id or stop string, when finish_reason is STOP
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # one per new token, when the request asked
 
 
 @dataclass(frozen=True, slots=True)

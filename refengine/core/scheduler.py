@@ -1,6 +1,7 @@
 """Scheduler: the token-budget policy (admission, chunked prefill, drafts, preemption) and the
 bookkeeping that applies each step's output to the requests."""
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable
 
@@ -240,6 +241,10 @@ class Scheduler:
             num_invalid = scheduler_output.num_invalid_spec_tokens.get(req_id, 0)
             out = self._update_request(request, num_scheduled, drafts, num_invalid, rows[req_id], step_stats)
             if out is not None:
+                if req_id in runner_output.logprobs:
+                    # The same trim as the tokens: nothing after a stop is reported.
+                    logprobs = tuple(runner_output.logprobs[req_id][: len(out.new_token_ids)])
+                    out = dataclasses.replace(out, logprobs=logprobs)
                 outputs.append(out)
         return EngineCoreOutputs(
             outputs=tuple(outputs),

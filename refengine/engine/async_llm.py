@@ -9,6 +9,7 @@ EngineDeadError, and so does every later call. The process stays up so that clie
 """
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -70,6 +71,8 @@ class AsyncLLM:
             block_size=engine.config.block_size,
             num_blocks=engine.config.num_blocks,
         )
+        drafter = engine.core.runner.drafter
+        self._drafter_random_init = drafter is not None and drafter.random_init
         self._processor = OutputProcessor(self.tokenizer)
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
@@ -122,6 +125,7 @@ class AsyncLLM:
             spec_num_draft_tokens=spec.num_draft_tokens,
             spec_num_accepted_tokens=spec.num_accepted_tokens,
             spec_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
+            drafter_random_init=self._drafter_random_init,
         )
 
     def shutdown(self) -> None:
@@ -160,10 +164,11 @@ class AsyncLLM:
     def _add(self, command: _Add) -> None:
         req = command.request
         tokenizer = self.tokenizer
+        params = dataclasses.replace(req.sampling_params, logprobs=req.logprobs)
         request = Request(
             req.request_id,
             req.prompt_token_ids,
-            tokenize_bad_words(tokenizer, req.sampling_params),
+            tokenize_bad_words(tokenizer, params),
             eos_token_id=tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None,
             arrival_index=self._num_requests,
             engine_seed=self.engine.config.seed,

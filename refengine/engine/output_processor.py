@@ -59,7 +59,7 @@ class OutputProcessor:
             delta = RequestDelta(
                 token_ids=list(out.new_token_ids),
                 text=text,
-                logprobs=None,
+                logprobs=None if out.logprobs is None else list(out.logprobs),
                 finished=finished,
                 finish_reason=None if out.finish_reason is None else out.finish_reason.value,
                 num_prompt_tokens=tracked.num_prompt_tokens,

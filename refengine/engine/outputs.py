@@ -3,7 +3,10 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+from refengine.core.outputs import TokenLogprobs
 from refengine.sampling_params import SamplingParams
+
+__all__ = ["TokenLogprobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,13 +17,6 @@ class StepRecord:
 
     draft_token_ids: tuple[int, ...]
     num_accepted: int
-
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
 
 
 @dataclass(frozen=True)

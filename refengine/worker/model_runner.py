@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from refengine.engine.outputs import StepRecord
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
@@ -22,6 +22,17 @@ from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, verify
 from refengine.spec.drafter import DraftBatch, Drafter, DraftInput
 from refengine.worker.request_state import CachedRequestState
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> list[TokenLogprobs]:
+    """Logprobs under the raw model distribution (before temperature and constraints, as vLLM reports
+    by default), one row per emitted token."""
+    out = []
+    for row, token in zip(torch.log_softmax(logits.float(), dim=-1), token_ids, strict=True):
+        top = torch.topk(row, num_top) if num_top else None
+        pairs = [] if top is None else [(int(i), float(v)) for v, i in zip(top.values, top.indices, strict=True)]
+        out.append(TokenLogprobs(token, float(row[token]), pairs))
+    return out
 
 
 class RunnerInvariantError(RuntimeError):
@@ -169,6 +180,7 @@ class ModelRunner:
             raise RunnerInvariantError("sample_tokens called without execute_model")
         req_ids: list[str] = []
         sampled: list[list[int]] = []
+        logprobs: dict[str, list[TokenLogprobs]] = {}
         draft_inputs: list[DraftInput] = []
         for row in executed.rows:
             state = row.state
@@ -191,6 +203,8 @@ class ModelRunner:
                 state.num_output_tokens,
                 first_position=state.num_tokens,
             )
+            if state.num_logprobs is not None:
+                logprobs[state.req_id] = token_logprobs(logits[: len(tokens)], tokens, state.num_logprobs)
             state.token_ids += tokens
             # Every fed token up to the last accepted draft now has committed KV; the last sampled token
             # is the next step's input.
@@ -210,7 +224,7 @@ class ModelRunner:
                 proposals = self.drafter.propose(batch)
             for req_id, drafts in proposals.items():
                 self.requests[req_id].pending_drafts = list(drafts)
-        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
 
     @staticmethod
     def _draft_input(row: ScheduledRow, num_valid_rows: int, *, propose: bool) -> DraftInput:

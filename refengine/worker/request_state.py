@@ -22,6 +22,7 @@ class CachedRequestState:
     num_computed_tokens: int
     block_ids: tuple[int, ...]
     params: RowParams
+    num_logprobs: int | None  # None: the request wants no logprobs
     # Drafts this runner proposed after its last verification; they fill the scheduler's -1
     # placeholders (async) and are what take_draft_token_ids hands over (sync).
     pending_drafts: list[int] = field(default_factory=list)
@@ -48,6 +49,7 @@ class CachedRequestState:
             num_computed_tokens=data.num_computed_tokens,
             block_ids=data.block_ids,
             params=params,
+            num_logprobs=sp.logprobs,
         )
 
     @property

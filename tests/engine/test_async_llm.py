@@ -84,3 +84,25 @@ def test_fault_marks_the_engine_dead(tiny):
             asyncio.run(collect(llm, "y", PROMPTS[1], params))
     finally:
         llm.shutdown()
+
+
+def test_logprobs_one_per_token_and_greedy_picks_the_top(tiny):
+    from refengine.spec.config import SpeculativeConfig
+
+    llm = AsyncLLM(args(tiny, speculative_config=SpeculativeConfig("ngram", 3), async_scheduling=False))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = PROMPTS[0] * 3  # repeats, so prompt lookup drafts and deltas carry several tokens
+
+    async def main():
+        return [d async for d in llm.generate(GenerationRequest("lp", prompt, params, logprobs=3))]
+
+    try:
+        deltas = asyncio.run(main())
+    finally:
+        llm.shutdown()
+    assert sum(len(d.token_ids) for d in deltas) == 12
+    for d in deltas:
+        assert len(d.logprobs) == len(d.token_ids)
+        for token, lp in zip(d.token_ids, d.logprobs, strict=True):
+            assert lp.token_id == token and lp.logprob <= 0.0 and len(lp.top) == 3
+            assert lp.top[0][0] == token and lp.top[0][1] == lp.logprob  # greedy emits the argmax
