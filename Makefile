@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,demo]'
 	touch $(STAMP)
 
+# One OpenMP thread: tests and the servers they start share two cores, and OpenMP's spinning
+# workers make small ops up to 40x slower under contention.
 test: install
+	$(VENV)/bin/mutations check-apply
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not gpu"
 
 test-slow: install
@@ -42,3 +45,11 @@ bench: install
 # A benchmark, not a test: client CPU per SSE event at c = 1, 8, 32, ladder's aiohttp client beside httpx.
 bench-client: install
 	$(PY) tests/ladder/bench_client.py --out reports/client-overhead.md
+
+# Named invariant mutations. They mutate files in place: run on a tree nobody else is editing.
+mutations: install
+	$(VENV)/bin/mutations run --write-report
+
+# The mutmut strict-score gate (threshold in mutations/threshold.toml).
+mutmut: install
+	$(VENV)/bin/mutations gate --run --threshold-file mutations/threshold.toml --max-children 2 --timeout-seconds 3000
