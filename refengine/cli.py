@@ -43,3 +43,7 @@ def generate(model: str, prompt: str, chat: bool, max_tokens: int, temperature: 
 
 main.add_command(serve_command)
 main.add_command(oracle_command)
+
+
+if __name__ == "__main__":
+    main()

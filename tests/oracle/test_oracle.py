@@ -1,0 +1,56 @@
+"""The oracle command over its whole matrix on a tiny model, and the comparison logic it rests on."""
+
+import subprocess
+import sys
+
+from refengine.engine.outputs import StepRecord
+from refengine.oracle.arms import Arm, build_matrix
+from refengine.oracle.run import ArmResult, first_divergence, judge
+
+
+def result(arm, tokens, steps=None, preemptions=0, accepted=1, random_init=False):
+    return ArmResult(arm, tokens, steps or [[] for _ in tokens], 1, 4, accepted, preemptions, random_init)
+
+
+def test_matrix_skips_async_arms_of_sync_only_methods():
+    arms = build_matrix((None, "ngram", "eagle"))
+    assert all(a.front == "sync" for a in arms if a.method == "ngram")
+    assert {a.front for a in arms if a.method == "eagle"} == {"sync", "async-d1", "async-d2"}
+    assert len(arms) == 8 * (3 + 1 + 3)
+
+
+def test_first_divergence_reports_request_position_and_tokens():
+    assert first_divergence([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]]) is None
+    d = first_divergence([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 6]])
+    assert (d.request, d.position, d.expected, d.actual) == (1, 1, 5, 6)
+    d = first_divergence([[1, 2, 3]], [[1, 2]])
+    assert (d.position, d.expected, d.actual) == (2, 3, None)
+
+
+def test_judge_flags_step_mismatch_vacuity_and_skips_under_preemption():
+    sync = Arm("sync", "eagle", False, False, False)
+    async_arm = Arm("async-d2", "eagle", False, False, False)
+    base = result(Arm("sync", None, False, False, False), [[1, 2]])
+    twin = result(sync, [[1, 2]], [[StepRecord((7, 8), 1)]])
+    same = result(async_arm, [[1, 2]], [[StepRecord((7, 8), 1)]])
+    assert judge(same, base, twin, greedy=True).ok
+    other_drafts = result(async_arm, [[1, 2]], [[StepRecord((7, 9), 1)]])
+    assert "step 0" in judge(other_drafts, base, twin, greedy=True).step_mismatch
+    idle = result(async_arm, [[1, 2]], [[StepRecord((7, 8), 1)]], accepted=0)
+    assert judge(idle, base, twin, greedy=True).vacuous
+    assert not judge(result(async_arm, [[1, 2]], accepted=0, random_init=True), base, None, True).vacuous
+    preempted = result(async_arm, [[1, 3]], [[]], preemptions=1)
+    seeded = judge(preempted, twin, twin, greedy=False)
+    assert seeded.divergence is None and seeded.step_mismatch is None and seeded.notes
+    assert judge(preempted, base, twin, greedy=True).divergence is not None  # greedy tokens always compared
+
+
+def test_full_matrix_on_a_tiny_model_is_identical():
+    """Every front x method x chunking x preemption x bad_words arm, greedy and seeded."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "refengine.cli", "oracle", "--model", "tiny-qwen3", "--c", "1,4",
+         "--prompts", "6", "--max-tokens", "10"],
+        capture_output=True, text=True, timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 mismatched or vacuous arm(s)" in proc.stdout
