@@ -2,7 +2,9 @@
 
     .venv/bin/python tests/model/bench_numerics.py [--threads N] [--repeats R]
 
-Each figure is the minimum over R repeats, so other load on the machine inflates it least.
+Each figure is the minimum over R repeats, so other load on the machine inflates it least. With
+`--clock cpu` it is the process's CPU time instead of wall time: with one thread that is the compute
+time even while other processes compete for the cores (with more threads it adds up all threads).
 """
 
 from __future__ import annotations
@@ -13,19 +15,18 @@ import time
 
 import torch
 
-from refengine.model import AttentionMetadata, KVCache, Transformer, load_model
-from refengine.model.ops import TILE_ROWS
+from refengine.model import AttentionMetadata, KVCache, Transformer, load_model, ops
 
 BLOCK_SIZE = 16
 CONTEXT = 128
 
 
-def _timed(fn, repeats: int) -> float:
+def _timed(fn, repeats: int, clock) -> float:
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best * 1e3
 
 
@@ -50,24 +51,29 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--tile-rows", type=int, default=ops.TILE_ROWS, help="try another tile height")
+    parser.add_argument("--only", choices=["batch_invariant", "fast"], default=None)
     args = parser.parse_args()
+    ops.TILE_ROWS = args.tile_rows
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, TILE_ROWS={TILE_ROWS}, capability {torch.backends.cpu.get_cpu_capability()}"
+        f"{torch.get_num_threads()} threads, {args.clock} clock, TILE_ROWS={ops.TILE_ROWS}, capability {torch.backends.cpu.get_cpu_capability()}"
     )
-    for numerics in ("batch_invariant", "fast"):
+    for numerics in [args.only] if args.only else ["batch_invariant", "fast"]:
         model = load_model("smollm2", numerics=numerics).model
-        results = _measure(model, args.repeats)
+        results = _measure(model, args.repeats, clock)
         print(numerics, "  ".join(f"{name}: {ms:.0f} ms" for name, ms in results.items()))
 
 
-def _measure(model: Transformer, repeats: int) -> dict[str, float]:
+def _measure(model: Transformer, repeats: int, clock) -> dict[str, float]:
     cache = KVCache.allocate(model.config, 16 * (CONTEXT // BLOCK_SIZE + 1), BLOCK_SIZE)
     return {
-        "decode bs1": _timed(lambda: _decode(model, cache, 1), repeats),
-        "decode bs16": _timed(lambda: _decode(model, cache, 16), repeats),
-        f"prefill {CONTEXT}": _timed(lambda: _prefill(model, cache, CONTEXT), max(1, repeats // 2)),
+        "decode bs1": _timed(lambda: _decode(model, cache, 1), repeats, clock),
+        "decode bs16": _timed(lambda: _decode(model, cache, 16), repeats, clock),
+        f"prefill {CONTEXT}": _timed(lambda: _prefill(model, cache, CONTEXT), max(1, repeats // 2), clock),
     }
 
 
