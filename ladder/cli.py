@@ -115,6 +115,48 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, **kw)
     return run_ladder(config, Display())
 
 
+@cli.command()
+@click.argument("run_dirs", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the markdown report here. [default: print it]")
+@click.option("--plots", type=click.Path(file_okay=False, path_type=Path),
+              help="Write PNG plots into this directory and link them from the report.")
+@click.option("--baseline", metavar="LABEL", help="Show Δ% of every other run against this run.")
+@click.option("--allow-mismatch", is_flag=True, help="Compare runs whose workloads differ (under a banner).")
+@click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=50.0, show_default=True,
+              help="The latency percentile the tables and plots show (one the runs recorded).")
+def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, baseline: str | None,
+            allow_mismatch: bool, percentile: float) -> int:
+    """Put runs side by side: one table per metric group, rows = rungs, columns = runs.
+
+    \b
+    Refused (exit 2) when the workloads differ: prompt texts, seed, sampling, ignore_eos, endpoint kind,
+    or the realised lengths (input within ±2 tokens, output exactly). Runs that differ in engine keys
+    get a "not like-for-like" banner listing each difference."""
+    from ladder import compare as cmp
+    from ladder.runs import load_runs
+
+    comparison = cmp.prepare(load_runs(run_dirs), baseline, percentile, allow_mismatch)
+    links = []
+    if plots is not None:
+        from ladder.plots import write_plots
+
+        caption = cmp.workload_caption(comparison.reference)
+        links = [(p.caption, cmp.link(p.path, out))
+                 for p in write_plots(comparison.runs, comparison.percentile, caption, plots)]
+    report = cmp.render(comparison, links)
+    if out is None:
+        click.echo(report, nl=False)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        click.echo(f"wrote {out}" + (f" and {len(links)} plots in {plots}" if links else ""))
+    for diff in comparison.engine_differences:
+        click.echo(f"not like-for-like: {diff.line()}", err=True)
+    return cfg.EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every error is one line on stderr, never a traceback."""
     try:

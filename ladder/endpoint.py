@@ -1,5 +1,6 @@
 """The server as the ladder sees it over HTTP: model list, health, canary, probes and /metrics counters."""
 
+import json
 from time import perf_counter
 
 import aiohttp
@@ -74,14 +75,25 @@ class Endpoint:
         except (aiohttp.ClientError, TimeoutError) as e:
             return f"/health unreachable: {type(e).__name__}: {e}"
 
+    async def optional_text(self, path: str) -> str:
+        """The body of GET path, or "" when the server does not serve it."""
+        try:
+            async with self.session.get(self.base_url + path, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return await resp.text(errors="replace") if resp.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError):
+            return ""
+
+    async def optional_json(self, path: str) -> dict:
+        """The JSON object at GET path, or {} when the server does not serve one (llama.cpp's /props)."""
+        try:
+            data = json.loads(await self.optional_text(path) or "{}")
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
     async def counters(self) -> dict[str, float]:
         """The spec-decode counters from /metrics; empty when the server exposes none."""
-        try:
-            async with self.session.get(self.base_url + "/metrics",
-                                        timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                return parse_counters(await resp.text(errors="replace")) if resp.status == 200 else {}
-        except (aiohttp.ClientError, TimeoutError):
-            return {}
+        return parse_counters(await self.optional_text("/metrics"))
 
     async def probe(self, body: bytes, timeout_s: float) -> RequestRecord:
         rec = RequestRecord(concurrency=0, phase="probe", index=0)

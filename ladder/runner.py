@@ -18,10 +18,10 @@ from importlib.metadata import version
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import prompts
+from ladder import engine_info, prompts
 from ladder.audit import AuditProbe
 from ladder.client import Progress, request_body, run_phase
-from ladder.config import ENGINE_KEYS, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
+from ladder.config import EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
 from ladder.display import Display
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
@@ -44,6 +44,7 @@ class RungWorkload:
 class Workload:
     model: str
     model_info: dict
+    server_engine: dict  # engine keys as the server reports them (engine_info.from_server)
     continuous_usage: bool
     sizing: dict
     rungs: dict[int, RungWorkload]
@@ -69,6 +70,8 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
         raise SetupError("/v1/models lists no model; pass --model")
     model = config.model or models[0]["id"]
     info = next((m for m in models if m.get("id") == model), {})
+    server_engine = engine_info.from_server(info, await ep.optional_text("/metrics"),
+                                            await ep.optional_json("/props"))
 
     rng = random.Random(f"ladder-probe:{config.seed}")
     continuous = True
@@ -115,15 +118,15 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
         measured = prompts.rung_prompts(config.seed, c, "measured", config.num_prompts(c), sizer)
         warmup = prompts.rung_prompts(config.seed, c, "warmup", config.num_warmup(c), sizer)
         rungs[c] = RungWorkload(bodies(warmup), bodies(measured), prompts.prompt_hash(measured))
-    return Workload(model, info, continuous, sizing, rungs)
+    return Workload(model, info, server_engine, continuous, sizing, rungs)
 
 
 def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Workload, epoch: float) -> dict:
     """Everything `ladder compare` needs to decide whether two runs are like for like."""
     flags = {k: v for k, v in asdict(config).items() if k != "metadata"}
     flags["api_key"] = "<set>" if config.api_key else None
-    engine = {k: config.metadata.get(k, work.model_info.get(k)) for k in ENGINE_KEYS}
-    engine["engine"] = engine["engine"] or work.model_info.get("owned_by")
+    engine, sources = engine_info.resolve(config.metadata, work.server_engine,
+                                          engine_info.from_serve_cmd(serve_cmd))
     hashes = {str(c): w.prompt_hash for c, w in work.rungs.items()}
     return {
         "tool": "ladder", "version": version("specladder"),
@@ -132,6 +135,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
         "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": serve_cmd,
                      "path": "/v1/chat/completions" if config.chat else "/v1/completions"},
         "model": work.model, "server_model_info": work.model_info, "engine": engine,
+        "engine_sources": sources,
         "workload": {
             "prompt_hash": prompts.prompt_hash(list(hashes.values())), "rung_prompt_hashes": hashes,
             "seed": config.seed, "input_len": config.input_len, "output_len": config.output_len,

@@ -41,7 +41,10 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["model"] == "fake-model" and manifest["result"] == {"exit_code": 0, "engine_dead": None}
     assert manifest["engine"]["engine"] == "fake" and manifest["engine"]["max_model_len"] == 4096
-    assert manifest["engine"]["dtype"] == "bf16" and manifest["metadata"] == {"dtype": "bf16"}
+    # normalised for ladder compare, and each key says where it came from
+    assert manifest["engine"]["dtype"] == "bfloat16" and manifest["metadata"] == {"dtype": "bf16"}
+    assert manifest["engine_sources"]["dtype"] == "metadata"
+    assert manifest["engine_sources"]["max_model_len"] == "server"
     assert manifest["workload"]["continuous_usage_stats"] is True
     assert manifest["workload"]["rung_prompt_hashes"]["1"] == rungs[0]["prompt_hash"]
     assert len((run / "rungs.csv").read_text().splitlines()) == 3

@@ -1,0 +1,143 @@
+"""`ladder compare`: several runs side by side in one markdown report, after the like-for-like guard.
+
+One table per metric group; rows are rungs (c), columns are runs. The guard runs first: differing
+workloads are refused (unless allowed, and then shown in a banner), differing engine keys are listed in a
+"not like-for-like" banner above every table.
+"""
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ladder import guard
+from ladder.config import ENGINE_KEYS, SetupError
+from ladder.metrics import DEFINITIONS
+from ladder.runs import Run, concurrencies
+from ladder.table import GROUPS, Footnotes, Group, cell
+
+
+@dataclass(frozen=True)
+class Comparison:
+    runs: list[Run]
+    baseline: Run | None
+    percentile: str  # "p50"
+    engine_differences: list[guard.Difference]
+    workload_differences: list[guard.Difference]  # non-empty only when the mismatch was allowed
+
+    @property
+    def reference(self) -> Run:
+        """The run whose workload the report describes."""
+        return self.baseline or self.runs[0]
+
+
+def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mismatch: bool) -> Comparison:
+    """Resolve the baseline, check the percentile exists, and apply the guard."""
+    base = None
+    if baseline is not None:
+        base = next((r for r in runs if r.label == baseline), None)
+        if base is None:
+            raise SetupError(f"--baseline {baseline!r} names no run; the runs are: "
+                             f"{', '.join(r.label for r in runs)}")
+    pct = f"p{percentile:g}"
+    for run in runs:
+        shown = {k for row in run.rungs.values() if row.stats for k in row.stats["ttft_ms"]["percentiles"]}
+        if shown and pct not in shown:
+            raise SetupError(f"run {run.label} has no {pct} (it recorded {', '.join(sorted(shown))}); "
+                             f"pick one with --percentile")
+    workload = guard.workload_differences(runs)
+    if workload and not allow_mismatch:
+        raise SetupError("the workloads differ, so these runs are not comparable (--allow-mismatch shows them "
+                         "anyway): " + "; ".join(d.line() for d in workload))
+    return Comparison(runs, base, pct, guard.engine_differences(runs), workload)
+
+
+def workload_caption(run: Run) -> str:
+    w, f = run.workload, run.flags
+    sampling = w.get("sampling") or {}
+    per_rung = (f"{f['prompts_per_rung']} prompts per rung" if f.get("prompts_per_rung")
+                else f"{f.get('prompts_per_concurrency', '?')}·c prompts per rung")
+    return (f"{w.get('endpoint_kind', '?')}, {w.get('input_len', '?')} tokens in / {w.get('output_len', '?')} out"
+            f"{' (ignore_eos)' if sampling.get('ignore_eos') else ''}, {per_rung}, "
+            f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}")
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def _banner(cmp: Comparison) -> list[str]:
+    out: list[str] = []
+    if cmp.engine_differences:
+        out += ["> **not like-for-like:** these runs differ in engine keys, so a difference in the tables "
+                "is not only the engine's speed:", ">"]
+        out += [f"> - {d.line()}" for d in cmp.engine_differences]
+        out.append("")
+    if cmp.workload_differences:
+        out += ["> **different workloads (shown only because of --allow-mismatch):** the runs did not "
+                "measure the same requests:", ">"]
+        out += [f"> - {d.line()}" for d in cmp.workload_differences]
+        out.append("")
+    unverified = guard.unverified_engine_keys(cmp.runs)
+    if unverified:
+        out += [f"Engine keys no run reports, so unverified: {', '.join(unverified)}.", ""]
+    return out
+
+
+def _engine_table(runs: Sequence[Run]) -> list[str]:
+    out = [_row(["engine key", *(r.label for r in runs)]), _row(["---"] * (len(runs) + 1))]
+    for key in ENGINE_KEYS:
+        cells = []
+        for r in runs:
+            v, source = r.engine.get(key), r.engine_sources.get(key)
+            cells.append("unknown" if v is None else f"{v} ({source})" if source else str(v))
+        out.append(_row([key, *cells]))
+    return out
+
+
+def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
+    runs = cmp.runs
+    heads = [r.label if r is cmp.baseline or cmp.baseline is None else f"{r.label} (Δ% vs {cmp.baseline.label})"
+             for r in runs]
+    title = group.title.replace("{pct}", cmp.percentile)
+    out = [f"### {title}" + (f" ({group.direction})" if group.direction else ""), "",
+           _row(["metric", "c", *heads]), _row(["---", "---:", *(["---:"] * len(runs))])]
+    for metric in group.metrics:
+        formula = cmp.reference.definitions.get(metric.key) or DEFINITIONS.get(metric.key, "")
+        name = f"{metric.name} ({metric.unit}){notes.ref(f'{metric.name}: {formula}')}"
+        for c in concurrencies(runs):
+            out.append(_row([name, str(c), *(cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs)]))
+    return out + [""]
+
+
+def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = ()) -> str:
+    """The markdown report; plot_links are (caption, path relative to the report)."""
+    notes = Footnotes()
+    runs = cmp.runs
+    lines = [f"# ladder compare: {', '.join(r.label for r in runs)}", "",
+             f"Workload: {workload_caption(cmp.reference)}.", ""]
+    lines += _banner(cmp)
+    lines += ["## Runs", "", _row(["run", "result directory"]), _row(["---", "---"])]
+    lines += [_row([r.label, f"`{r.path}`"]) for r in runs]
+    lines += ["", "## Engine keys", "",
+              "Each value with its source: `metadata` (asserted with --metadata), `server` (reported by the "
+              "server) or `flags` (read from --serve-cmd).", ""]
+    lines += _engine_table(runs) + [""]
+    pct_note = (f"Latencies are the {cmp.percentile} over the measured requests of each rung; throughput is over "
+                f"the rung's measured window.")
+    lines += ["## Results", "", pct_note + (f" Δ% is against {cmp.baseline.label}." if cmp.baseline else ""),
+              "VOID (a request failed: no numbers), NOT_RUN (the engine died earlier) and CLIENT_BOUND "
+              "(the client may have limited the rung) are footnoted with their reasons.", ""]
+    for group in GROUPS:
+        lines += _group_table(cmp, group, notes)
+    if plot_links:
+        lines += ["## Plots", "", f"Workload: {workload_caption(cmp.reference)}.", ""]
+        lines += [f"![{caption}]({path})" for caption, path in plot_links] + [""]
+    lines += notes.render()
+    return "\n".join(lines) + "\n"
+
+
+def link(path: Path, report: Path | None) -> str:
+    """path as the report links it: relative to the report's directory (or the working directory)."""
+    start = report.parent if report is not None else Path.cwd()
+    return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()

@@ -1,0 +1,87 @@
+"""The like-for-like guard: checked before `ladder compare` draws any table.
+
+Workload keys decide whether the runs measured the same thing at all: the prompt texts (hash per rung), the
+seed, the sampling parameters and ignore_eos, the endpoint kind, and the realised lengths from the servers'
+usage. Input lengths may differ by INPUT_TOLERANCE tokens, because chat templates and BOS handling differ
+between servers even for identical prompt texts; output lengths must be equal. Runs whose workloads differ
+are refused unless the caller allows the mismatch.
+
+Engine keys (ladder.config.ENGINE_KEYS) say what was measured: runs that differ in any of them are put side
+by side only under a "not like-for-like" banner that lists each difference.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ladder.config import ENGINE_KEYS
+from ladder.runs import Run
+
+INPUT_TOLERANCE = 2  # tokens
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    values: tuple[tuple[str, str], ...]  # (run label, value as shown)
+    note: str = ""
+
+    def line(self) -> str:
+        shown = ", ".join(f"{label} = {value}" for label, value in self.values)
+        return f"{self.key}: {shown}" + (f" ({self.note})" if self.note else "")
+
+
+def _show(value: object) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def _differs(key: str, runs: Sequence[Run], get: Callable[[Run], object], note: str = "") -> list[Difference]:
+    values = [get(r) for r in runs]
+    if all(v == values[0] for v in values):
+        return []
+    return [Difference(key, tuple((r.label, _show(v)) for r, v in zip(runs, values)), note)]
+
+
+def engine_differences(runs: Sequence[Run]) -> list[Difference]:
+    """Every engine key on which the runs disagree. An unknown value never counts as equal to a known one,
+    and a key no run knows is reported by `unverified_engine_keys` instead."""
+    out: list[Difference] = []
+    for key in ENGINE_KEYS:
+        out += _differs(key, runs, lambda r, k=key: r.engine.get(k))
+    return out
+
+
+def unverified_engine_keys(runs: Sequence[Run]) -> list[str]:
+    return [k for k in ENGINE_KEYS if all(r.engine.get(k) is None for r in runs)]
+
+
+def _lengths(run: Run, c: int, key: str) -> tuple[int, int] | None:
+    row = run.ok(c)
+    stats = (row.stats or {}).get(key) if row else None
+    return (stats["min"], stats["max"]) if stats else None
+
+
+def _length_differences(runs: Sequence[Run], c: int, key: str, name: str, tolerance: int) -> list[Difference]:
+    measured = [(r, span) for r in runs if (span := _lengths(r, c, key)) is not None]
+    if len(measured) < 2:
+        return []
+    lo = min(span[0] for _, span in measured)
+    hi = max(span[1] for _, span in measured)
+    if hi - lo <= tolerance:
+        return []
+    note = f"must match within ±{tolerance}" if tolerance else "must match exactly"
+    return [Difference(f"{name} at c={c}", tuple((r.label, f"{a}" if a == b else f"{a}–{b}")
+                                                 for r, (a, b) in measured), note)]
+
+
+def workload_differences(runs: Sequence[Run]) -> list[Difference]:
+    out: list[Difference] = []
+    for key in ("seed", "input_len", "output_len", "sampling", "endpoint_kind"):
+        out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
+    common = sorted(set.intersection(*(set(r.rungs) for r in runs)))
+    for c in common:
+        out += _differs(f"prompt texts at c={c}", runs,
+                        lambda r, c=c: (r.workload.get("rung_prompt_hashes") or {}).get(str(c), "")[:12] or None,
+                        "sha256 of the measured prompts")
+        out += _length_differences(runs, c, "input_tokens", "input tokens", INPUT_TOLERANCE)
+        out += _length_differences(runs, c, "output_tokens", "output tokens", 0)
+    return out

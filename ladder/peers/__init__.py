@@ -1,0 +1,1 @@
+"""Launchers for other engines, so that `ladder run --serve-cmd` can start them like any server."""

@@ -1,0 +1,130 @@
+"""The comparison's plots (matplotlib, Agg, PNG): one line per run, a rung without numbers as a gap.
+
+- throughput.png: output tok/s against c
+- latency.png: TPOT and TTFT (the report's percentile) against c
+- interactivity.png: per-user tok/s (median of 1/TPOT) on x, output tok/s on y, one point per rung
+
+A VOID or NOT_RUN rung breaks its line and is marked with an X at the foot of the axes; the interactivity
+plot, which has no place for a rung without numbers, names them in a box instead.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ladder.runs import Run, concurrencies
+from ladder.table import OUTPUT_TPUT, PER_USER, TPOT, TTFT, Metric, value
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "*")
+DPI = 120
+
+
+@dataclass(frozen=True)
+class Plot:
+    caption: str
+    path: Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a build machine
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(run: Run, cs: Sequence[int], metric: Metric, pct: str) -> list[float]:
+    return [math.nan if (v := value(run, c, metric, pct)) is None else v for c in cs]
+
+
+def _missing(run: Run, cs: Sequence[int]) -> list[tuple[int, str]]:
+    return [(c, run.rungs[c].status) for c in cs if c in run.rungs and run.rungs[c].status != "OK"]
+
+
+def _against_c(ax, runs: Sequence[Run], metric: Metric, pct: str, ylabel: str) -> None:
+    cs = concurrencies(runs)
+    for i, run in enumerate(runs):
+        line, = ax.plot(cs, _series(run, cs, metric, pct), marker=MARKERS[i % len(MARKERS)], label=run.label)
+        for c, status in _missing(run, cs):
+            # at the foot of the axes, in the run's colour: the rung ran but has no number
+            ax.plot([c], [0.03], transform=ax.get_xaxis_transform(), marker="X", markersize=11,
+                    color=line.get_color(), linestyle="none")
+            ax.annotate(status, (c, 0.03), xycoords=ax.get_xaxis_transform(), xytext=(6, 4),
+                        textcoords="offset points", fontsize=7, color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cs, [str(c) for c in cs])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency c (requests in flight)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+
+
+def _void_legend(ax, runs: Sequence[Run]) -> None:
+    if any(_missing(r, concurrencies(runs)) for r in runs):
+        ax.plot([], [], marker="X", color="grey", linestyle="none", label="VOID / NOT_RUN: no numbers")
+    ax.legend(fontsize=8)
+
+
+def _finish(plt, fig, title: str, caption: str, path: Path) -> None:
+    fig.suptitle(title)
+    fig.text(0.5, 0.01, f"Workload: {caption}", ha="center", va="bottom", fontsize=8, wrap=True)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def throughput_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) -> Plot:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _against_c(ax, runs, OUTPUT_TPUT, pct, "output throughput (tok/s)")
+    _void_legend(ax, runs)
+    _finish(plt, fig, "Output throughput against concurrency", caption, path)
+    return Plot("output tok/s against c", path)
+
+
+def latency_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) -> Plot:
+    plt = _pyplot()
+    fig, (tpot, ttft) = plt.subplots(1, 2, figsize=(11, 4.5))
+    _against_c(tpot, runs, TPOT, pct, f"TPOT {pct} (ms per output token)")
+    _against_c(ttft, runs, TTFT, pct, f"TTFT {pct} (ms)")
+    tpot.set_title("time per output token")
+    ttft.set_title("time to first token")
+    _void_legend(tpot, runs)
+    _finish(plt, fig, f"Latency ({pct} over requests) against concurrency", caption, path)
+    return Plot(f"TPOT and TTFT ({pct}) against c", path)
+
+
+def interactivity_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) -> Plot:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    cs = concurrencies(runs)
+    voids: list[str] = []
+    for i, run in enumerate(runs):
+        xs, ys = _series(run, cs, PER_USER, pct), _series(run, cs, OUTPUT_TPUT, pct)
+        line, = ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], label=run.label)
+        for c, x, y in zip(cs, xs, ys):
+            if not (math.isnan(x) or math.isnan(y)):
+                ax.annotate(f"c={c}", (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                            color=line.get_color())
+        voids += [f"{run.label} c={c}: {status}" for c, status in _missing(run, cs)]
+    if voids:
+        ax.text(0.98, 0.02, "no numbers (gaps):\n" + "\n".join(voids), transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=7, bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
+    ax.set_xlabel("per-user rate (tok/s, median over requests of 1/TPOT)")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    _finish(plt, fig, "Interactivity: throughput against per-user rate", caption, path)
+    return Plot("interactivity: output tok/s against per-user tok/s", path)
+
+
+def write_plots(runs: Sequence[Run], pct: str, caption: str, out_dir: Path) -> list[Plot]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [throughput_plot(runs, pct, caption, out_dir / "throughput.png"),
+            latency_plot(runs, pct, caption, out_dir / "latency.png"),
+            interactivity_plot(runs, pct, caption, out_dir / "interactivity.png")]

@@ -1,0 +1,86 @@
+"""A finished (or interrupted) run read back from its result directory: manifest.json + rungs.json only.
+
+`ladder compare` works from these two files alone; requests.jsonl is not needed.
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ladder.config import ENGINE_KEYS, SetupError
+
+
+@dataclass(frozen=True)
+class RungRow:
+    """One row of rungs.json. `stats`, `audit` and `spec` exist only on an OK row."""
+
+    concurrency: int
+    status: str  # "OK" | "VOID" | "NOT_RUN"
+    flags: tuple[str, ...]
+    reason: str | None
+    num_ok: int | None
+    num_failed: int | None
+    errors: tuple[str, ...]
+    prompt_hash: str | None
+    stats: dict | None
+    audit: dict | None
+    spec: dict | None
+
+    @classmethod
+    def from_dict(cls, row: dict) -> "RungRow":
+        return cls(concurrency=int(row["concurrency"]), status=row["status"], flags=tuple(row.get("flags") or ()),
+                   reason=row.get("reason"), num_ok=row.get("num_ok"), num_failed=row.get("num_failed"),
+                   errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
+                   stats=row.get("stats") if row["status"] == "OK" else None,
+                   audit=row.get("audit"), spec=row.get("spec"))
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str  # unique among the runs compared
+    path: Path
+    engine: dict[str, str | int | None]
+    engine_sources: dict[str, str | None]
+    workload: dict
+    definitions: dict[str, str]
+    flags: dict  # the run's RunConfig as recorded
+    rungs: dict[int, RungRow]  # by concurrency, in ladder order
+
+    def ok(self, c: int) -> RungRow | None:
+        row = self.rungs.get(c)
+        return row if row is not None and row.status == "OK" else None
+
+
+def load_run(path: Path, label: str | None = None) -> Run:
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        rows = json.loads((path / "rungs.json").read_text())
+    except FileNotFoundError as e:
+        raise SetupError(f"{path} is not a ladder result directory: no {Path(e.filename).name}") from e
+    except ValueError as e:
+        raise SetupError(f"{path}: unreadable result file: {e}") from e
+    engine = manifest.get("engine") or {}
+    return Run(label=label or manifest.get("label") or path.name, path=path,
+               engine={k: engine.get(k) for k in ENGINE_KEYS},
+               engine_sources=manifest.get("engine_sources") or {},
+               workload=manifest.get("workload") or {}, definitions=manifest.get("definitions") or {},
+               flags=manifest.get("flags") or {},
+               rungs={r.concurrency: r for r in map(RungRow.from_dict, rows)})
+
+
+def load_runs(paths: Sequence[Path]) -> list[Run]:
+    """Runs labelled by their manifest label; where two share one, by their directory name instead."""
+    runs = [load_run(p) for p in paths]
+    labels = [r.label for r in runs]
+    if len(set(labels)) == len(labels):
+        return runs
+    names = [p.name if labels.count(r.label) > 1 else r.label for p, r in zip(paths, runs)]
+    if len(set(names)) != len(names):
+        raise SetupError(f"two runs share a label and a directory name: {', '.join(map(str, paths))}")
+    return [load_run(p, n) for p, n in zip(paths, names)]
+
+
+def concurrencies(runs: Sequence[Run]) -> list[int]:
+    """Every rung of any run, ascending."""
+    return sorted({c for r in runs for c in r.rungs})

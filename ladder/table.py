@@ -1,0 +1,124 @@
+"""The metrics `ladder compare` tabulates, and the cell of one (run, rung, metric).
+
+A cell shows what the rung is: a number (with Δ% against the baseline run where there is one), VOID or
+NOT_RUN with a footnote giving the reason, or "n/a" when an OK rung has no such number (TPOT of a
+one-token response, acceptance on a server without spec counters). A VOID cell never carries a number.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ladder.runs import Run, RungRow
+
+Reader = Callable[[RungRow, str], float | None]  # (OK row, percentile key like "p50") -> value
+
+
+def _stat(key: str) -> Reader:
+    return lambda row, pct: (row.stats or {}).get(key)
+
+
+def _summary(key: str, pct_key: str | None = None) -> Reader:
+    def read(row: RungRow, pct: str) -> float | None:
+        summary = (row.stats or {}).get(key)
+        if not summary:
+            return None
+        return summary["mean"] if pct_key == "mean" else summary["percentiles"].get(pct)
+    return read
+
+
+def _spec(key: str) -> Reader:
+    return lambda row, pct: (row.spec or {}).get(key)
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # its entry in the run's definitions (ladder.metrics.DEFINITIONS)
+    name: str
+    unit: str
+    decimals: int
+    read: Reader
+
+
+@dataclass(frozen=True)
+class Group:
+    title: str  # "{pct}" is replaced by the percentile shown
+    direction: str  # "higher is better" | "lower is better" | ""
+    metrics: tuple[Metric, ...]
+
+
+OUTPUT_TPUT = Metric("output_throughput", "output", "tok/s", 1, _stat("output_throughput"))
+TTFT = Metric("ttft_ms", "TTFT", "ms", 1, _summary("ttft_ms"))
+TPOT = Metric("tpot_ms", "TPOT", "ms", 1, _summary("tpot_ms"))
+PER_USER = Metric("per_user_tok_s", "per-user", "tok/s", 1, _stat("per_user_tok_s"))
+
+GROUPS = (
+    Group("Throughput over the measured window", "higher is better", (
+        OUTPUT_TPUT,
+        Metric("total_throughput", "total", "tok/s", 1, _stat("total_throughput")),
+        Metric("request_throughput", "requests", "req/s", 3, _stat("request_throughput")),
+    )),
+    Group("Latency, {pct} over requests", "lower is better", (
+        TTFT, TPOT, Metric("e2e_ms", "E2E", "ms", 1, _summary("e2e_ms")),
+    )),
+    Group("Interactivity and speculation", "higher is better", (
+        PER_USER,
+        Metric("tokens_per_chunk", "tokens per chunk (mean)", "tok", 2, _summary("tokens_per_chunk", "mean")),
+        Metric("acceptance_length", "acceptance length", "tok", 2, _spec("acceptance_length")),
+    )),
+)
+
+
+class Footnotes:
+    """Numbered footnotes in order of first use; the same text always gets the same number."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, int] = {}
+
+    def ref(self, text: str) -> str:
+        number = self._texts.setdefault(text, len(self._texts) + 1)
+        return f"[^{number}]"
+
+    def render(self) -> list[str]:
+        return [f"[^{n}]: {text}" for text, n in self._texts.items()]
+
+
+def status_note(run: Run, row: RungRow) -> str:
+    """The footnote for a VOID or NOT_RUN rung: what happened, with the first error."""
+    if row.status == "VOID":
+        first = f"; first error: `{row.errors[0]}`" if row.errors else ""
+        return (f"{run.label}, c={row.concurrency}: VOID, {row.num_ok} ok and {row.num_failed} failed "
+                f"({row.reason}){first}. A VOID rung has no numbers.")
+    return f"{run.label}, c={row.concurrency}: NOT_RUN ({row.reason})."
+
+
+def client_bound_note(run: Run, row: RungRow) -> str:
+    audit = row.audit or {}
+    return (f"{run.label}, c={row.concurrency}: CLIENT_BOUND, client CPU {audit.get('cpu_pct', 0):.0f}% of a core, "
+            f"event-loop lag p99 {audit.get('loop_lag_p99_ms', 0):.1f} ms: the numbers may describe the "
+            f"client as much as the server.")
+
+
+def fmt(value: float, decimals: int) -> str:
+    return f"{value:,.{decimals}f}"
+
+
+def value(run: Run, c: int, metric: Metric, pct: str) -> float | None:
+    row = run.ok(c)
+    return metric.read(row, pct) if row is not None else None
+
+
+def cell(run: Run, c: int, metric: Metric, pct: str, baseline: Run | None, notes: Footnotes) -> str:
+    row = run.rungs.get(c)
+    if row is None:
+        return "not in run"
+    if row.status != "OK":
+        return f"{row.status}{notes.ref(status_note(run, row))}"
+    v = metric.read(row, pct)
+    text = "n/a" if v is None else fmt(v, metric.decimals)
+    if v is not None and baseline is not None and baseline is not run:
+        base = value(baseline, c, metric, pct)
+        if base:  # no Δ against a missing, VOID or zero baseline value
+            text += f" ({100 * (v - base) / base:+.1f}%)"
+    if "CLIENT_BOUND" in row.flags:
+        text += f" CLIENT_BOUND{notes.ref(client_bound_note(run, row))}"
+    return text
