@@ -30,9 +30,14 @@ class Endpoint:
 
     async def __aenter__(self) -> "Endpoint":
         # NOTE: no connection cap (the phase semaphore is the cap) so probes never queue behind load;
-        # a 1 MiB read buffer keeps long chunks from throttling the stream (vllm#39963).
+        # a 1 MiB read buffer keeps long chunks from throttling the stream (vllm#39963). One connection
+        # per request (force_close), as SGLang's client does: llama.cpp's server closes a kept-alive
+        # connection 5 s after it read the request on it, so after any longer stream the next request on
+        # that connection fails with "Can not write request body", and a POST is never retried. The
+        # price is a loopback connect inside each TTFT (~0.1 ms).
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), headers=self._headers, read_bufsize=1 << 20,
+            connector=aiohttp.TCPConnector(limit=0, force_close=True), headers=self._headers,
+            read_bufsize=1 << 20,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         return self
 
