@@ -147,7 +147,7 @@ class Tokenizer:
             backend,
             bos_token_id=bos_id,
             eos_token_ids=eos_token_ids or (() if eos_id is None else (eos_id,)),
-            add_bos=bool(config.get("add_bos_token", False)),
+            add_bos=_adds_bos(backend, config, bos_id),
             chat_template=chat_template,
         )
 
@@ -188,6 +188,13 @@ class Tokenizer:
             add_bos=False,
             chat_template=chat_template,
         )
+
+
+def _adds_bos(backend: Backend, config: dict, bos_id: int | None) -> bool:
+    """tokenizer_config's flag, else whether tokenizer.json's post-processor puts BOS first (Llama 3)."""
+    if "add_bos_token" in config:
+        return bool(config["add_bos_token"])
+    return bos_id is not None and backend.encode("a", add_special_tokens=True).ids[:1] == [bos_id]
 
 
 def _token_id(backend: Backend, token: str | dict | None) -> int | None:
