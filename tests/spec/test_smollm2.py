@@ -29,17 +29,20 @@ def test_self_draft_accepts_drafts(smollm2, baseline):
 
 
 @pytest.mark.slow
-def test_every_method_is_lossless(smollm2, baseline):
-    specs = [
+@pytest.mark.parametrize(
+    "spec",
+    [
         SpeculativeConfig("ngram", 3),
         SpeculativeConfig("draft_model", 3, num_draft_layers=8),
         SpeculativeConfig("eagle", 3),
         SpeculativeConfig("eagle3", 3),
         SpeculativeConfig("mtp", 3),
         SpeculativeConfig("dflash", 3),
-    ]
-    for spec in specs:
-        for max_num_seqs in (1, 4):
-            llm = LLM(smollm2, **ENGINE, max_num_seqs=max_num_seqs, speculative_config=spec)
-            tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-            assert tokens == baseline, f"{spec.method} at max_num_seqs={max_num_seqs}"
+    ],
+    ids=lambda spec: spec.method,
+)
+def test_every_method_is_lossless(smollm2, baseline, spec):
+    for max_num_seqs in (1, 4):
+        llm = LLM(smollm2, **ENGINE, max_num_seqs=max_num_seqs, speculative_config=spec)
+        tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        assert tokens == baseline, f"{spec.method} at max_num_seqs={max_num_seqs}"
