@@ -6,13 +6,43 @@ replace this one function.
 
 from __future__ import annotations
 
+import collections
+import os
+
 import torch
 import torch.nn.functional as F
 
+from refengine.model import triton_attention
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import Numerics
 from refengine.model.errors import ModelInputError
 from refengine.model.kv_cache import LayerKVCache
+
+BACKEND_ENV_VAR = "REFENGINE_ATTENTION"
+BACKENDS = ("auto", "triton", "reference")
+# How often each implementation ran, counted when Python runs the op (a CUDA graph's replays run
+# what its capture counted, without passing through here).
+ATTENTION_CALLS: collections.Counter[str] = collections.Counter()
+_backend = os.environ.get(BACKEND_ENV_VAR) or "auto"
+
+
+def set_attention_backend(name: str) -> None:
+    """auto: the Triton kernels for CUDA tensors when triton is installed, else the reference;
+    triton / reference: always that one."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    _backend = name
+
+
+def attention_backend(device: torch.device | str | None = None) -> str:
+    """The setting, or with a device, the implementation that tensors on it run: triton or reference."""
+    if device is None:
+        return _backend
+    if _backend == "auto":
+        usable = torch.device(device).type == "cuda" and triton_attention.triton_available()
+        return "triton" if usable else "reference"
+    return _backend
 
 
 def paged_attention(
@@ -29,6 +59,10 @@ def paged_attention(
     Keys are always read back from the cache, so a token sees the same stored values whether its
     neighbours arrived in this step or an earlier one.
     """
+    if attention_backend(q.device) == "triton":
+        ATTENTION_CALLS["triton"] += 1
+        return triton_attention.triton_paged_attention(q, k, v, cache, meta, scale, numerics)
+    ATTENTION_CALLS["reference"] += 1
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     # Invariant: the batch holds exactly the rows the metadata describes.
@@ -56,6 +90,7 @@ def paged_attention(
 
 
 def _store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
+    slot_mapping = slot_mapping.to(cache.key.device)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     cache.key.view(-1, *cache.key.shape[2:]).index_copy_(0, slots, k[keep].to(cache.key.dtype))
@@ -67,7 +102,7 @@ def _gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This sequence's keys and values, `[seq_len, Hkv, D]`, in position order."""
     block_size = cache.key.shape[1]
-    blocks = block_table[: -(-seq_len // block_size)]
+    blocks = block_table[: -(-seq_len // block_size)].to(cache.key.device)
     keys = cache.key.index_select(0, blocks).flatten(0, 1)[:seq_len]
     values = cache.value.index_select(0, blocks).flatten(0, 1)[:seq_len]
     return keys, values

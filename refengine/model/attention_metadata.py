@@ -29,6 +29,25 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     causal: bool = True
 
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> AttentionMetadata:
+        """The same metadata with its tensors on `device` (from pinned memory the copies are async)."""
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc.to(device, non_blocking=non_blocking),
+            seq_lens=self.seq_lens.to(device, non_blocking=non_blocking),
+            block_tables=self.block_tables.to(device, non_blocking=non_blocking),
+            slot_mapping=self.slot_mapping.to(device, non_blocking=non_blocking),
+            causal=self.causal,
+        )
+
+    def pin_memory(self) -> AttentionMetadata:
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc.pin_memory(),
+            seq_lens=self.seq_lens.pin_memory(),
+            block_tables=self.block_tables.pin_memory(),
+            slot_mapping=self.slot_mapping.pin_memory(),
+            causal=self.causal,
+        )
+
     @classmethod
     def build(
         cls,

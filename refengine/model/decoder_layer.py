@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from refengine.model import triton_ops
 from refengine.model.attention import paged_attention
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
@@ -36,9 +37,19 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        if triton_ops.use_fused(q) and self.head_dim in (32, 64, 128, 256):
+            # q/k head norms and the rotary embedding in one launch each (triton_ops.py)
+            positions = positions.to(q.device)
+            rotary = self.rotary
+            q_weight = None if self.q_norm is None else self.q_norm.weight
+            k_weight = None if self.k_norm is None else self.k_norm.weight
+            eps = 0.0 if self.q_norm is None else self.q_norm.eps
+            q = triton_ops.norm_rope(q, q_weight, eps, positions, rotary.cos, rotary.sin)
+            k = triton_ops.norm_rope(k, k_weight, eps, positions, rotary.cos, rotary.sin)
+        else:
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
@@ -66,3 +77,22 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), meta, cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def forward_fused(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        delta: torch.Tensor | None,
+        meta: AttentionMetadata,
+        cache: LayerKVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer with each residual add fused into the norm after it (triton_ops.py): takes
+        the previous layer's output as `hidden + delta` and returns its own the same way."""
+        if delta is None:
+            normed = self.input_layernorm(hidden)
+        else:
+            hidden, normed = triton_ops.add_rms_norm(hidden, delta, self.input_layernorm.weight, self.input_layernorm.eps)
+        attn = self.self_attn(positions, normed, meta, cache)
+        post = self.post_attention_layernorm
+        hidden, normed = triton_ops.add_rms_norm(hidden, attn, post.weight, post.eps)
+        return hidden, self.mlp(normed)

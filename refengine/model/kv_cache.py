@@ -41,6 +41,15 @@ class KVCache:
             )
         )
 
+    def to(self, device: torch.device | str) -> KVCache:
+        return KVCache(
+            layers=tuple(LayerKVCache(layer.key.to(device), layer.value.to(device)) for layer in self.layers)
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].key.device
+
     @property
     def num_blocks(self) -> int:
         return self.layers[0].key.shape[0]

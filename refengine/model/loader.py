@@ -11,7 +11,6 @@ import torch
 
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.errors import ModelLoadError
-from refengine.model.gguf_loader import read_gguf
 from refengine.model.hf_loader import read_hf_folder
 from refengine.model.transformer import Transformer
 from refengine.model.weights import load_weights
@@ -60,22 +59,36 @@ def load_model(
     *,
     dtype: torch.dtype = torch.float32,
     numerics: Numerics | str = Numerics.BATCH_INVARIANT,
+    device: torch.device | str | None = None,
 ) -> LoadedModel:
-    """`smollm2` (the embedded default), a `.gguf` file, or an HF folder."""
+    """`smollm2` (the embedded default), a `.gguf` file, an HF folder, or a named shape with random
+    weights (`random:qwen3-8b`, or `qwen3-8b` where no such path exists; see shapes.py).
+
+    `device`: where the weights go; None keeps files on the CPU and makes random shapes on CUDA when
+    there is one."""
     try:
         numerics = Numerics(numerics)
     except ValueError:
         choices = ", ".join(n.value for n in Numerics)
         raise ValueError(f"numerics must be one of {choices}; got {numerics!r}") from None
+    from refengine.model import shapes  # shapes builds LoadedModel: imported here, not at the top
+
+    shape = shapes.shape_name(str(name_or_path))
+    if shape is not None and (str(name_or_path).startswith(shapes.RANDOM_PREFIX) or not Path(name_or_path).exists()):
+        return shapes.build_random_model(shape, dtype=dtype, numerics=numerics, device=device)
     path = embedded_smollm2_path() if str(name_or_path) == EMBEDDED_NAME else Path(name_or_path)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
-    if path.is_dir():
-        return _load_hf(path, dtype, numerics)
-    return _load_gguf(path, dtype, numerics)
+    loaded = _load_hf(path, dtype, numerics) if path.is_dir() else _load_gguf(path, dtype, numerics)
+    if device is not None:
+        loaded.model.to(device)
+    return loaded
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, numerics: Numerics) -> LoadedModel:
+    # Imported here: the gguf package is only needed for GGUF files (GPU images may lack it).
+    from refengine.model.gguf_loader import read_gguf
+
     checkpoint = read_gguf(path)
     try:
         tokenizer = Tokenizer.from_gguf_vocab(checkpoint.vocab)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from refengine.model import triton_ops
 from refengine.model.config import Numerics
 
 # NOTE(model): 8 rows cost about as much per tile as 4 on the 2-core reference machine, and halve the
@@ -46,6 +47,8 @@ def _tiled_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS-normalise the last dim in float32, then scale (Llama's order: cast back before the weight)."""
+    if triton_ops.use_fused(x):  # one launch on a GPU (triton_ops.py)
+        return triton_ops.rms_norm(x, weight, eps)
     x32 = x.float()
     mean_square = x32.pow(2).mean(-1, keepdim=True)
     normed = x32 * (1.0 / torch.sqrt(mean_square + eps))
@@ -54,5 +57,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """`silu(gate) * up` for `gate_up = [gate | up]` along the last dim."""
+    if triton_ops.use_fused(gate_up):
+        return triton_ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return gate / (1.0 + torch.exp(-gate)) * up

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from refengine.model import ops
+from refengine.model import ops, triton_ops
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.decoder_layer import DecoderLayer
@@ -50,7 +50,8 @@ class Transformer(nn.Module):
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        # Callers that build ids on the host (drafters) may hand them over there.
+        return self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))
 
     def forward(
         self,
@@ -71,6 +72,17 @@ class Transformer(nn.Module):
             raise ModelInputError(f"capture_layers {bad} outside 0..{len(self.layers) - 1}")
         hidden = self.embed(input_ids)
         aux: dict[int, torch.Tensor] = {}
+        if triton_ops.use_fused(hidden):
+            # GPU: residual adds fused into the following norms; a layer's output is hidden + delta.
+            delta = None
+            for index, (layer, cache) in enumerate(zip(self.layers, kv_cache.layers, strict=True)):
+                hidden, delta = layer.forward_fused(positions, hidden, delta, meta, cache)
+                if index in capture_layers:
+                    aux[index] = hidden + delta
+            if delta is None:
+                return ModelOutput(hidden_states=self.norm(hidden), aux_hidden_states=aux)
+            _, normed = triton_ops.add_rms_norm(hidden, delta, self.norm.weight, self.norm.eps)
+            return ModelOutput(hidden_states=normed, aux_hidden_states=aux)
         for index, (layer, cache) in enumerate(zip(self.layers, kv_cache.layers, strict=True)):
             hidden = layer(positions, hidden, meta, cache)
             if index in capture_layers:

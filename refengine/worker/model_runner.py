@@ -17,9 +17,12 @@ import torch
 from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from refengine.engine.outputs import StepRecord
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.cuda_graphs import CudaGraphs
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
-from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, verify
+from refengine.sample import rng
+from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, assemble, num_accepted_greedy, verify
+from refengine.sample.sampler import apply_constraints, sample
 from refengine.spec.drafter import DraftBatch, Drafter, DraftInput
 from refengine.worker.request_state import CachedRequestState
 
@@ -33,6 +36,20 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> 
         pairs = [] if top is None else [(int(i), float(v)) for v, i in zip(top.values, top.indices, strict=True)]
         out.append(TokenLogprobs(token, float(row[token]), pairs))
     return out
+
+
+# Stream of the synthetic acceptance draws (speed studies only), apart from the sampler's streams.
+STREAM_SYNTHETIC_ACCEPT = 101
+
+
+def synthetic_num_accepted(rate: float, key: int, first_position: int, drafts: tuple[int, ...]) -> int:
+    """SYNTHETIC acceptance, for speed studies only: draft j is accepted with probability `rate`,
+    independently of the tokens (a counter-based draw keyed by request and position, so sync and async
+    runs accept the same drafts), up to the first rejection. A -1 placeholder is always rejected."""
+    for j, draft in enumerate(drafts):
+        if draft < 0 or rng.derive_seed(key, first_position + j, STREAM_SYNTHETIC_ACCEPT) / 2.0**63 >= rate:
+            return j
+    return len(drafts)
 
 
 class RunnerInvariantError(RuntimeError):
@@ -71,8 +88,17 @@ class ModelRunner:
         drafter: Drafter | None = None,
         fault_after_steps: int | None = None,
         record_steps: bool = False,
+        cuda_graphs: CudaGraphs | None = None,
+        synthetic_acceptance_rate: float | None = None,
     ) -> None:
         self.model = model
+        # Inputs are built on the host; on a GPU they travel from pinned memory, non-blocking.
+        self.device = kv_cache.layers[0].key.device if kv_cache.layers else torch.device("cpu")
+        self.cuda_graphs = cuda_graphs
+        # Not None: a SYNTHETIC acceptance rate replaces verification (speed studies only; not lossless).
+        self.synthetic_acceptance_rate = synthetic_acceptance_rate
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
         self.drafter = drafter
         # Per-request draft/accept history, for the oracle's sync-vs-async comparison.
         self.step_records: dict[str, list[StepRecord]] | None = {} if record_steps else None
@@ -150,15 +176,28 @@ class ModelRunner:
             [r.state.block_ids for r in rows],
             self.block_size,
         )
+        ids_t = torch.tensor(input_ids, dtype=torch.long)
+        positions_t = torch.tensor(positions, dtype=torch.long)
+        sample_t = torch.tensor(sample_rows, dtype=torch.long)
+        capture_layers = () if self.drafter is None else self.drafter.capture_layers
+        num_scheduled = [r.num_scheduled_tokens for r in rows]
         with torch.inference_mode():
-            out = self.model(
-                torch.tensor(input_ids, dtype=torch.long),
-                torch.tensor(positions, dtype=torch.long),
-                meta,
-                self.kv_cache,
-                capture_layers=() if self.drafter is None else self.drafter.capture_layers,
-            )
-            logits = self.model.compute_logits(out.hidden_states[torch.tensor(sample_rows, dtype=torch.long)])
+            if (
+                self.cuda_graphs is not None
+                and len(sample_rows) == len(input_ids)  # every row sampled, in order
+                and self.cuda_graphs.can_run(num_scheduled, meta, capture_layers)
+            ):
+                out, logits = self.cuda_graphs.run(ids_t, positions_t, meta, num_scheduled[0])
+                self.num_graph_steps += 1
+            else:
+                if self.device.type == "cuda":
+                    ids_t = ids_t.pin_memory().to(self.device, non_blocking=True)
+                    positions_t = positions_t.pin_memory().to(self.device, non_blocking=True)
+                    sample_t = sample_t.pin_memory().to(self.device, non_blocking=True)
+                    meta = meta.pin_memory().to(self.device, non_blocking=True)
+                out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
+                logits = self.model.compute_logits(out.hidden_states[sample_t])
+                self.num_eager_steps += 1
         self._executed = ExecutedBatch(tuple(rows), logits, out)
 
     @staticmethod
@@ -182,6 +221,8 @@ class ModelRunner:
         sampled: list[list[int]] = []
         logprobs: dict[str, list[TokenLogprobs]] = {}
         draft_inputs: list[DraftInput] = []
+        # On a GPU: every row's argmax in one launch and one read, for the rows that need no more.
+        argmax = executed.logits.argmax(dim=-1).tolist() if executed.logits.is_cuda and executed.rows else None
         for row in executed.rows:
             state = row.state
             req_ids.append(state.req_id)
@@ -195,14 +236,25 @@ class ModelRunner:
                 drafts = tuple(draft_overrides[state.req_id])
             k = len(drafts)
             logits = executed.logits[row.first_logits_row : row.first_logits_row + k + 1]
-            tokens = verify(
-                logits,
-                drafts,
-                state.params,
-                state.token_ids,
-                state.num_output_tokens,
-                first_position=state.num_tokens,
-            )
+            targets = None if argmax is None else argmax[row.first_logits_row : row.first_logits_row + k + 1]
+            plain = targets is not None and state.num_logprobs is None and self._plain_greedy(state, k)
+            if logits.is_cuda and not plain:
+                logits = logits.cpu()  # the sampler's noise and constraints live on the host
+            if self.synthetic_acceptance_rate is not None and k:
+                tokens = self._synthetic_tokens(state, drafts, logits, targets if plain else None)
+            elif plain:
+                # verify()'s greedy branch when apply_constraints has nothing to mask: each row's argmax.
+                accepted = num_accepted_greedy(drafts, targets)
+                tokens = assemble(drafts, accepted, targets[accepted])
+            else:
+                tokens = verify(
+                    logits,
+                    drafts,
+                    state.params,
+                    state.token_ids,
+                    state.num_output_tokens,
+                    first_position=state.num_tokens,
+                )
             if state.num_logprobs is not None:
                 logprobs[state.req_id] = token_logprobs(logits[: len(tokens)], tokens, state.num_logprobs)
             state.token_ids += tokens
@@ -225,6 +277,32 @@ class ModelRunner:
             for req_id, drafts in proposals.items():
                 self.requests[req_id].pending_drafts = list(drafts)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
+
+    @staticmethod
+    def _plain_greedy(state: CachedRequestState, k: int) -> bool:
+        """Greedy with nothing for apply_constraints to mask on any of the k + 1 rows."""
+        params = state.params
+        return (
+            params.greedy
+            and not params.bad_words_token_ids
+            and (not params.stop_token_ids or state.num_output_tokens >= params.min_tokens)
+        )
+
+    def _synthetic_tokens(
+        self, state: CachedRequestState, drafts: tuple[int, ...], logits: torch.Tensor, targets: list[int] | None
+    ) -> list[int]:
+        """SYNTHETIC acceptance (speed studies only): accept a fixed-rate prefix of the drafts whatever
+        the target says, then emit the target's token at the first unaccepted row."""
+        assert self.synthetic_acceptance_rate is not None
+        first = state.num_tokens
+        accepted = synthetic_num_accepted(self.synthetic_acceptance_rate, state.params.rng_key, first, drafts)
+        if targets is not None:
+            final = targets[accepted]
+        else:
+            history = [*state.token_ids, *drafts[:accepted]]
+            row = apply_constraints(logits[accepted], state.params, history, state.num_output_tokens + accepted)
+            final = sample(row, state.params, first + accepted)
+        return assemble(drafts, accepted, final)
 
     @staticmethod
     def _draft_input(row: ScheduledRow, num_valid_rows: int, *, propose: bool) -> DraftInput:

@@ -1,0 +1,578 @@
+"""GPU benchmark of the reference engine on random-weight models at real shapes, in one run.
+
+    PYTHONPATH=. python3 benchmarks/gpu_bench.py --out $OUT [--budget-s 420] [--commit SHA]
+
+Sections, each timed and guarded (a failure is recorded and the next section runs; a section that
+would start past the budget is skipped and recorded as such):
+
+  bandwidth   device-to-device copy, bytes read + written per second
+  steps       qwen3-8b bf16 model steps (forward + logits, no engine): decode at c = 1, 8, 32 and verify
+              (k + 1 = 5 rows per sequence) at c = 1, 8, each with reference attention (eager), Triton
+              attention (eager) and Triton attention in CUDA graphs; the batch-invariant mode in graphs
+  profile     kernel time of one c = 1 decode step by kind (matrix products, attention, the rest)
+  engine      qwen3-8b TPOT and output tok/s through the engine (1024-token prompts, 256 new tokens,
+              greedy, ignore_eos) at c = 1, 8, 32
+  async_ab    EAGLE drafter (random head) k = 4 with SYNTHETIC acceptance, async on vs off, c = 1 and 8
+  hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
+  oracle      the token-identity oracle's arms on the GPU for qwen3-0.6b in float32 batch-invariant mode
+
+Every figure carries: the attention implementation that ran (counted), whether CUDA graphs replayed,
+and the roofline fraction floor / measured, floor = (weight bytes + KV bytes read per step) / 4.21 TB/s
+(the issue's copy bandwidth for this GPU; the measured copy bandwidth is recorded beside it).
+A short table is printed last; everything goes to OUT/gpu_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from refengine.engine.llm import LLM  # noqa: E402
+from refengine.model import attention  # noqa: E402
+from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
+from refengine.model.config import Numerics  # noqa: E402
+from refengine.model.cuda_graphs import CudaGraphs  # noqa: E402
+from refengine.model.kv_cache import KVCache  # noqa: E402
+from refengine.model.shapes import build_random_model, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from refengine.sampling_params import SamplingParams  # noqa: E402
+from refengine.spec.config import SpeculativeConfig  # noqa: E402
+
+BANDWIDTH = 4.21e12  # bytes/s, the issue's copy bandwidth for this H200 type
+PROMPT_LEN = 1024
+OUTPUT_LEN = 256
+MID_CONTEXT = PROMPT_LEN + OUTPUT_LEN // 2  # the average context a decode step reads over a run
+BLOCK = 16
+DEV = "cuda"
+# --dry-run: the same code on the CPU with shrunken shapes, to catch mistakes before a GPU run.
+OVERRIDES: dict = {}
+DRY_OVERRIDES = {"num_hidden_layers": 2, "vocab_size": 1000, "hidden_size": 128, "intermediate_size": 256,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def empty_cache() -> None:
+    gc.collect()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+class Bench:
+    def __init__(self, out: Path, budget_s: float, commit: str) -> None:
+        self.out = out
+        self.started = time.perf_counter()
+        self.budget_s = budget_s
+        self.results: dict = {
+            "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "bandwidth_reference_Bps": BANDWIDTH,
+            "sections": {},
+            "rows": [],
+        }
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def section(self, name: str, fn, *, needs_s: float) -> None:
+        if self.elapsed() + needs_s > self.budget_s:
+            self.results["sections"][name] = {"status": f"skipped: {self.elapsed():.0f} s used, needs ~{needs_s:.0f} s"}
+            print(f"[bench] skip {name}", flush=True)
+            self.save()
+            return
+        t0 = time.perf_counter()
+        print(f"[bench] {name} at {self.elapsed():.0f} s", flush=True)
+        try:
+            fn()
+            status = "ok"
+        except Exception as err:  # recorded; the next section still runs
+            status = f"error: {err!r}"
+            traceback.print_exc()
+        self.results["sections"][name] = {"status": status, "seconds": round(time.perf_counter() - t0, 1)}
+        empty_cache()
+        self.save()
+
+    def row(self, **row) -> None:
+        self.results["rows"].append(row)
+        print("[row] " + json.dumps(row), flush=True)
+
+    def save(self) -> None:
+        self.results["elapsed_s"] = round(self.elapsed(), 1)
+        (self.out / "gpu_bench.json").write_text(json.dumps(self.results, indent=1, default=str))
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def floor_ms(loaded, num_seqs: int, context: int, dtype=torch.bfloat16) -> float:
+    weight = weight_bytes_per_step(loaded.config, dtype)
+    kv = num_seqs * context * kv_bytes_per_token(loaded.config, dtype)
+    return (weight + kv) / BANDWIDTH * 1e3
+
+
+def set_numerics(model: torch.nn.Module, numerics: Numerics) -> None:
+    for module in model.modules():
+        if hasattr(module, "numerics"):
+            module.numerics = numerics
+
+
+def random_cache(loaded, num_blocks: int, dtype=torch.bfloat16) -> KVCache:
+    cache = KVCache.allocate(loaded.config, num_blocks, BLOCK, dtype=dtype, device=DEV)
+    generator = torch.Generator(device=DEV).manual_seed(1)
+    for layer in cache.layers:  # never time on zeros
+        layer.key.normal_(generator=generator)
+        layer.value.normal_(generator=generator)
+    return cache
+
+
+def step_inputs(num_seqs: int, q: int, context: int, blocks_per_seq: int, vocab: int):
+    ids = torch.randint(0, vocab, (num_seqs * q,))
+    positions = torch.tensor([p for _ in range(num_seqs) for p in range(context - q, context)])
+    block_ids = [list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq)) for s in range(num_seqs)]
+    meta = AttentionMetadata.build([context - q] * num_seqs, [q] * num_seqs, block_ids, BLOCK)
+    return ids, positions, meta
+
+
+def time_ms(fn, iters: int, warmup: int = 2) -> tuple[float, float]:
+    """Median and min wall ms per call, synchronised after each call (host overhead included)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times)
+
+
+def calls_delta(before: dict) -> str:
+    now = dict(attention.ATTENTION_CALLS)
+    ran = [name for name in ("triton", "reference") if now.get(name, 0) > before.get(name, 0)]
+    return "+".join(ran) or "none"
+
+
+# ---- sections --------------------------------------------------------------------------------------
+def bandwidth(bench: Bench) -> None:
+    if DEV != "cuda":
+        return
+    n = 2 * 2**30
+    src = torch.randn(n // 4, device=DEV)
+    dst = torch.empty_like(src)
+    med, best = time_ms(lambda: dst.copy_(src), iters=20)
+    bench.results["bandwidth_measured_Bps"] = 2 * n / (med / 1e3)
+    props = torch.cuda.get_device_properties(0)
+    bench.results["device"] = {"name": props.name, "sms": props.multi_processor_count, "memory_gib": props.total_memory / 2**30}
+    print(f"[bench] copy {2 * n / (med / 1e3) / 1e12:.2f} TB/s (read + write)", flush=True)
+    src = dst = None  # noqa: F841
+
+
+class Qwen8b:
+    loaded = None
+
+
+def get_qwen8b():
+    if Qwen8b.loaded is None:
+        t0 = time.perf_counter()
+        Qwen8b.loaded = build_random_model("qwen3-8b", seed=0, dtype=torch.bfloat16, numerics=Numerics.FAST, device=DEV,
+                                           **OVERRIDES)
+        sync()
+        print(f"[bench] qwen3-8b random weights on the GPU in {time.perf_counter() - t0:.1f} s", flush=True)
+    return Qwen8b.loaded
+
+
+def model_steps(bench: Bench) -> None:
+    loaded = get_qwen8b()
+    model = loaded.model
+    blocks_per_seq = -(-(PROMPT_LEN + OUTPUT_LEN + 8) // BLOCK)
+    cache = random_cache(loaded, 32 * blocks_per_seq + 4)
+    vocab = loaded.config.vocab_size
+    for q, batches in ((1, (1, 8, 32)), (5, (1, 8))):
+        kind = "decode" if q == 1 else "verify k=4"
+        graphs = {}
+        for numerics in (Numerics.FAST, Numerics.BATCH_INVARIANT) if DEV == "cuda" else ():
+            set_numerics(model, numerics)
+            attention.set_attention_backend("auto")
+            g = CudaGraphs(model, cache, max_num_seqs=max(batches), max_blocks_per_seq=blocks_per_seq, query_lens=(q,),
+                           batch_sizes=list(batches))
+            t0 = time.perf_counter()
+            g.capture()
+            graphs[numerics] = g
+            bench.results.setdefault("capture_s", {})[f"{kind}/{numerics.value}"] = round(time.perf_counter() - t0, 1)
+        for c in batches:
+            ids, positions, meta = step_inputs(c, q, MID_CONTEXT, blocks_per_seq, vocab)
+            floor = floor_ms(loaded, c, MID_CONTEXT)
+            variants = [("reference", "eager", Numerics.FAST), ("triton", "eager", Numerics.FAST),
+                        ("triton", "graph", Numerics.FAST), ("triton", "graph", Numerics.BATCH_INVARIANT)]
+            if c == 32 or q > 1:
+                variants = [v for v in variants if not (v[0] == "reference" and c == 32)]
+            for backend, mode, numerics in variants:
+                if mode == "graph" and DEV != "cuda":
+                    continue
+                set_numerics(model, numerics)
+                attention.set_attention_backend("reference" if backend == "reference" else "auto")
+                before = dict(attention.ATTENTION_CALLS)
+                g = graphs.get(numerics)
+                replays = g.num_replays if g else 0
+                with torch.inference_mode():
+                    if mode == "graph":
+                        fn = lambda g=g, ids=ids, positions=positions, meta=meta, q=q: g.run(ids, positions, meta, q)  # noqa: E731
+                    else:
+                        dev_ids, dev_pos = ids.to(DEV), positions.to(DEV)
+
+                        def fn(dev_ids=dev_ids, dev_pos=dev_pos, meta=meta):
+                            m = meta.to(DEV)
+                            out = model(dev_ids, dev_pos, m, cache)
+                            return model.compute_logits(out.hidden_states)
+
+                    iters = 5 if backend == "reference" else 30
+                    med, best = time_ms(fn, iters=iters)
+                ran = calls_delta(before) if mode == "eager" else "triton (captured)"
+                bench.row(section="steps", what=f"qwen3-8b {kind} step", c=c, context=MID_CONTEXT,
+                          numerics=numerics.value, attention=ran, cuda_graphs=mode == "graph",
+                          graph_replays=(g.num_replays if g else 0) - replays, ms=round(med, 3), ms_min=round(best, 3),
+                          floor_ms=round(floor, 3), roofline=round(floor / med, 3))
+        del graphs
+        gc.collect()
+    set_numerics(model, Numerics.FAST)
+    attention.set_attention_backend("auto")
+    # the step timing context for the report
+    bench.results["weight_bytes_per_step"] = weight_bytes_per_step(loaded.config, torch.bfloat16)
+    bench.results["kv_bytes_per_token"] = kv_bytes_per_token(loaded.config, torch.bfloat16)
+    Qwen8b.cache = cache
+
+
+def profile_step(bench: Bench) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    if DEV != "cuda":
+        return
+    loaded = get_qwen8b()
+    model = loaded.model
+    cache = getattr(Qwen8b, "cache", None) or random_cache(loaded, 90)
+    blocks_per_seq = -(-(PROMPT_LEN + OUTPUT_LEN + 8) // BLOCK)
+    ids, positions, meta = step_inputs(1, 1, MID_CONTEXT, blocks_per_seq, loaded.config.vocab_size)
+    g = CudaGraphs(model, cache, max_num_seqs=1, max_blocks_per_seq=blocks_per_seq, query_lens=(1,), batch_sizes=[1])
+    g.capture()
+    with torch.inference_mode():
+        for _ in range(3):
+            g.run(ids, positions, meta, 1)
+        sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                g.run(ids, positions, meta, 1)
+            sync()
+    kinds: dict[str, float] = defaultdict(float)
+    names: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = event.device_time if hasattr(event, "device_time") else event.cuda_time
+        name = event.name
+        low = name.lower()
+        if "split_kernel" in low or "combine_kernel" in low or "store_kv" in low:
+            kind = "attention (triton)"
+        elif any(s in low for s in ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "matmul")):
+            kind = "matrix products"
+        elif "memcpy" in low or "memset" in low:
+            kind = "copies"
+        else:
+            kind = "elementwise/norm/rotary/other"
+        kinds[kind] += us / 5 / 1e3
+        names[name[:90]] += us / 5 / 1e3
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:15]
+    total = sum(kinds.values())
+    bench.results["profile_c1_decode_graph"] = {
+        "kernel_ms_per_step_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "kernel_ms_per_step_total": round(total, 3),
+        "top_kernels_ms_per_step": [(n, round(v, 3)) for n, v in top],
+        "weight_floor_ms": round(floor_ms(loaded, 0, 0), 3),
+    }
+    print(json.dumps(bench.results["profile_c1_decode_graph"], indent=1), flush=True)
+
+
+def timed_generate(llm: LLM, prompts, params, batch_queue: bool | None):
+    core = llm.engine.core
+    name = "step_with_batch_queue" if (batch_queue if batch_queue is not None else core.max_concurrent_batches > 1) else "step"
+    original = getattr(core, name)
+    arrivals: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    step_times: list[float] = []
+
+    def timed():
+        t0 = time.perf_counter()
+        out = original()
+        t = time.perf_counter()
+        step_times.append(t - t0)
+        if out is not None:
+            for o in out.outputs:
+                if o.new_token_ids:
+                    arrivals[o.req_id].append((t, len(o.new_token_ids)))
+        return out
+
+    setattr(core, name, timed)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, batch_queue=batch_queue)
+    wall = time.perf_counter() - t0
+    tpots, ttfts = [], []
+    for req_arrivals in arrivals.values():
+        total = sum(n for _, n in req_arrivals)
+        if total > 1:
+            tpots.append((req_arrivals[-1][0] - req_arrivals[0][0]) / (total - 1) * 1e3)
+        ttfts.append((req_arrivals[0][0] - t0) * 1e3)
+    total_tokens = sum(len(o.token_ids) for o in outs)
+    return {
+        "tpot_ms": statistics.mean(tpots),
+        "ttft_ms_mean": statistics.mean(ttfts),
+        "output_tok_s": total_tokens / wall,
+        "wall_s": wall,
+        "steps": len(step_times),
+        "tokens": total_tokens,
+    }
+
+
+def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OUTPUT_LEN, spec=None,
+               synthetic=None, async_scheduling=None, batch_queue=None, cuda_graphs=None) -> dict:
+    generator = torch.Generator().manual_seed(c)
+    prompts = [torch.randint(0, 500, (PROMPT_LEN,), generator=generator).tolist() for _ in range(c)]
+    max_len = PROMPT_LEN + output_len + 16
+    tokens_needed = c * (max_len + 16 + 8)
+    kv_gib = tokens_needed * kv_bytes_per_token(loaded.config, torch.bfloat16) / 2**30 + 0.25
+    before = dict(attention.ATTENTION_CALLS)
+    t0 = time.perf_counter()
+    llm = LLM(loaded, dtype="bfloat16", numerics=loaded.model.numerics.value, max_num_seqs=c, max_model_len=max_len,
+              block_size=BLOCK, kv_cache_memory_gib=kv_gib, max_num_batched_tokens=2048, speculative_config=spec,
+              synthetic_acceptance_rate=synthetic, async_scheduling=async_scheduling, cuda_graphs=cuda_graphs)
+    build_s = time.perf_counter() - t0
+    runner = llm.engine.core.runner
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    # warm-up request: compiles prefill-shaped kernels outside the timed run
+    llm.generate([prompts[0][:64]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    graph_steps, eager_steps = runner.num_graph_steps, runner.num_eager_steps
+    timing = timed_generate(llm, prompts, params, batch_queue)
+    stats = llm.engine.core.scheduler.spec_decoding_stats
+    llm.engine.core.shutdown()
+    decode_steps = runner.num_graph_steps - graph_steps
+    tokens_per_step = None
+    if spec is not None and stats.num_drafts:
+        tokens_per_step = 1 + stats.num_accepted_tokens / stats.num_drafts
+    floor = floor_ms(loaded, c, MID_CONTEXT)  # one step's floor; per token divide by tokens per step
+    per_token_floor = floor / (tokens_per_step or 1)
+    row = dict(section="engine", what=label, c=c, prompt=PROMPT_LEN, output=output_len,
+               numerics=loaded.model.numerics.value, attention=calls_delta(before),
+               cuda_graphs=decode_steps > 0, graph_steps=decode_steps, eager_steps=runner.num_eager_steps - eager_steps,
+               async_scheduling=llm.engine.async_resolution.enabled, batch_queue=batch_queue,
+               tpot_ms=round(timing["tpot_ms"], 3), output_tok_s=round(timing["output_tok_s"], 1),
+               ttft_ms=round(timing["ttft_ms_mean"], 1), steps=timing["steps"],
+               floor_ms=round(per_token_floor, 3), roofline=round(per_token_floor / timing["tpot_ms"], 3),
+               build_s=round(build_s, 1))
+    if spec is not None:
+        row.update(method=spec.method, k=spec.num_speculative_tokens, synthetic_acceptance=synthetic,
+                   acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
+                   tokens_per_step=round(tokens_per_step or 1, 3),
+                   wall_ms_per_engine_step=round(timing["wall_s"] * 1e3 / max(timing["steps"], 1), 3))
+    bench.row(**row)
+    del llm
+    empty_cache()
+    return row
+
+
+def engine_section(bench: Bench) -> None:
+    loaded = get_qwen8b()
+    Qwen8b.cache = None
+    empty_cache()
+    for c in (1, 8, 32):
+        engine_run(bench, loaded, c, label="qwen3-8b greedy, async default, graphs")
+    engine_run(bench, loaded, 1, label="qwen3-8b greedy, sync (async off), graphs", async_scheduling=False)
+    engine_run(bench, loaded, 1, label="qwen3-8b greedy, no graphs (eager triton), 64 new tokens",
+               output_len=64, cuda_graphs=False)
+
+
+def async_ab(bench: Bench) -> None:
+    loaded = get_qwen8b()
+    spec = SpeculativeConfig("eagle", 4)
+    for c in (1, 8):
+        for on in (False, True):
+            engine_run(bench, loaded, c, label=f"EAGLE k=4 SYNTHETIC acceptance 0.7, async {'on' if on else 'off'}",
+                       spec=spec, synthetic=0.7, async_scheduling=on, batch_queue=on)
+
+
+def hf_peer(bench: Bench) -> None:
+    import transformers
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from refengine.model.weights import hf_state_dict
+
+    loaded = get_qwen8b()
+    cfg = loaded.config
+    hf_cfg = Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+                         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+                         rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_position_embeddings,
+                         tie_word_embeddings=cfg.tie_word_embeddings)
+    rope = getattr(hf_cfg, "rope_parameters", None)
+    if isinstance(rope, dict):
+        rope["rope_theta"] = cfg.rope_theta
+    hf_cfg._attn_implementation = "sdpa"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(DEV):
+            hf = Qwen3ForCausalLM(hf_cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    missing, unexpected = hf.load_state_dict(hf_state_dict(loaded.model), strict=False)
+    hf.eval()
+    gc.collect()
+    info = {"transformers": transformers.__version__, "missing": [m for m in missing if "rotary" not in m][:5],
+            "unexpected": list(unexpected)[:5]}
+    # Same weights check: last-position logits of a 32-token prompt, HF vs this engine's model.
+    prompt = torch.randint(0, 500, (1, 32), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        hf_logits = hf(prompt.to(DEV)).logits[0, -1].float()
+        cache = KVCache.allocate(cfg, 4, BLOCK, dtype=torch.bfloat16, device=DEV)
+        meta = AttentionMetadata.build([0], [32], [[0, 1]], BLOCK)
+        out = loaded.model(prompt[0].to(DEV), torch.arange(32).to(DEV), meta.to(DEV), cache)
+        ours = loaded.model.compute_logits(out.hidden_states[-1:])[0]
+    info["logits_rel_diff"] = float((hf_logits - ours).norm() / hf_logits.norm())
+    info["same_argmax"] = bool(hf_logits.argmax() == ours.argmax())
+    bench.results["hf"] = info
+    for bs, new in ((1, 32), (8, 32)):
+        ids = torch.randint(0, 500, (bs, PROMPT_LEN), generator=torch.Generator().manual_seed(bs)).to(DEV)
+        mask = torch.ones_like(ids)
+
+        def gen(n, ids=ids, mask=mask):
+            with torch.inference_mode():
+                return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                   do_sample=False, pad_token_id=0)
+
+        gen(2)
+        sync()
+        t0 = time.perf_counter()
+        gen(1)
+        sync()
+        t1 = time.perf_counter()
+        gen(1 + new)
+        sync()
+        t2 = time.perf_counter()
+        tpot = ((t2 - t1) - (t1 - t0)) / new * 1e3
+        floor = floor_ms(loaded, bs, PROMPT_LEN + new // 2)
+        bench.row(section="hf", what=f"HF transformers {transformers.__version__} generate, sdpa, dynamic cache",
+                  c=bs, prompt=PROMPT_LEN, output=new, attention="sdpa (HF)", cuda_graphs=False,
+                  tpot_ms=round(tpot, 3), output_tok_s=round(bs * 1e3 / tpot, 1), floor_ms=round(floor, 3),
+                  roofline=round(floor / tpot, 3))
+    hf = None  # noqa: F841
+    gc.collect()
+
+
+def oracle(bench: Bench, backend: str) -> None:
+    from refengine.oracle.arms import Arm
+    from refengine.oracle.command import derive_bad_words
+    from refengine.oracle.prompts import text_prompts
+    from refengine.oracle.run import Workload, judge, run_arm
+
+    Qwen8b.loaded = None
+    Qwen8b.cache = None
+    empty_cache()
+    attention.set_attention_backend(backend)
+    try:
+        loaded = build_random_model("qwen3-0.6b", seed=0, dtype=torch.float32, numerics=Numerics.BATCH_INVARIANT,
+                                    device=DEV, **OVERRIDES)
+        prompts = text_prompts(loaded.tokenizer, 4)
+        verdicts = []
+        before = dict(attention.ATTENTION_CALLS)
+        t0 = time.perf_counter()
+        for c in (1, 4):
+            for temperature in (0.0, 0.8):
+                workload = Workload(tuple(map(tuple, prompts)), 12, c, temperature, 0, 3)
+                base = run_arm(loaded, Arm("sync", None, False, False, False), workload, BLOCK)
+                workload = Workload(workload.prompts, 12, c, temperature, 0, 3, derive_bad_words(base))
+                arms = [Arm(front, method, False, False, False)
+                        for method in (None, "eagle") for front in ("sync", "async-d1", "async-d2")]
+                results = {arm: run_arm(loaded, arm, workload, BLOCK) for arm in arms}
+                results.setdefault(Arm("sync", None, False, False, False), base)
+                for arm in arms:
+                    if temperature != 0.0 and not arm.async_scheduling:
+                        continue
+                    twin = results.get(arm.sync_twin()) if arm.method is not None else None
+                    reference = results[arm.baseline()] if temperature == 0.0 else results[arm.sync_twin()]
+                    v = judge(results[arm], reference, twin, temperature == 0.0)
+                    verdicts.append({"c": c, "temperature": temperature, "arm": arm.name, "vs": v.reference,
+                                     "ok": v.ok, "divergence": repr(v.divergence), "step_mismatch": v.step_mismatch,
+                                     "drafts": results[arm].num_draft_tokens, "accepted": results[arm].num_accepted_tokens})
+        failures = [v for v in verdicts if not v["ok"]]
+        bench.results[f"oracle_{backend}"] = {
+            "model": "random:qwen3-0.6b float32 batch_invariant on cuda",
+            "covers": "fronts sync / async-d1 / async-d2 x methods none, eagle (random head, k=3) x c=1,4 x greedy and "
+                      "seeded temperature 0.8; 4 text prompts x 12 tokens; no chunked / preempt / bad_words arms",
+            "attention": calls_delta(before), "seconds": round(time.perf_counter() - t0, 1),
+            "arms_compared": len(verdicts), "failures": failures, "verdicts": verdicts,
+        }
+        bench.row(section="oracle", what=f"oracle qwen3-0.6b fp32 batch-invariant, attention={backend}",
+                  attention=calls_delta(before), compared=len(verdicts), mismatches=len(failures))
+    finally:
+        attention.set_attention_backend("auto")
+
+
+def print_table(bench: Bench) -> None:
+    print("\n| section | what | c | attention | graphs | ms (TPOT or step) | tok/s | floor ms | roofline |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in bench.results["rows"]:
+        ms = r.get("tpot_ms", r.get("ms"))
+        print(f"| {r['section']} | {r['what']}{' ' + r.get('numerics', '') if r['section'] == 'steps' else ''} | "
+              f"{r.get('c', '')} | {r.get('attention', '')} | {r.get('cuda_graphs', '')} | {ms if ms is not None else ''} | "
+              f"{r.get('output_tok_s', '')} | {r.get('floor_ms', '')} | {r.get('roofline', r.get('mismatches', ''))} |")
+    print({k: v for k, v in bench.results["sections"].items()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=420)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--only", default="", help="comma-separated section names")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: check the script, time nothing real")
+    args = parser.parse_args()
+    if args.dry_run:
+        global DEV, PROMPT_LEN, OUTPUT_LEN, MID_CONTEXT
+        DEV, PROMPT_LEN, OUTPUT_LEN = "cpu", 40, 8
+        MID_CONTEXT = PROMPT_LEN + OUTPUT_LEN // 2
+        OVERRIDES.update(DRY_OVERRIDES)
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args.out, args.budget_s, args.commit)
+    import triton
+
+    bench.results["versions"] = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+    bench.results["dry_run"] = args.dry_run
+    plan = [
+        ("bandwidth", lambda: bandwidth(bench), 5),
+        ("steps", lambda: model_steps(bench), 60),
+        ("profile", lambda: profile_step(bench), 15),
+        ("engine", lambda: engine_section(bench), 60),
+        ("hf", lambda: hf_peer(bench), 40),
+        ("async_ab", lambda: async_ab(bench), 50),
+        ("oracle_triton", lambda: oracle(bench, "auto"), 60),
+        ("oracle_reference", lambda: oracle(bench, "reference"), 60),
+    ]
+    only = {s for s in args.only.split(",") if s}
+    for name, fn, needs in plan:
+        if not only or name in only:
+            bench.section(name, fn, needs_s=needs)
+    print_table(bench)
+    bench.save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Moving built objects to a device: modules with their parameters, and the paged KV caches they hold.
+
+Drafters are built on the CPU (their heads initialise from a CPU generator); `move_to_device` then
+carries a drafter, its head modules and the KV caches those keep as plain attributes to the target's
+device, without the drafter code knowing about devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from refengine.model.kv_cache import KVCache
+
+
+def move_to_device(obj: object, device: torch.device | str, *, _depth: int = 0, _seen: set[int] | None = None) -> None:
+    """Move every nn.Module reachable from `obj` through attributes (a few levels deep), and replace
+    every KVCache attribute on the way with a copy on `device`."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen or _depth > 4:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, nn.Module):
+        obj.to(device)
+        holders: list[object] = list(obj.modules())
+    else:
+        holders = [obj]
+    for holder in holders:
+        seen.add(id(holder))
+        attrs = _attributes(holder)
+        for name, value in attrs.items():
+            if isinstance(value, KVCache):
+                if value.layers and value.device != torch.device(device):
+                    _set(holder, name, value.to(device))
+            elif isinstance(value, nn.Module | list | tuple) or _is_plain(value):
+                for item in value if isinstance(value, list | tuple) else (value,):
+                    if isinstance(item, nn.Module) or _is_plain(item):
+                        move_to_device(item, device, _depth=_depth + 1, _seen=seen)
+
+
+def _attributes(obj: object) -> dict[str, object]:
+    attrs = dict(getattr(obj, "__dict__", {}))
+    for name in getattr(type(obj), "__slots__", ()):
+        if hasattr(obj, name):
+            attrs[name] = getattr(obj, name)
+    if isinstance(obj, nn.Module):
+        attrs = {k: v for k, v in attrs.items() if not k.startswith("_")}
+    return attrs
+
+
+def _is_plain(value: object) -> bool:
+    """An object of the project's own classes (drafters, views), not builtins or tensors."""
+    module = type(value).__module__
+    return module.startswith("refengine.") and not isinstance(value, torch.Tensor)
+
+
+def _set(holder: object, name: str, value: object) -> None:
+    if dataclasses.is_dataclass(holder) and type(holder).__dataclass_params__.frozen:
+        object.__setattr__(holder, name, value)
+    else:
+        setattr(holder, name, value)

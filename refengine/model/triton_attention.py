@@ -1,0 +1,390 @@
+"""Paged attention as Triton kernels: the GPU replacement for `attention.paged_attention`.
+
+Three launches per call, none of which reads a value back to the host, so a CUDA graph can capture
+them:
+
+    store    one program per token: its K/V rows go to `slot_mapping[t]`; a slot of -1 writes nothing
+             (padded rows of a captured batch use it)
+    split    one program per (token, KV head, key split): the token's query heads that share the KV
+             head (the GQA group, padded to 16 rows for the dot) attend over one split of its keys,
+             online softmax in float32; it writes the unnormalised partial result, or, when the launch
+             has a single split, the final output
+    combine  one program per (token, KV head): merges the splits in split order
+
+A token's keys are its sequence's positions 0..n-1 with n = position + 1 (causal) or seq_len; the
+kernels find a token's sequence from `query_start_loc` themselves, so the metadata is used as built.
+A token with no keys (a padded row: seq_len 0) gets zeros.
+
+Batch invariance: a token's result depends on its own query, its own keys, and `split_keys`; the
+split boundaries sit at fixed key positions (multiples of split_keys) and the combine order is fixed.
+Numerics.BATCH_INVARIANT therefore uses one fixed split size for every batch. Numerics.FAST sizes the
+splits from the batch shape (more splits when few tokens would leave the GPU idle), so a token's
+rounding can change with the batch there, as with any batched kernel.
+
+The kernels are decorated at import time; under TRITON_INTERPRET=1 (read then) they run on CPU
+tensors through Triton's interpreter, which is how CI tests them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.config import Numerics
+from refengine.model.errors import ModelInputError
+from refengine.model.kv_cache import LayerKVCache
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the `gpu` extra; the reference path needs none of this
+    triton = None
+    tl = None
+
+# Keys per inner iteration of the split kernel, and the split size of Numerics.BATCH_INVARIANT.
+BLOCK_N = 64
+INVARIANT_SPLIT_KEYS = 256
+# FAST: aim for this many (token, KV head, split) programs per multiprocessor before splitting stops.
+_PROGRAMS_PER_SM = 4
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _store_kv_kernel(
+        k_ptr,
+        v_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        slot_ptr,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        num_kv_heads,
+        head_dim,
+        PAGE: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        if slot >= 0:
+            offs_h = tl.arange(0, BLOCK_H)
+            offs_d = tl.arange(0, BLOCK_D)
+            mask = (offs_h < num_kv_heads)[:, None] & (offs_d < head_dim)[None, :]
+            dst = (slot // PAGE) * stride_cb + (slot % PAGE) * stride_cs
+            dst = dst + offs_h[:, None] * stride_ch + offs_d[None, :]
+            k = tl.load(k_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+            tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            v = tl.load(v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+            tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _split_kernel(
+        q_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_tables_ptr,
+        seq_lens_ptr,
+        query_start_loc_ptr,
+        out_ptr,
+        part_acc_ptr,
+        part_m_ptr,
+        part_l_ptr,
+        scale,
+        num_seqs,
+        split_keys,
+        num_splits,
+        stride_qt,
+        stride_qh,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        stride_bt,
+        stride_ot,
+        stride_oh,
+        head_dim,
+        GROUP: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        DIRECT: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        num_kv_heads = tl.num_programs(1)
+
+        # The token's sequence: how many sequences end at or before this row.
+        offs_b = tl.arange(0, BLOCK_B)
+        ends = tl.load(query_start_loc_ptr + 1 + offs_b, mask=offs_b < num_seqs, other=2**62)
+        seq = tl.sum((ends <= row).to(tl.int32), axis=0)
+        in_batch = seq < num_seqs
+        seq = tl.minimum(seq, num_seqs - 1)
+        seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+        if CAUSAL:
+            q_end = tl.load(query_start_loc_ptr + 1 + seq).to(tl.int32)
+            num_keys = seq_len - (q_end - 1 - row)
+        else:
+            num_keys = seq_len
+        num_keys = tl.where(in_batch, tl.maximum(num_keys, 0), 0)
+
+        start = split * split_keys
+        end = tl.minimum(start + split_keys, num_keys)
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        g_mask = offs_g < GROUP
+        d_mask = offs_d < head_dim
+        heads = kv_head * GROUP + offs_g
+        if start < end:
+            q = tl.load(
+                q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :],
+                other=0.0,
+            )
+            m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_G], tl.float32)
+            acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+            for key_start in range(start, end, BLOCK_N):
+                positions = key_start + offs_n
+                valid = positions < end
+                page = tl.load(block_tables_ptr + seq * stride_bt + positions // PAGE, mask=valid, other=0)
+                slot_off = page.to(tl.int64) * stride_cb + (positions % PAGE) * stride_cs + kv_head * stride_ch
+                kv_mask = valid[:, None] & d_mask[None, :]
+                k = tl.load(k_cache_ptr + slot_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+                if IEEE:
+                    scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+                else:
+                    scores = tl.dot(q, tl.trans(k))
+                scores = tl.where(valid[None, :], scores * scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(scores - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                v = tl.load(v_cache_ptr + slot_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+                if IEEE:
+                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+            if DIRECT:
+                out = acc / l_i[:, None]
+                tl.store(
+                    out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                    out.to(out_ptr.dtype.element_ty),
+                    mask=g_mask[:, None] & d_mask[None, :],
+                )
+            else:
+                part = (row * num_kv_heads + kv_head) * num_splits + split
+                tl.store(part_m_ptr + part * GROUP + offs_g, m_i, mask=g_mask)
+                tl.store(part_l_ptr + part * GROUP + offs_g, l_i, mask=g_mask)
+                tl.store(
+                    part_acc_ptr + (part * GROUP + offs_g[:, None]) * head_dim + offs_d[None, :],
+                    acc,
+                    mask=g_mask[:, None] & d_mask[None, :],
+                )
+        elif DIRECT:
+            # No keys at all (a padded row): zeros, as the combine step writes them.
+            tl.store(
+                out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
+                mask=g_mask[:, None] & d_mask[None, :],
+            )
+
+    @triton.jit
+    def _combine_kernel(
+        seq_lens_ptr,
+        query_start_loc_ptr,
+        out_ptr,
+        part_acc_ptr,
+        part_m_ptr,
+        part_l_ptr,
+        num_seqs,
+        split_keys,
+        num_splits,
+        stride_ot,
+        stride_oh,
+        head_dim,
+        GROUP: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+        CAUSAL: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        num_kv_heads = tl.num_programs(1)
+        offs_b = tl.arange(0, BLOCK_B)
+        ends = tl.load(query_start_loc_ptr + 1 + offs_b, mask=offs_b < num_seqs, other=2**62)
+        seq = tl.sum((ends <= row).to(tl.int32), axis=0)
+        in_batch = seq < num_seqs
+        seq = tl.minimum(seq, num_seqs - 1)
+        seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+        if CAUSAL:
+            q_end = tl.load(query_start_loc_ptr + 1 + seq).to(tl.int32)
+            num_keys = seq_len - (q_end - 1 - row)
+        else:
+            num_keys = seq_len
+        num_keys = tl.where(in_batch, tl.maximum(num_keys, 0), 0)
+        used = tl.cdiv(num_keys, split_keys)
+
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        g_mask = offs_g < GROUP
+        gd_mask = g_mask[:, None] & (offs_d < head_dim)[None, :]
+        m_run = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_run = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for split in range(0, used):
+            part = (row * num_kv_heads + kv_head) * num_splits + split
+            m_s = tl.load(part_m_ptr + part * GROUP + offs_g, mask=g_mask, other=0.0)
+            l_s = tl.load(part_l_ptr + part * GROUP + offs_g, mask=g_mask, other=0.0)
+            a_s = tl.load(part_acc_ptr + (part * GROUP + offs_g[:, None]) * head_dim + offs_d[None, :], mask=gd_mask, other=0.0)
+            m_new = tl.maximum(m_run, m_s)
+            alpha = tl.exp(m_run - m_new)
+            beta = tl.exp(m_s - m_new)
+            l_run = l_run * alpha + l_s * beta
+            acc = acc * alpha[:, None] + a_s * beta[:, None]
+            m_run = m_new
+        out = tl.where(l_run[:, None] > 0, acc / l_run[:, None], 0.0)
+        heads = kv_head * GROUP + offs_g
+        tl.store(
+            out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=gd_mask,
+        )
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
+
+
+def split_plan(
+    num_tokens: int, num_kv_heads: int, max_keys: int, numerics: Numerics, num_sms: int
+) -> tuple[int, int]:
+    """(split_keys, num_splits) for a launch whose tokens have at most `max_keys` keys.
+
+    `max_keys` comes from the block table's width, a shape, so a captured graph keeps its plan."""
+    max_keys = max(max_keys, 1)
+    if numerics is Numerics.BATCH_INVARIANT:
+        split_keys = INVARIANT_SPLIT_KEYS
+    else:
+        programs = num_tokens * num_kv_heads
+        wanted_splits = max(1, (_PROGRAMS_PER_SM * num_sms) // max(programs, 1))
+        split_keys = -(-max_keys // wanted_splits)
+        split_keys = -(-split_keys // BLOCK_N) * BLOCK_N
+    num_splits = -(-max_keys // split_keys)
+    return split_keys, num_splits
+
+
+def _on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+
+
+def triton_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: LayerKVCache,
+    meta: AttentionMetadata,
+    scale: float,
+    numerics: Numerics,
+) -> torch.Tensor:
+    """Same contract as `attention.paged_attention`, without host synchronisation.
+
+    Only shapes are checked here (values would need a device-to-host read); the reference path
+    checks the values."""
+    if triton is None:
+        raise RuntimeError("the Triton attention backend needs the `triton` package (extra `gpu`)")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    num_seqs = meta.seq_lens.shape[0]
+    if meta.slot_mapping.shape[0] != num_tokens or meta.query_start_loc.shape[0] != num_seqs + 1:
+        raise ModelInputError(
+            f"attention metadata has {meta.slot_mapping.shape[0]} slots and {meta.query_start_loc.shape[0] - 1} "
+            f"sequences for {num_tokens} tokens and {num_seqs} seq_lens"
+        )
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ModelInputError("q, k and v need a contiguous last dimension")
+    device = q.device
+    key_cache, value_cache = cache.key, cache.value
+    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
+        raise ModelInputError("key and value caches need the same contiguous layout")
+    page = key_cache.shape[1]
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    slot_mapping = _on(meta.slot_mapping, device)
+    query_start_loc = _on(meta.query_start_loc, device)
+    seq_lens = _on(meta.seq_lens, device)
+    block_tables = _on(meta.block_tables, device)
+    if block_tables.shape[1] == 0 or block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous() if block_tables.shape[1] else block_tables.new_zeros(num_seqs, 1)
+
+    block_d = max(16, _next_pow2(head_dim))
+    _store_kv_kernel[(num_tokens,)](
+        k, v, key_cache, value_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        num_kv_heads, head_dim,
+        PAGE=page, BLOCK_H=_next_pow2(num_kv_heads), BLOCK_D=block_d,
+    )  # fmt: skip
+
+    group = num_heads // num_kv_heads
+    max_keys = block_tables.shape[1] * page
+    split_keys, num_splits = split_plan(num_tokens, num_kv_heads, max_keys, numerics, _num_sms(device))
+    direct = num_splits == 1
+    if direct:
+        part_acc = part_m = part_l = out  # unused
+    else:
+        part_acc = torch.empty(num_tokens * num_kv_heads * num_splits * group * head_dim, dtype=torch.float32, device=device)
+        part_m = torch.empty(num_tokens * num_kv_heads * num_splits * group, dtype=torch.float32, device=device)
+        part_l = torch.empty_like(part_m)
+    common = {
+        "GROUP": group,
+        "BLOCK_G": max(16, _next_pow2(group)),
+        "BLOCK_D": block_d,
+        "BLOCK_B": max(2, _next_pow2(num_seqs)),
+        "CAUSAL": bool(meta.causal),
+    }
+    _split_kernel[(num_tokens, num_kv_heads, num_splits)](
+        q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        out, part_acc, part_m, part_l,
+        scale, num_seqs, split_keys, num_splits,
+        q.stride(0), q.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), head_dim,
+        PAGE=page, BLOCK_N=BLOCK_N, DIRECT=direct, IEEE=q.dtype == torch.float32,
+        **common,
+    )  # fmt: skip
+    if not direct:
+        _combine_kernel[(num_tokens, num_kv_heads)](
+            seq_lens, query_start_loc, out, part_acc, part_m, part_l,
+            num_seqs, split_keys, num_splits,
+            out.stride(0), out.stride(1), head_dim,
+            **common,
+        )  # fmt: skip
+    return out

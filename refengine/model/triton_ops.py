@@ -1,0 +1,184 @@
+"""Fused Triton versions of the token-local ops, for CUDA tensors.
+
+Unfused, one decoder layer launches about 60 small elementwise kernels (an RMSNorm alone is nine:
+cast, square, mean, add, sqrt, reciprocal, multiply, cast, scale), which at batch 1 cost more than the
+weights take to stream. Each kernel here is one launch: RMSNorm, the Qwen3 q/k head norms together
+with the rotary embedding, and SiLU-and-multiply. Every one works row by row, so a row's result never
+depends on the other rows: batch-invariant by construction.
+
+They round once at the end where the torch ops round after every step, so their last bits can differ
+from the torch path's (ops.py stays the reference and the CPU path).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+    tl = None
+
+FUSED_ENV_VAR = "REFENGINE_FUSED_OPS"
+_enabled = os.environ.get(FUSED_ENV_VAR, "1") != "0"
+
+
+def set_fused_ops(enabled: bool) -> None:
+    global _enabled
+    _enabled = enabled
+
+
+def use_fused(x: torch.Tensor) -> bool:
+    return _enabled and triton is not None and x.is_cuda
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        mean_square = tl.sum(x * x, axis=0) / n
+        normed = (x * (1.0 / tl.sqrt(mean_square + eps))).to(x_ptr.dtype.element_ty)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        tl.store(out_ptr + row * stride_out + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _add_rms_norm_kernel(
+        x_ptr, delta_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride_d, stride_s, stride_out, n, eps,
+        BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+        d = tl.load(delta_ptr + row * stride_d + offs, mask=mask, other=0.0)
+        total = (x.to(tl.float32) + d.to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * stride_s + offs, total, mask=mask)
+        t32 = total.to(tl.float32)
+        mean_square = tl.sum(t32 * t32, axis=0) / n
+        normed = (t32 * (1.0 / tl.sqrt(mean_square + eps))).to(sum_ptr.dtype.element_ty)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        tl.store(out_ptr + row * stride_out + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, n, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_x + n + offs, mask=mask, other=0.0).to(tl.float32)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + row * stride_out + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _norm_rope_kernel(
+        x_ptr, w_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr,
+        stride_xt, stride_xh, stride_ot, stride_oh, stride_cos, eps,
+        HEAD_DIM: tl.constexpr, NORM: tl.constexpr,
+    ):  # fmt: skip
+        token = tl.program_id(0)
+        head = tl.program_id(1)
+        half: tl.constexpr = HEAD_DIM // 2
+        offs = tl.arange(0, half)
+        base = x_ptr + token * stride_xt + head * stride_xh
+        lo = tl.load(base + offs)
+        hi = tl.load(base + half + offs)
+        if NORM:
+            lo32 = lo.to(tl.float32)
+            hi32 = hi.to(tl.float32)
+            mean_square = (tl.sum(lo32 * lo32, axis=0) + tl.sum(hi32 * hi32, axis=0)) / HEAD_DIM
+            inv = 1.0 / tl.sqrt(mean_square + eps)
+            lo = tl.load(w_ptr + offs) * (lo32 * inv).to(lo.dtype)
+            hi = tl.load(w_ptr + half + offs) * (hi32 * inv).to(hi.dtype)
+            lo = lo.to(x_ptr.dtype.element_ty)
+            hi = hi.to(x_ptr.dtype.element_ty)
+        position = tl.load(pos_ptr + token)
+        cos_lo = tl.load(cos_ptr + position * stride_cos + offs)
+        cos_hi = tl.load(cos_ptr + position * stride_cos + half + offs)
+        sin_lo = tl.load(sin_ptr + position * stride_cos + offs)
+        sin_hi = tl.load(sin_ptr + position * stride_cos + half + offs)
+        lo32 = lo.to(tl.float32)
+        hi32 = hi.to(tl.float32)
+        # rotate_half: [-hi, lo]
+        out_lo = lo32 * cos_lo - hi32 * sin_lo
+        out_hi = hi32 * cos_hi + lo32 * sin_hi
+        obase = out_ptr + token * stride_ot + head * stride_oh
+        tl.store(obase + offs, out_lo.to(out_ptr.dtype.element_ty))
+        tl.store(obase + half + offs, out_hi.to(out_ptr.dtype.element_ty))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, as ops.rms_norm (float32 statistics, cast, then the weight)."""
+    shape = x.shape
+    n = shape[-1]
+    rows = x.reshape(-1, n)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    if rows.shape[0]:
+        _rms_norm_kernel[(rows.shape[0],)](
+            rows, weight, out, rows.stride(0), out.stride(0), n, eps, BLOCK=_next_pow2(n), num_warps=4 if n <= 2048 else 8
+        )
+    return out.reshape(shape)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)) for `[T, H]` rows in one launch: a residual add and the next
+    norm (the sum is rounded to x's dtype before the norm reads it, as the unfused ops do)."""
+    n = x.shape[-1]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    delta = delta if delta.stride(-1) == 1 else delta.contiguous()
+    total = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    if x.shape[0]:
+        _add_rms_norm_kernel[(x.shape[0],)](
+            x, delta, weight, total, out, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), n, eps,
+            BLOCK=_next_pow2(n), num_warps=4 if n <= 2048 else 8,
+        )  # fmt: skip
+    return total, out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    rows = gate_up.reshape(-1, gate_up.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    n = rows.shape[-1] // 2
+    out = torch.empty(rows.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    if rows.shape[0]:
+        _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](rows, out, rows.stride(0), out.stride(0), n, BLOCK=block)
+    return out.reshape(*gate_up.shape[:-1], n)
+
+
+def norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """`x[T, H, D]` -> optional per-head RMSNorm (Qwen3's q_norm / k_norm), then the rotary embedding
+    at each token's position (half-split layout); a new contiguous tensor."""
+    num_tokens, num_heads, head_dim = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    if num_tokens:
+        _norm_rope_kernel[(num_tokens, num_heads)](
+            x, x if weight is None else weight, out, positions, cos, sin,
+            x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0), eps,
+            HEAD_DIM=head_dim, NORM=weight is not None,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,61 @@
+"""The Triton paged-attention kernels in CI: the cases in triton_attention_cases.py under Triton's
+interpreter on the CPU. TRITON_INTERPRET must be set before triton is first imported (its own
+library functions are decorated then), so the cases run in a fresh interpreter process.
+On a GPU machine tests/gpu runs the same cases compiled.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from refengine.model import attention  # noqa: E402
+from refengine.model import triton_attention as kernels  # noqa: E402
+from refengine.model.config import Numerics  # noqa: E402
+from refengine.model.kv_cache import LayerKVCache  # noqa: E402
+
+CASES = Path(__file__).with_name("triton_attention_cases.py")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests/gpu runs the cases compiled")
+def test_kernels_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_split_plan_is_fixed_in_batch_invariant_mode():
+    for tokens in (1, 7, 300):
+        assert kernels.split_plan(tokens, 8, 2048, Numerics.BATCH_INVARIANT, 132) == (
+            kernels.INVARIANT_SPLIT_KEYS,
+            2048 // kernels.INVARIANT_SPLIT_KEYS,
+        )
+    few = kernels.split_plan(1, 8, 2048, Numerics.FAST, 132)
+    many = kernels.split_plan(512, 8, 2048, Numerics.FAST, 132)
+    assert few[1] > 1 and few[0] % kernels.BLOCK_N == 0
+    assert many == (2048, 1)
+
+
+
+def test_dispatch_counts_the_backend():
+    from triton_attention_cases import make_case
+
+    q, k, v, cache, meta = make_case([3], [2])
+    cpu_cache = LayerKVCache(cache.key.cpu(), cache.value.cpu())
+    before = attention.ATTENTION_CALLS["reference"]
+    attention.paged_attention(q.cpu(), k.cpu(), v.cpu(), cpu_cache, meta, 0.25, Numerics.FAST)
+    assert attention.ATTENTION_CALLS["reference"] == before + 1
+    assert attention.attention_backend("cpu") == "reference"
+    with pytest.raises(ValueError):
+        attention.set_attention_backend("flash")

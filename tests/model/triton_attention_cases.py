@@ -1,0 +1,199 @@
+"""Cases for the Triton paged-attention kernels, checked against the torch reference.
+
+Run by test_triton_attention.py under Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set
+before triton is imported, so that runs in a subprocess), and by tests/gpu on a GPU at these and at
+real shapes. Shapes stay small so the interpreter takes seconds.
+"""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from refengine.model import attention  # noqa: E402
+from refengine.model import triton_attention as kernels  # noqa: E402
+from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
+from refengine.model.config import Numerics  # noqa: E402
+from refengine.model.kv_cache import LayerKVCache  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_case(
+    computed: list[int],
+    new: list[int],
+    *,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    block_size: int = 4,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    causal: bool = True,
+):
+    """A random cache already holding every sequence's first `computed` keys, plus this step's q/k/v."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-(c + n) // block_size) for c, n in zip(computed, new)]
+    num_blocks = sum(blocks_needed) + 3
+    order = torch.randperm(num_blocks, generator=generator).tolist()  # scattered, not in order
+    block_ids, at = [], 0
+    for count in blocks_needed:
+        block_ids.append(order[at : at + count])
+        at += count
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    cache = LayerKVCache(
+        key=torch.randn(shape, generator=generator).to(dtype).to(DEVICE),
+        value=torch.randn(shape, generator=generator).to(dtype).to(DEVICE),
+    )
+    tokens = sum(new)
+    q = torch.randn(tokens, num_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
+    k = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
+    v = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
+    meta = AttentionMetadata.build(computed, new, block_ids, block_size, causal=causal)
+    return q, k, v, cache, meta
+
+
+def clone_cache(cache: LayerKVCache) -> LayerKVCache:
+    return LayerKVCache(cache.key.clone(), cache.value.clone())
+
+
+def reference(q, k, v, cache, meta, scale=None):
+    """The torch reference (one row at a time), in float64 on the CPU."""
+    c64 = LayerKVCache(cache.key.double().cpu(), cache.value.double().cpu())
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    saved = attention.attention_backend()
+    attention.set_attention_backend("reference")
+    try:
+        result = attention.paged_attention(
+            q.double().cpu(), k.double().cpu(), v.double().cpu(), c64, meta, scale, Numerics.BATCH_INVARIANT
+        )
+    finally:
+        attention.set_attention_backend(saved)
+    return result, c64
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return float((out - ref).norm() / ref.norm())
+
+
+# decode rows, a verify block, a prefill chunk over cached keys, and a first prefill
+MIXED = ([37, 66, 3, 0], [1, 4, 5, 6])
+
+
+@pytest.mark.parametrize("numerics", [Numerics.BATCH_INVARIANT, Numerics.FAST])
+@pytest.mark.parametrize("split_keys", [64, 256])
+def test_matches_reference_and_stores(numerics, split_keys, monkeypatch):
+    monkeypatch.setattr(kernels, "INVARIANT_SPLIT_KEYS", split_keys)
+    q, k, v, cache, meta = make_case(*MIXED)
+    ours = clone_cache(cache)
+    out = kernels.triton_paged_attention(q, k, v, ours, meta, q.shape[-1] ** -0.5, numerics)
+    ref, ref_cache = reference(q, k, v, cache, meta)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 1e-5
+    # The store is a copy: bit-exact, and every other slot untouched.
+    assert torch.equal(ours.key.cpu(), ref_cache.key.float())
+    assert torch.equal(ours.value.cpu(), ref_cache.value.float())
+
+
+def test_padding_sentinel_writes_nothing_and_gives_zeros():
+    """A captured batch pads with sequences of seq_len 0 and slot -1: no KV write, zero output."""
+    q, k, v, cache, meta = make_case([9, 0], [2, 3])
+    slots = meta.slot_mapping.clone()
+    slots[2:] = -1
+    padded = AttentionMetadata(
+        meta.query_start_loc, torch.tensor([11, 0]), meta.block_tables, slots, causal=True
+    )
+    ours = clone_cache(cache)
+    out = kernels.triton_paged_attention(q, k, v, ours, padded, 0.25, Numerics.FAST)
+    assert torch.equal(out[2:].cpu(), torch.zeros_like(out[2:].cpu()))
+    changed = (ours.key != cache.key).any(dim=(2, 3)).flatten().nonzero().flatten().tolist()
+    assert changed == sorted(meta.slot_mapping[:2].tolist())
+
+
+@pytest.mark.parametrize("split_keys", [64, 256])
+def test_batch_invariant_rows(split_keys, monkeypatch):
+    """A sequence's rows are bitwise the same alone and next to other sequences."""
+    monkeypatch.setattr(kernels, "INVARIANT_SPLIT_KEYS", split_keys)
+    q, k, v, cache, meta = make_case([70, 5], [3, 2], seed=1)
+    together = kernels.triton_paged_attention(q, k, v, clone_cache(cache), meta, 0.25, Numerics.BATCH_INVARIANT)
+    alone_meta = AttentionMetadata.build([70], [3], [meta.block_tables[0].tolist()[: -(-73 // 4)]], 4)
+    alone = kernels.triton_paged_attention(
+        q[:3], k[:3], v[:3], clone_cache(cache), alone_meta, 0.25, Numerics.BATCH_INVARIANT
+    )
+    assert torch.equal(together[:3], alone)
+
+
+def test_odd_shapes_and_non_causal():
+    """head_dim not a power of two, group of 3, non-causal (DFlash's query block)."""
+    q, k, v, cache, meta = make_case([10, 2], [3, 4], num_heads=6, num_kv_heads=2, head_dim=24, causal=False)
+    out = kernels.triton_paged_attention(q, k, v, clone_cache(cache), meta, 0.2, Numerics.FAST)
+    ref, _ = reference(q, k, v, cache, meta, scale=0.2)
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="Triton's interpreter computes bfloat16 dots wrongly (3.9)"
+)
+def test_bfloat16_close_to_float64():
+    q, k, v, cache, meta = make_case([40, 3], [1, 4], dtype=torch.bfloat16, seed=2)
+    out = kernels.triton_paged_attention(q, k, v, clone_cache(cache), meta, q.shape[-1] ** -0.5, Numerics.FAST)
+    ref, _ = reference(q, k, v, cache, meta)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < 1e-2
+
+
+# ---- the fused token-local ops (triton_ops.py) ---------------------------------------------------
+
+
+def test_fused_rms_norm_and_silu_match_the_torch_ops():
+    from refengine.model import ops, triton_ops
+
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 96, generator=generator).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(96, generator=generator)).to(DEVICE)
+    saved = triton_ops._enabled
+    triton_ops.set_fused_ops(False)
+    try:
+        ref_norm = ops.rms_norm(x.cpu(), w.cpu(), 1e-6)
+        gate_up = torch.randn(3, 2 * 1500, generator=generator)
+        ref_silu = ops.silu_and_mul(gate_up)
+    finally:
+        triton_ops.set_fused_ops(saved)
+    assert rel_err(triton_ops.rms_norm(x, w, 1e-6), ref_norm) < 1e-6
+    assert rel_err(triton_ops.silu_and_mul(gate_up.to(DEVICE)), ref_silu) < 1e-6
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_fused_norm_rope_matches_norm_then_rotary(norm):
+    from refengine.model import triton_ops
+    from refengine.model.layers import RMSNorm, RotaryEmbedding
+
+    generator = torch.Generator().manual_seed(5)
+    rotary = RotaryEmbedding(32, 64, 10000.0, None)
+    head_norm = RMSNorm(32, 1e-6, torch.float32)
+    head_norm.weight.data = 1 + 0.1 * torch.randn(32, generator=generator)
+    qkv = torch.randn(4, 3 * 6 * 32, generator=generator)
+    q = qkv[:, : 6 * 32].reshape(4, 6, 32)  # a strided view, as the layer passes it
+    positions = torch.tensor([0, 5, 17, 63])
+    ref, _ = rotary(positions, head_norm(q) if norm else q, q[:, :1])
+    ours = triton_ops.norm_rope(
+        q.to(DEVICE), head_norm.weight.to(DEVICE) if norm else None, 1e-6, positions.to(DEVICE),
+        rotary.cos.to(DEVICE), rotary.sin.to(DEVICE),
+    )
+    assert rel_err(ours, ref) < 1e-6
+
+
+def test_fused_add_rms_norm():
+    from refengine.model import triton_ops
+
+    generator = torch.Generator().manual_seed(6)
+    x, d = torch.randn(2, 3, 80, generator=generator).unbind(0)
+    w = 1 + 0.1 * torch.randn(80, generator=generator)
+    total, normed = triton_ops.add_rms_norm(x.to(DEVICE), d.to(DEVICE), w.to(DEVICE), 1e-5)
+    ref_total = x + d
+    ref = w * (ref_total * torch.rsqrt(ref_total.pow(2).mean(-1, keepdim=True) + 1e-5))
+    assert torch.equal(total.cpu(), ref_total)
+    assert rel_err(normed, ref) < 1e-6
