@@ -126,8 +126,9 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, **kw)
 @click.option("--allow-mismatch", is_flag=True, help="Compare runs whose workloads differ (under a banner).")
 @click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=50.0, show_default=True,
               help="The latency percentile the tables and plots show (one the runs recorded).")
+@click.option("--note", "notes", multiple=True, help="A paragraph for the top of the report; repeatable.")
 def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, baseline: str | None,
-            allow_mismatch: bool, percentile: float) -> int:
+            allow_mismatch: bool, percentile: float, notes: tuple[str, ...]) -> int:
     """Put runs side by side: one table per metric group, rows = rungs, columns = runs.
 
     \b
@@ -145,7 +146,7 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
         caption = cmp.workload_caption(comparison.reference)
         links = [(p.caption, cmp.link(p.path, out))
                  for p in write_plots(comparison.runs, comparison.percentile, caption, plots)]
-    report = cmp.render(comparison, links)
+    report = cmp.render(comparison, links, notes)
     if out is None:
         click.echo(report, nl=False)
     else:
@@ -155,6 +156,45 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
     for diff in comparison.engine_differences:
         click.echo(f"not like-for-like: {diff.line()}", err=True)
     return cfg.EXIT_OK
+
+
+@cli.command()
+@click.option("--a", "url_a", required=True, help="Base URL of endpoint A.")
+@click.option("--b", "url_b", required=True, help="Base URL of endpoint B.")
+@click.option("--model", help="Model name for both. [default: each server's first /v1/models entry]")
+@click.option("--c", "concurrencies", default="1,4", show_default=True, callback=_ints,
+              help="Concurrencies; each sends --prompts requests with at most c in flight per endpoint.")
+@click.option("--prompts", type=click.IntRange(1), default=8, show_default=True, help="Requests per c.")
+@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
+@click.option("--seed", type=int, help="Request i carries seed SEED+i. [default: no request seed]")
+@click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default="openai-chat", show_default=True)
+@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
+              help="Ask for all --max-tokens tokens, so every comparison is as long as it can be.")
+@click.option("--prompt-words", type=click.IntRange(1), default=24, show_default=True,
+              help="Random words per prompt (seeded, the same for A and B).")
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for both. [env: OPENAI_API_KEY]")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_TIMEOUT_S,
+              show_default=True, help="Seconds per request.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every verdict with both outputs (text and ids) as JSON.")
+def identity(out: Path | None, timeout: float, backend: str, **kw) -> int:
+    """Send identical requests to two endpoints and report, per request, identical or diverged (with the
+    first divergence and its context). Token ids where the servers expose them, else text.
+
+    \b
+    Exit codes: 0 every request identical; 1 a request diverged or failed; 2 usage error or an
+    endpoint that cannot be used."""
+    import asyncio
+
+    from ladder import identity as ident
+
+    config = ident.IdentityConfig(timeout_s=timeout, chat=backend == "openai-chat", **kw)
+    verdicts = asyncio.run(ident.run_identity(config, click.echo))
+    click.echo(ident.summary(verdicts))
+    if out is not None:
+        ident.write_json(out, config, verdicts)
+    return cfg.EXIT_OK if all(v.identical for v in verdicts) else cfg.EXIT_VOID
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -110,12 +110,14 @@ def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
     return out + [""]
 
 
-def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = ()) -> str:
-    """The markdown report; plot_links are (caption, path relative to the report)."""
+def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragraphs: Sequence[str] = ()) -> str:
+    """The markdown report; plot_links are (caption, path relative to the report), paragraphs go on top."""
     notes = Footnotes()
     runs = cmp.runs
-    lines = [f"# ladder compare: {', '.join(r.label for r in runs)}", "",
-             f"Workload: {workload_caption(cmp.reference)}.", ""]
+    lines = [f"# ladder compare: {', '.join(r.label for r in runs)}", ""]
+    for paragraph in paragraphs:
+        lines += [paragraph, ""]
+    lines += [f"Workload: {workload_caption(cmp.reference)}.", ""]
     lines += _banner(cmp)
     lines += ["## Runs", "", _row(["run", "result directory"]), _row(["---", "---"])]
     lines += [_row([r.label, f"`{r.path}`"]) for r in runs]

@@ -52,6 +52,13 @@ def _info_labels(metrics_text: str, name: str) -> dict[str, str]:
     return {}
 
 
+def _gauge(metrics_text: str, name: str) -> float | None:
+    for line in metrics_text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            return float(line.rsplit("}", 1)[-1].split()[0] if "}" in line else line.split()[1])
+    return None
+
+
 def from_server(model_entry: Mapping, metrics_text: str, props: Mapping) -> dict[str, object]:
     """Engine keys from /v1/models (OpenAI fields, llama.cpp's `meta`), /metrics (refengine's
     `refengine:engine_info`, vLLM's `vllm:cache_config_info`) and /props (llama.cpp)."""
@@ -66,10 +73,12 @@ def from_server(model_entry: Mapping, metrics_text: str, props: Mapping) -> dict
         out["weights"] = out["weights"] or model_entry.get("root")
     ref = _info_labels(metrics_text, "refengine:engine_info")
     if ref:
-        spec_k = int(ref.get("num_speculative_tokens") or 0)
+        # refengine reports an empty method when speculation is off
+        method = ref.get("spec_method") or "none"
+        if _gauge(metrics_text, "refengine:drafter_random_init") == 1.0:
+            method += " (random-init head)"  # no trained weights: a different drafter, not a detail
         out.update(numerics=ref.get("numerics"), dtype=ref.get("dtype"), weight_format=ref.get("weight_format"),
-                   # refengine reports an empty method when speculation is off
-                   spec_method=ref.get("spec_method") or "none", spec_k=spec_k,
+                   spec_method=method, spec_k=int(ref.get("num_speculative_tokens") or 0),
                    async_scheduling=ref.get("async_scheduling"), max_num_seqs=ref.get("max_num_seqs"))
     vllm_cache = _info_labels(metrics_text, "vllm:cache_config_info")
     if vllm_cache:

@@ -10,6 +10,7 @@ import asyncio
 import os
 import platform
 import random
+import signal
 import socket
 import sys
 from dataclasses import asdict, dataclass
@@ -292,6 +293,17 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
             server.stop()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through _run's finally, which stops a server the ladder started
+
+
 def run_ladder(config: RunConfig, display: Display) -> int:
     store = RunStore(config.out_dir or default_out_dir(config.label))
-    return asyncio.run(_run(config, store, display))
+    # NOTE: SIGTERM, and SIGINT too where a non-interactive shell started the ladder in the background
+    # (it is then ignored), would otherwise end the ladder and leave its --serve-cmd server running.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return asyncio.run(_run(config, store, display))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

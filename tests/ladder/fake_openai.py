@@ -25,6 +25,8 @@ Script keys (all optional):
   die_mode          ... "exit" (the process exits), "500" (every completion then fails, /health stays 200,
                     like an engine stopped behind a live HTTP front) or "stall" (every stream then freezes)
   exit_after_done   the process exits right after completing this many load requests
+  token_ids         honour return_token_ids: chunks carry choices[].token_ids           (true)
+  diverge_at        from this output position on, every token differs (text "Ω", id 99)
 """
 
 import argparse
@@ -143,12 +145,14 @@ class FakeServer:
                 writer.write(b"%x\r\n%s\r\n" % (len(data), data))
                 await writer.drain()
 
-        def chunk(delta_text, done_tokens, role=False, finish=None):
+        def chunk(delta_text, done_tokens, role=False, finish=None, ids=None):
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else {"content": delta_text}
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": delta_text, "finish_reason": finish}
+            if ids is not None and req.get("return_token_ids") and s.get("token_ids", True):
+                choice["token_ids"] = ids
             obj = {"id": "cmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
             if continuous:
                 obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done_tokens,
@@ -171,8 +175,11 @@ class FakeServer:
                 self.drafts += 1
                 self.draft_tokens += s["spec_k"]
                 self.accepted += n - 1
-            text = "".join(TOKEN_TEXTS[(done - n + i) % len(TOKEN_TEXTS)] for i in range(n))
-            await emit(chunk(text, done, finish="length" if done == max_tokens else None))
+            positions = range(done - n, done)
+            diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
+            text = "".join("Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p, d in zip(positions, diverged))
+            ids = [99 if d else p % len(TOKEN_TEXTS) for p, d in zip(positions, diverged)]
+            await emit(chunk(text, done, finish="length" if done == max_tokens else None, ids=ids))
             if done < max_tokens:
                 gap = s.get("gap", 0.0)
                 await asyncio.sleep(gap) if gap else await asyncio.sleep(0)

@@ -190,3 +190,25 @@ def test_pings_split_writes_and_completions_backend(fake_server, ladder):
         code, _, _, run = ladder("--base-url", url + "/v1", "--backend", backend, "--c", "2", *FAST)
         (rung,) = load_rungs(run)
         assert (code, rung["status"], rung["stats"]["tokens_per_chunk"]["mean"]) == (0, "OK", 2.0)
+
+
+def test_sigterm_stops_the_started_server_too(tmp_path):
+    """A ladder ended by SIGTERM (or by SIGINT while a shell ignores it in the background) stops its server."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = fake_cmd({"gap": 0.5}, port="{port}")
+    proc = subprocess.Popen([sys.executable, "-c", "from ladder.cli import main; main()", "run", "--out", str(out),
+                             "--serve-cmd", cmd, "--c", "1", *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "manifest.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    base_url = json.loads((out / "manifest.json").read_text())["endpoint"]["base_url"]
+    assert _port_open(base_url)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "ladder: interrupted" in err
+    assert not _port_open(base_url)

@@ -1,0 +1,269 @@
+"""`ladder identity`: identical requests to two endpoints, and whether their outputs are identical.
+
+Typical pairs: one engine with async scheduling on and off, or with speculation on and off. Both must
+produce the same tokens at temperature 0, and at temperature > 0 too where the randomness is keyed by a
+request seed (`--seed`: request i carries seed S + i) rather than by arrival order.
+
+Token ids are compared where the server exposes them: `return_token_ids` (choices[].token_ids, vLLM and
+refengine), else `return_tokens_as_token_ids` with logprobs (tokens spelled "token_id:N", vLLM and
+refengine); otherwise the text is compared, which cannot see two tokenisations of the same text.
+Each endpoint gets the same probe requests, so a server that keys randomness by arrival count sees the
+measured requests at the same counts; at c > 1 arrival order is the client's and the network's, so only
+seeded sampling is comparable there.
+"""
+
+import asyncio
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from ladder import prompts
+from ladder.config import SetupError
+from ladder.endpoint import Endpoint
+from ladder.sse import SSEParser
+
+CONTEXT = 4  # tokens (or 4x as many characters) shown either side of a divergence
+
+IDS = "token_ids"  # choices[].token_ids
+LOGPROB_IDS = "logprob token ids"  # logprobs tokens spelled "token_id:N"
+TEXT = "text"
+
+
+@dataclass(frozen=True)
+class IdentityConfig:
+    url_a: str
+    url_b: str
+    model: str | None
+    concurrencies: tuple[int, ...]
+    prompts: int
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    chat: bool
+    ignore_eos: bool
+    prompt_words: int
+    api_key: str | None
+    timeout_s: float
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    token_ids: list[int] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    concurrency: int
+    index: int
+    identical: bool
+    compared: str  # IDS / TEXT, or "error"
+    length_a: int
+    length_b: int
+    position: int | None  # first divergence: token index (ids) or character index (text)
+    context: str
+    a: Completion = field(repr=False)
+    b: Completion = field(repr=False)
+
+    def line(self) -> str:
+        head = f"c={self.concurrency} #{self.index}"
+        unit = "tokens" if self.compared != TEXT else "chars"
+        if self.compared == "error":
+            return f"{head}  ERROR  {self.context}"
+        if self.identical:
+            return f"{head}  identical  ({self.length_a} {unit})"
+        return (f"{head}  DIVERGED at {unit[:-1]} {self.position} (of {self.length_a} / {self.length_b} "
+                f"{unit}): {self.context}")
+
+
+def first_divergence(a: Sequence, b: Sequence) -> int | None:
+    """The first index where a and b differ (the shorter length if one is a prefix), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence_context(a: Sequence, b: Sequence, position: int, width: int) -> str:
+    """`common … | A: rest … B: rest …`, with `width` items either side of the divergence."""
+    def show(items: Sequence) -> str:
+        return repr("".join(items)) if isinstance(items, str) else " ".join(map(str, items)) or "(end)"
+    return (f"after {show(a[max(0, position - width):position])} | A: {show(a[position:position + width])} "
+            f"| B: {show(b[position:position + width])}")
+
+
+def compare(c: int, index: int, a: Completion, b: Completion) -> Verdict:
+    if a.error or b.error:
+        why = "; ".join(f"{side}: {c.error}" for side, c in (("A", a), ("B", b)) if c.error)
+        return Verdict(c, index, False, "error", 0, 0, None, why, a, b)
+    if a.token_ids is not None and b.token_ids is not None:
+        seq_a, seq_b, mode, width = a.token_ids, b.token_ids, IDS, CONTEXT
+    else:
+        seq_a, seq_b, mode, width = a.text, b.text, TEXT, 4 * CONTEXT
+    pos = first_divergence(seq_a, seq_b)
+    context = ""
+    if pos is not None:
+        context = divergence_context(seq_a, seq_b, pos, width)
+        text_pos = first_divergence(a.text, b.text)
+        if mode == IDS and text_pos is not None:  # the text is what a person can read
+            context += f"; text from char {text_pos}: {divergence_context(a.text, b.text, text_pos, 4 * CONTEXT)}"
+    return Verdict(c, index, pos is None, mode, len(seq_a), len(seq_b), pos, context, a, b)
+
+
+def _token_ids(choice: dict) -> list[int] | None:
+    """The ids a chunk's choice carries, from token_ids or from "token_id:N" logprob tokens."""
+    if isinstance(choice.get("token_ids"), list):
+        return choice["token_ids"]
+    logprobs = choice.get("logprobs") or {}
+    tokens = [e.get("token") for e in logprobs.get("content") or ()] or logprobs.get("tokens") or []
+    if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    return None
+
+
+async def fetch(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float) -> Completion:
+    """One streamed request; text and token ids joined over its chunks."""
+    out = Completion()
+    ids: list[int] = []
+    seen_ids = False
+    try:
+        async with asyncio.timeout(timeout_s), session.post(url, json=body) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:160]}"
+                return out
+            parser = SSEParser()
+            while data := await resp.content.readany():
+                for event in parser.feed(data):
+                    if event == b"[DONE]":
+                        continue
+                    obj = json.loads(event)
+                    if "error" in obj and not obj.get("choices"):
+                        out.error = f"stream error: {obj['error']}"
+                    for choice in obj.get("choices") or ():
+                        out.text += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                        chunk_ids = _token_ids(choice)
+                        if chunk_ids is not None:
+                            seen_ids = True
+                            ids += chunk_ids
+    except TimeoutError:
+        out.error = f"timeout after {timeout_s:g} s"
+    except (aiohttp.ClientError, ValueError) as e:
+        out.error = f"{type(e).__name__}: {e}"
+    out.token_ids = ids if seen_ids else None
+    return out
+
+
+@dataclass
+class Side:
+    """One endpoint and how it is asked for token ids."""
+
+    name: str
+    endpoint: Endpoint
+    model: str = ""
+    mode: str = TEXT
+    probes: int = 0
+
+    def body(self, config: IdentityConfig, prompt: str, max_tokens: int, seed: int | None) -> dict:
+        body: dict = {"model": self.model, "max_tokens": max_tokens, "temperature": config.temperature,
+                      "stream": True, "stream_options": {"include_usage": True}}
+        if config.ignore_eos:
+            body["ignore_eos"] = True
+        if seed is not None:
+            body["seed"] = seed
+        if self.mode == IDS:
+            body["return_token_ids"] = True
+        elif self.mode == LOGPROB_IDS:
+            body.update(return_tokens_as_token_ids=True, logprobs=True if config.chat else 1)
+            if config.chat:
+                body["top_logprobs"] = 0
+        if config.chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        return body
+
+    async def request(self, config: IdentityConfig, prompt: str, max_tokens: int, seed: int | None) -> Completion:
+        ep = self.endpoint
+        return await fetch(ep.session, ep.base_url + ep.path, self.body(config, prompt, max_tokens, seed),
+                           config.timeout_s)
+
+    async def setup(self, config: IdentityConfig) -> None:
+        """Model, then the first way of getting token ids that the server answers with ids."""
+        models = await self.endpoint.models()
+        if not models and not config.model:
+            raise SetupError(f"{self.name}: /v1/models lists no model; pass --model")
+        self.model = config.model or models[0]["id"]
+        for mode in (IDS, LOGPROB_IDS, TEXT):
+            self.mode = mode
+            probe = await self.probe(config)
+            if mode == TEXT and probe.error:
+                raise SetupError(f"{self.name}: probe request failed: {probe.error}")
+            if probe.token_ids:
+                return
+
+    async def probe(self, config: IdentityConfig) -> Completion:
+        self.probes += 1
+        return await self.request(config, "ping", 1, config.seed)
+
+
+async def _rung(sides: Sequence[Side], config: IdentityConfig, c: int, first_seed: int | None) -> list[Verdict]:
+    rng = random.Random(f"ladder-identity:{c}")
+    texts = [prompts.words_text(rng, config.prompt_words) for _ in range(config.prompts)]
+    seeds = [None if first_seed is None else first_seed + i for i in range(len(texts))]
+
+    async def run(side: Side) -> list[Completion]:
+        sem = asyncio.Semaphore(c)
+
+        async def one(text: str, seed: int | None) -> Completion:
+            async with sem:
+                return await side.request(config, text, config.max_tokens, seed)
+        return await asyncio.gather(*(one(t, s) for t, s in zip(texts, seeds)))
+
+    a, b = await asyncio.gather(*(run(side) for side in sides))
+    return [compare(c, i, x, y) for i, (x, y) in enumerate(zip(a, b))]
+
+
+async def run_identity(config: IdentityConfig, echo) -> list[Verdict]:
+    async with Endpoint(config.url_a, config.api_key, config.chat) as ep_a, \
+            Endpoint(config.url_b, config.api_key, config.chat) as ep_b:
+        sides = [Side("A", ep_a), Side("B", ep_b)]
+        for side in sides:
+            await side.setup(config)
+        # NOTE: equal probe counts, so that a server keying randomness by arrival count is in step
+        while (behind := min(sides, key=lambda s: s.probes)).probes < max(s.probes for s in sides):
+            await behind.probe(config)
+        echo(f"A {ep_a.base_url} model={sides[0].model} compares {sides[0].mode}; "
+             f"B {ep_b.base_url} model={sides[1].model} compares {sides[1].mode}")
+        echo(f"c={','.join(map(str, config.concurrencies))}, {config.prompts} prompts per c, "
+             f"max_tokens {config.max_tokens}, temperature {config.temperature:g}, "
+             f"{'request seeds ' + str(config.seed) + '+i' if config.seed is not None else 'no request seed'}")
+        verdicts: list[Verdict] = []
+        for c in config.concurrencies:
+            first_seed = None if config.seed is None else config.seed + len(verdicts)
+            for verdict in await _rung(sides, config, c, first_seed):
+                echo(verdict.line())
+                verdicts.append(verdict)
+        return verdicts
+
+
+def summary(verdicts: Sequence[Verdict]) -> str:
+    same = sum(v.identical for v in verdicts)
+    errors = sum(v.compared == "error" for v in verdicts)
+    diverged = [v for v in verdicts if not v.identical and v.compared != "error"]
+    text = f"identical {same}/{len(verdicts)}"
+    if diverged:
+        text += f", diverged {len(diverged)} (" + ", ".join(
+            f"c={v.concurrency} #{v.index} at {v.position}" for v in diverged[:8]) + (", …" if len(diverged) > 8 else "") + ")"
+    if errors:
+        text += f", errors {errors}"
+    return text
+
+
+def write_json(path: Path, config: IdentityConfig, verdicts: Sequence[Verdict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"config": asdict(config), "verdicts": [asdict(v) for v in verdicts]}, indent=1) + "\n")
