@@ -202,7 +202,8 @@ class Side:
             self.mode = mode
             probe = await self.probe(config)
             if mode == TEXT and probe.error:
-                raise SetupError(f"{self.name}: probe request failed: {probe.error}")
+                hint = "; a server that refuses ignore_eos needs --no-ignore-eos" if config.ignore_eos else ""
+                raise SetupError(f"{self.name}: probe request failed: {probe.error}{hint}")
             if probe.token_ids:
                 return
 
