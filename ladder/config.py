@@ -21,8 +21,9 @@ DEFAULT_SEED = 0  # vllm bench serve --seed
 DEFAULT_TEMPERATURE = 0.0  # greedy: the acceptance rate of a speculator is then a property of the engine
 EMBEDDED_SERVE_CMD = "{refengine} serve --model smollm2 --port {port}"
 
-# Keys a future `ladder compare` requires to match before it puts two runs in one table. Their values come
-# from --metadata k=v first, then from what the server reports in /v1/models.
+# The engine keys: `ladder compare` puts runs that differ in any of them under a "not like-for-like"
+# banner. Their values come from --metadata k=v, then the server's reports, then the --serve-cmd flags
+# (ladder.engine_info).
 ENGINE_KEYS = ("engine", "engine_version", "weights", "weight_format", "dtype", "kv_dtype", "numerics",
                "spec_method", "spec_k", "async_scheduling", "max_model_len", "max_num_seqs")
 
