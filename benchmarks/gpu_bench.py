@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refengine.engine.llm import LLM  # noqa: E402
-from refengine.model import attention  # noqa: E402
+from refengine.model import attention, triton_ops  # noqa: E402
 from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
 from refengine.model.config import Numerics  # noqa: E402
 from refengine.model.cuda_graphs import CudaGraphs  # noqa: E402
@@ -203,29 +203,39 @@ def model_steps(bench: Bench) -> None:
     for q, batches in ((1, (1, 8, 32)), (5, (1, 8))):
         kind = "decode" if q == 1 else "verify k=4"
         graphs = {}
-        for numerics in (Numerics.FAST, Numerics.BATCH_INVARIANT) if DEV == "cuda" else ():
+        setups = [("fast", Numerics.FAST, True), ("batch_invariant", Numerics.BATCH_INVARIANT, True)]
+        if q == 1:
+            setups.append(("fast-unfused", Numerics.FAST, False))
+        for key, numerics, fused in setups if DEV == "cuda" else ():
             set_numerics(model, numerics)
+            triton_ops.set_fused_ops(fused)
             attention.set_attention_backend("auto")
             g = CudaGraphs(model, cache, max_num_seqs=max(batches), max_blocks_per_seq=blocks_per_seq, query_lens=(q,),
                            batch_sizes=list(batches))
             t0 = time.perf_counter()
-            g.capture()
-            graphs[numerics] = g
-            bench.results.setdefault("capture_s", {})[f"{kind}/{numerics.value}"] = round(time.perf_counter() - t0, 1)
+            try:
+                g.capture()
+            finally:
+                triton_ops.set_fused_ops(True)
+            graphs[key] = g
+            bench.results.setdefault("capture_s", {})[f"{kind}/{key}"] = round(time.perf_counter() - t0, 1)
         for c in batches:
             ids, positions, meta = step_inputs(c, q, MID_CONTEXT, blocks_per_seq, vocab)
             floor = floor_ms(loaded, c, MID_CONTEXT)
-            variants = [("reference", "eager", Numerics.FAST), ("triton", "eager", Numerics.FAST),
-                        ("triton", "graph", Numerics.FAST), ("triton", "graph", Numerics.BATCH_INVARIANT)]
-            if c == 32 or q > 1:
-                variants = [v for v in variants if not (v[0] == "reference" and c == 32)]
-            for backend, mode, numerics in variants:
+            variants = [("reference", "eager", "fast"), ("triton", "eager", "fast"), ("triton", "graph", "fast"),
+                        ("triton", "graph", "batch_invariant")]
+            if q == 1 and c == 1:
+                variants.append(("triton", "graph", "fast-unfused"))
+            if c == 32:
+                variants = [v for v in variants if v[0] != "reference"]
+            for backend, mode, key in variants:
                 if mode == "graph" and DEV != "cuda":
                     continue
+                numerics = Numerics.BATCH_INVARIANT if key == "batch_invariant" else Numerics.FAST
                 set_numerics(model, numerics)
                 attention.set_attention_backend("reference" if backend == "reference" else "auto")
                 before = dict(attention.ATTENTION_CALLS)
-                g = graphs.get(numerics)
+                g = graphs.get(key)
                 replays = g.num_replays if g else 0
                 with torch.inference_mode():
                     if mode == "graph":
@@ -242,7 +252,8 @@ def model_steps(bench: Bench) -> None:
                     med, best = time_ms(fn, iters=iters)
                 ran = calls_delta(before) if mode == "eager" else "triton (captured)"
                 bench.row(section="steps", what=f"qwen3-8b {kind} step", c=c, context=MID_CONTEXT,
-                          numerics=numerics.value, attention=ran, cuda_graphs=mode == "graph",
+                          numerics=numerics.value, fused_ops=key != "fast-unfused", attention=ran,
+                          cuda_graphs=mode == "graph",
                           graph_replays=(g.num_replays if g else 0) - replays, ms=round(med, 3), ms_min=round(best, 3),
                           floor_ms=round(floor, 3), roofline=round(floor / med, 3))
         del graphs
@@ -531,7 +542,8 @@ def print_table(bench: Bench) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in bench.results["rows"]:
         ms = r.get("tpot_ms", r.get("ms"))
-        print(f"| {r['section']} | {r['what']}{' ' + r.get('numerics', '') if r['section'] == 'steps' else ''} | "
+        extra = f" {r.get('numerics', '')}{'' if r.get('fused_ops', True) else ' unfused'}" if r["section"] == "steps" else ""
+        print(f"| {r['section']} | {r['what']}{extra} | "
               f"{r.get('c', '')} | {r.get('attention', '')} | {r.get('cuda_graphs', '')} | {ms if ms is not None else ''} | "
               f"{r.get('output_tok_s', '')} | {r.get('floor_ms', '')} | {r.get('roofline', r.get('mismatches', ''))} |")
     print({k: v for k, v in bench.results["sections"].items()})

@@ -44,8 +44,7 @@ class Attention(nn.Module):
             q_weight = None if self.q_norm is None else self.q_norm.weight
             k_weight = None if self.k_norm is None else self.k_norm.weight
             eps = 0.0 if self.q_norm is None else self.q_norm.eps
-            q = triton_ops.norm_rope(q, q_weight, eps, positions, rotary.cos, rotary.sin)
-            k = triton_ops.norm_rope(k, k_weight, eps, positions, rotary.cos, rotary.sin)
+            q, k = triton_ops.norm_rope(q, k, q_weight, k_weight, eps, positions, rotary.cos, rotary.sin)
         else:
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)

@@ -83,15 +83,24 @@ if triton is not None:
 
     @triton.jit
     def _norm_rope_kernel(
-        x_ptr, w_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr,
-        stride_xt, stride_xh, stride_ot, stride_oh, stride_cos, eps,
-        HEAD_DIM: tl.constexpr, NORM: tl.constexpr,
+        q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
+        stride_cos, eps,
+        NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr,
     ):  # fmt: skip
+        """One program per (token, head) over the q heads then the k heads."""
         token = tl.program_id(0)
         head = tl.program_id(1)
         half: tl.constexpr = HEAD_DIM // 2
         offs = tl.arange(0, half)
-        base = x_ptr + token * stride_xt + head * stride_xh
+        if head < NUM_Q_HEADS:
+            base = q_ptr + token * stride_qt + head * stride_qh
+            w_ptr = qw_ptr
+            obase = q_out_ptr + token * stride_qot + head * stride_qoh
+        else:
+            base = k_ptr + token * stride_kt + (head - NUM_Q_HEADS) * stride_kh
+            w_ptr = kw_ptr
+            obase = k_out_ptr + token * stride_kot + (head - NUM_Q_HEADS) * stride_koh
         lo = tl.load(base + offs)
         hi = tl.load(base + half + offs)
         if NORM:
@@ -99,10 +108,8 @@ if triton is not None:
             hi32 = hi.to(tl.float32)
             mean_square = (tl.sum(lo32 * lo32, axis=0) + tl.sum(hi32 * hi32, axis=0)) / HEAD_DIM
             inv = 1.0 / tl.sqrt(mean_square + eps)
-            lo = tl.load(w_ptr + offs) * (lo32 * inv).to(lo.dtype)
-            hi = tl.load(w_ptr + half + offs) * (hi32 * inv).to(hi.dtype)
-            lo = lo.to(x_ptr.dtype.element_ty)
-            hi = hi.to(x_ptr.dtype.element_ty)
+            lo = (tl.load(w_ptr + offs) * (lo32 * inv).to(lo.dtype)).to(lo.dtype)
+            hi = (tl.load(w_ptr + half + offs) * (hi32 * inv).to(hi.dtype)).to(hi.dtype)
         position = tl.load(pos_ptr + token)
         cos_lo = tl.load(cos_ptr + position * stride_cos + offs)
         cos_hi = tl.load(cos_ptr + position * stride_cos + half + offs)
@@ -113,9 +120,8 @@ if triton is not None:
         # rotate_half: [-hi, lo]
         out_lo = lo32 * cos_lo - hi32 * sin_lo
         out_hi = hi32 * cos_hi + lo32 * sin_hi
-        obase = out_ptr + token * stride_ot + head * stride_oh
-        tl.store(obase + offs, out_lo.to(out_ptr.dtype.element_ty))
-        tl.store(obase + half + offs, out_hi.to(out_ptr.dtype.element_ty))
+        tl.store(obase + offs, out_lo.to(q_out_ptr.dtype.element_ty))
+        tl.store(obase + half + offs, out_hi.to(q_out_ptr.dtype.element_ty))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -162,23 +168,29 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def norm_rope(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
     eps: float,
     positions: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-) -> torch.Tensor:
-    """`x[T, H, D]` -> optional per-head RMSNorm (Qwen3's q_norm / k_norm), then the rotary embedding
-    at each token's position (half-split layout); a new contiguous tensor."""
-    num_tokens, num_heads, head_dim = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty(num_tokens, num_heads, head_dim, dtype=x.dtype, device=x.device)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`q[T, Hq, D]`, `k[T, Hkv, D]` -> optional per-head RMSNorm (Qwen3's q_norm / k_norm), then the
+    rotary embedding at each token's position (half-split layout); new contiguous tensors, one launch."""
+    num_tokens, num_q, head_dim = q.shape
+    num_k = k.shape[1]
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    q_out = torch.empty(num_tokens, num_q, head_dim, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(num_tokens, num_k, head_dim, dtype=k.dtype, device=k.device)
+    norm = q_weight is not None and k_weight is not None
     if num_tokens:
-        _norm_rope_kernel[(num_tokens, num_heads)](
-            x, x if weight is None else weight, out, positions, cos, sin,
-            x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0), eps,
-            HEAD_DIM=head_dim, NORM=weight is not None,
+        _norm_rope_kernel[(num_tokens, num_q + num_k)](
+            q, k, q_weight if norm else q, k_weight if norm else k, q_out, k_out, positions, cos, sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1),
+            k_out.stride(0), k_out.stride(1), cos.stride(0), eps,
+            NUM_Q_HEADS=num_q, HEAD_DIM=head_dim, NORM=norm,
         )  # fmt: skip
-    return out
+    return q_out, k_out

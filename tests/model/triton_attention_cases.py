@@ -175,14 +175,21 @@ def test_fused_norm_rope_matches_norm_then_rotary(norm):
     rotary = RotaryEmbedding(32, 64, 10000.0, None)
     head_norm = RMSNorm(32, 1e-6, torch.float32)
     head_norm.weight.data = 1 + 0.1 * torch.randn(32, generator=generator)
-    qkv = torch.randn(4, 3 * 6 * 32, generator=generator)
-    q = qkv[:, : 6 * 32].reshape(4, 6, 32)  # a strided view, as the layer passes it
+    qkv = torch.randn(4, (6 + 2 + 2) * 32, generator=generator)
+    q = qkv[:, : 6 * 32].reshape(4, 6, 32)  # strided views, as the layer passes them
+    k = qkv[:, 6 * 32 : 8 * 32].reshape(4, 2, 32)
+    k_norm = RMSNorm(32, 1e-6, torch.float32)
+    k_norm.weight.data = 1 + 0.1 * torch.randn(32, generator=generator)
     positions = torch.tensor([0, 5, 17, 63])
-    ref, _ = rotary(positions, head_norm(q) if norm else q, q[:, :1])
-    ours = triton_ops.norm_rope(
-        q.to(DEVICE), head_norm.weight.to(DEVICE) if norm else None, 1e-6, positions.to(DEVICE),
+    ref_q, ref_k = rotary(positions, head_norm(q) if norm else q, k_norm(k) if norm else k)
+    ours_q, ours_k = triton_ops.norm_rope(
+        q.to(DEVICE), k.to(DEVICE), head_norm.weight.to(DEVICE) if norm else None,
+        k_norm.weight.to(DEVICE) if norm else None, 1e-6, positions.to(DEVICE),
         rotary.cos.to(DEVICE), rotary.sin.to(DEVICE),
     )
+    assert rel_err(ours_k, ref_k) < 1e-6
+    ours = ours_q
+    ref = ref_q
     assert rel_err(ours, ref) < 1e-6
 
 
