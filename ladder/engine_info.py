@@ -9,7 +9,9 @@ measured one. A key that no source knows stays None: `ladder compare` shows it a
 import json
 import re
 import shlex
+import sys
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ladder.config import ENGINE_KEYS
@@ -121,9 +123,20 @@ def _vllm_style(argv: list[str], engine: str) -> dict[str, object]:
             out["numerics"] = "batch_invariant" if arg == "--batch-invariant" else "fast"
     if engine == "refengine":
         out.setdefault("kv_dtype", out["dtype"])
+        out["engine_version"] = _own_version(argv[0])
     if engine == "vllm" and len(argv) > 2 and not argv[2].startswith("-"):
         out["weights"] = out.get("weights") or argv[2]  # `vllm serve MODEL`
     return out
+
+
+def _own_version(program: str) -> str | None:
+    """specladder's version when `program` is this interpreter's own refengine: then it is this install."""
+    if Path(program).absolute().parent != Path(sys.executable).absolute().parent:
+        return None
+    try:
+        return f"specladder {version('specladder')}"
+    except PackageNotFoundError:
+        return None
 
 
 def from_serve_cmd(serve_cmd: str | None) -> dict[str, object]:

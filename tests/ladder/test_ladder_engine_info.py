@@ -1,6 +1,7 @@
 """Engine keys from --metadata, the server's reports and the --serve-cmd flags, normalised for the guard."""
 
 import sys
+from pathlib import Path
 
 from ladder import engine_info
 
@@ -55,6 +56,9 @@ def test_serve_cmd_flags():
     assert (keys["dtype"], keys["kv_dtype"], keys["max_num_seqs"]) == ("float32", "float32", "4")
     assert engine_info.from_serve_cmd("vllm serve org/model --dtype=bfloat16 --kv-cache-dtype fp8")["kv_dtype"] == "fp8"
     assert engine_info.from_serve_cmd("python other_server.py --port 1") == {}
+    # this environment's own refengine is this install; another one's version is not known here
+    own = engine_info.from_serve_cmd(f"{Path(sys.executable).parent / 'refengine'} serve")
+    assert own["engine_version"].startswith("specladder ") and keys["engine_version"] is None
 
 
 def test_llamacpp_launcher_flags(tmp_path):
