@@ -41,11 +41,11 @@ class Arm:
         return Arm("sync", self.method, self.chunked, self.preempt, self.bad_words)
 
 
-def build_matrix(methods: tuple[str | None, ...]) -> list[Arm]:
+def build_matrix(methods: tuple[str | None, ...], variants: bool = True) -> list[Arm]:
+    """Without `variants`, only the plain arms: no chunking, no forced preemption, no bad_words."""
+    toggles = (False, True) if variants else (False,)
     arms = []
-    for method, front, chunked, preempt, bad_words in itertools.product(
-        methods, FRONTS, (False, True), (False, True), (False, True)
-    ):
+    for method, front, chunked, preempt, bad_words in itertools.product(methods, FRONTS, toggles, toggles, toggles):
         if front != "sync" and method is not None and not ASYNC_SCHEDULING_COMPATIBLE[method]:
             continue  # the truth table forces these methods to sync: there is no async arm to run
         arms.append(Arm(front, method, chunked, preempt, bad_words))

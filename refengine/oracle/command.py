@@ -66,10 +66,13 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="The seeded sampling pass: async arms must equal the same method's sync arm.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--variants/--no-variants", default=True, show_default=True,
+              help="Also run every arm with chunked prefill, forced preemption and bad_words.")
+@click.option("--seeded/--no-seeded", default=True, show_default=True, help="Run the seeded sampling pass.")
 @click.option("--block-size", default=None, type=click.IntRange(min=1), help="Default 4 for tiny models, 16 otherwise.")
 @click.option("--write-report", is_flag=True, help=f"Write {REPORT_PATH}; without it nothing tracked changes.")
 def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature, seed,
-                   block_size, write_report) -> None:
+                   variants, seeded, block_size, write_report) -> None:
     """Run every arm of the matrix and compare its tokens with the baseline. Exits 1 on any mismatch."""
     # Wide enough that CI logs keep each arm on one line.
     console = Console(width=None if sys.stdout.isatty() else 220)
@@ -80,20 +83,21 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
         if model in TINY_MODELS
         else text_prompts(loaded.tokenizer, num_prompts)
     )
-    arms = build_matrix(methods)
+    arms = build_matrix(methods, variants)
     sections: list[str] = []
     failures = 0
     started = time.perf_counter()
     for c in concurrency:
-        for temp in (0.0, temperature):
+        for temp in (0.0, temperature) if seeded else (0.0,):
             workload = Workload(tuple(map(tuple, prompts)), max_tokens, c, temp, seed, num_speculative_tokens)
             base = run_arm(loaded, Arm("sync", None, False, False, False), workload, block_size)
             workload = Workload(workload.prompts, max_tokens, c, temp, seed, num_speculative_tokens,
                                 derive_bad_words(base))
-            results: dict[Arm, ArmResult] = {}
-            for arm in arms:
-                results[arm] = run_arm(loaded, arm, workload, block_size)
-            verdicts = [_judge(arm, results, temp == 0.0) for arm in arms if _compared(arm, temp)]
+            compared = [arm for arm in arms if _compared(arm, temp)]
+            needed = set(compared) | {a.sync_twin() for a in compared if a.method is not None}
+            needed |= {a.baseline() if temp == 0.0 else a.sync_twin() for a in compared}
+            results = {arm: run_arm(loaded, arm, workload, block_size) for arm in arms if arm in needed}
+            verdicts = [_judge(arm, results, temp == 0.0) for arm in compared]
             title = f"c={c}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
             print_table(title, verdicts, console)
             sections.append(markdown(title, verdicts))
@@ -102,8 +106,8 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
     summary = f"{failures} mismatched or vacuous arm(s) in {elapsed:.0f} s"
     console.print(("[bold red]" if failures else "[bold green]") + summary)
     if write_report:
-        _write_report(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature, seed,
-                      sections, summary)
+        _write_report(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens,
+                      temperature if seeded else None, seed, variants, sections, summary)
     sys.exit(1 if failures else 0)
 
 
@@ -119,14 +123,17 @@ def _judge(arm: Arm, results: dict[Arm, ArmResult], greedy: bool) -> Verdict:
     return judge(results[arm], reference, twin, greedy)
 
 
-def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, sections, summary):
+def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, sections,
+                  summary):
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     method_names = ", ".join(m or "none" for m in methods)
+    passes = f"seeded pass at temperature {temperature}, seed {seed}" if temperature else "greedy only"
+    scope = "every arm also with chunked prefill, forced preemption and bad_words" if variants else "plain arms only"
     header = (
         "# Token-identity oracle\n\n"
         f"Written by `refengine oracle --write-report` at commit {commit} on {time.strftime('%Y-%m-%d')}.\n\n"
         f"- model: {model}; methods: {method_names}; k = {k}; c = {', '.join(map(str, concurrency))}\n"
-        f"- {num_prompts} prompts x {max_tokens} tokens (ignore_eos); seeded pass at temperature {temperature}, seed {seed}\n"
+        f"- {num_prompts} prompts x {max_tokens} tokens (ignore_eos); {passes}; {scope}\n"
         "- fronts: sync = Scheduler + step() (depth 1); async-d1 = AsyncScheduler + step(); "
         "async-d2 = AsyncScheduler + step_with_batch_queue() (depth 2)\n"
         "- greedy: every arm must equal the sync no-spec baseline with the same bad_words setting; seeded: every "

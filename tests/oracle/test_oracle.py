@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from refengine.engine.outputs import StepRecord
 from refengine.oracle.arms import Arm, build_matrix
 from refengine.oracle.run import ArmResult, first_divergence, judge
@@ -45,12 +47,25 @@ def test_judge_flags_step_mismatch_vacuity_and_skips_under_preemption():
     assert judge(preempted, base, twin, greedy=True).divergence is not None  # greedy tokens always compared
 
 
+def oracle(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "refengine.cli", "oracle", *args], capture_output=True, text=True, timeout=1700
+    )
+
+
+@pytest.mark.timeout(1800)
 def test_full_matrix_on_a_tiny_model_is_identical():
     """Every front x method x chunking x preemption x bad_words arm, greedy and seeded."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "refengine.cli", "oracle", "--model", "tiny-qwen3", "--c", "1,4",
-         "--prompts", "6", "--max-tokens", "10"],
-        capture_output=True, text=True, timeout=1200,
-    )
+    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 mismatched or vacuous arm(s)" in proc.stdout
+
+
+@pytest.mark.model
+@pytest.mark.timeout(1800)
+def test_pinned_smollm2_subset_is_identical():
+    """Every method at depth 1 and 2, c = 1 and 4, greedy, 4 prompts x 24 tokens on the embedded model."""
+    proc = oracle("--model", "smollm2", "--c", "1,4", "--prompts", "4", "--max-tokens", "24", "--no-variants",
+                  "--no-seeded")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 mismatched or vacuous arm(s)" in proc.stdout
