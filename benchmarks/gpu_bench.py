@@ -369,8 +369,10 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     build_s = time.perf_counter() - t0
     runner = llm.engine.core.runner
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    # warm-up request: compiles prefill-shaped kernels outside the timed run
-    llm.generate([prompts[0][:64]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    # Warm-up with the same batch (shorter): every kernel variant the timed run needs (per batch size,
+    # per step shape, the drafter's too) is compiled outside the timed run.
+    llm.generate([p[:128] for p in prompts], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                 batch_queue=batch_queue)
     graph_steps, eager_steps = runner.num_graph_steps, runner.num_eager_steps
     timing = timed_generate(llm, prompts, params, batch_queue)
     stats = llm.engine.core.scheduler.spec_decoding_stats
@@ -415,9 +417,57 @@ def async_ab(bench: Bench) -> None:
     loaded = get_qwen8b()
     spec = SpeculativeConfig("eagle", 4)
     for c in (1, 8):
-        for on in (False, True):
-            engine_run(bench, loaded, c, label=f"EAGLE k=4 SYNTHETIC acceptance 0.7, async {'on' if on else 'off'}",
-                       spec=spec, synthetic=0.7, async_scheduling=on, batch_queue=on)
+        for repeat in (1, 2):
+            for on in (False, True):
+                engine_run(bench, loaded, c,
+                           label=f"EAGLE k=4 SYNTHETIC acceptance 0.7, async {'on' if on else 'off'} (run {repeat})",
+                           spec=spec, synthetic=0.7, async_scheduling=on, batch_queue=on)
+
+
+def host_breakdown(bench: Bench) -> None:
+    """Where an engine step's wall time goes at c = 1 and 32 (no spec, sync, graphs): mean ms per step
+    in the scheduler, the runner's execute (host work up to the graph launch), the runner's sample
+    (waits for the GPU, then host work), and the rest of the step loop (output processing)."""
+    loaded = get_qwen8b()
+    for c in (1, 32):
+        generator = torch.Generator().manual_seed(c)
+        prompts = [torch.randint(0, 500, (256,), generator=generator).tolist() for _ in range(c)]
+        kv_gib = c * 400 * kv_bytes_per_token(loaded.config, torch.bfloat16) / 2**30 + 0.25
+        llm = LLM(loaded, dtype="bfloat16", numerics="fast", max_num_seqs=c, max_model_len=400, block_size=BLOCK,
+                  kv_cache_memory_gib=kv_gib, async_scheduling=False)
+        core = llm.engine.core
+        params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        spent: dict[str, float] = defaultdict(float)
+
+        def timed(obj, name, label, spent=spent):
+            original = getattr(obj, name)
+
+            def wrapper(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    spent[label] += time.perf_counter() - t0
+
+            setattr(obj, name, wrapper)
+
+        timed(core.scheduler, "schedule", "scheduler.schedule")
+        timed(core.scheduler, "update_from_output", "scheduler.update_from_output")
+        timed(core.runner, "execute_model", "runner.execute_model (host, launches)")
+        timed(core.runner, "sample_tokens", "runner.sample_tokens (GPU wait + host)")
+        timed(core, "step", "engine step (all of the above)")
+        t0 = time.perf_counter()
+        llm.generate(prompts, params)
+        wall = time.perf_counter() - t0
+        steps = core.runner.num_graph_steps + core.runner.num_eager_steps
+        per_step = {k: round(v * 1e3 / 64, 3) for k, v in spent.items()}
+        per_step["generate loop total"] = round(wall * 1e3 / 64, 3)
+        bench.results.setdefault("host_breakdown_ms_per_step", {})[f"c={c}"] = per_step
+        print(f"[bench] host breakdown c={c}: {per_step} ({steps} runner steps)", flush=True)
+        core.shutdown()
+        llm = None  # noqa: F841
+        empty_cache()
 
 
 def hf_peer(bench: Bench) -> None:
@@ -574,6 +624,7 @@ def main() -> None:
         ("profile", lambda: profile_step(bench), 15),
         ("engine", lambda: engine_section(bench), 60),
         ("hf", lambda: hf_peer(bench), 40),
+        ("host", lambda: host_breakdown(bench), 20),
         ("async_ab", lambda: async_ab(bench), 50),
         ("oracle_triton", lambda: oracle(bench, "auto"), 60),
         ("oracle_reference", lambda: oracle(bench, "reference"), 60),

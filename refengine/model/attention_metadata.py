@@ -71,9 +71,9 @@ class AttentionMetadata:
             for position in range(computed, computed + new):
                 slots.append(blocks[position // block_size] * block_size + position % block_size)
         max_blocks = max((len(blocks) for blocks in block_ids), default=0)
-        table = torch.full((len(block_ids), max_blocks), -1, dtype=torch.int64)
-        for row, blocks in enumerate(block_ids):
-            table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+        # One tensor from padded rows (a tensor per row costs more than the rows themselves).
+        padded = [[*blocks, *([-1] * (max_blocks - len(blocks)))] for blocks in block_ids]
+        table = torch.tensor(padded, dtype=torch.int64).reshape(len(block_ids), max_blocks)
         return cls(
             query_start_loc=torch.tensor(starts, dtype=torch.int64),
             seq_lens=torch.tensor(

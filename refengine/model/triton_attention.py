@@ -9,7 +9,9 @@ them:
              head (the GQA group, padded to 16 rows for the dot) attend over one split of its keys,
              online softmax in float32; it writes the unnormalised partial result, or, when the launch
              has a single split, the final output
-    combine  one program per (token, KV head): merges the splits in split order
+    combine  merges the splits: in split order, one program per (token, KV head), for
+             Numerics.BATCH_INVARIANT; with one round of loads and a tree reduction, one program per
+             (token, query head), for Numerics.FAST
 
 A token's keys are its sequence's positions 0..n-1 with n = position + 1 (causal) or seq_len; the
 kernels find a token's sequence from `query_start_loc` themselves, so the metadata is used as built.
@@ -271,6 +273,69 @@ if triton is not None:
         )
 
 
+    @triton.jit
+    def _combine_heads_kernel(
+        seq_lens_ptr,
+        query_start_loc_ptr,
+        out_ptr,
+        part_acc_ptr,
+        part_m_ptr,
+        part_l_ptr,
+        num_seqs,
+        split_keys,
+        num_splits,
+        stride_ot,
+        stride_oh,
+        head_dim,
+        GROUP: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+        CAUSAL: tl.constexpr,
+    ):
+        """Numerics.FAST: one program per (token, query head) merges all its splits with one round of
+        loads (a tree reduction whose shape follows the launch's split count)."""
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        num_heads = tl.num_programs(1)
+        kv_head = head // GROUP
+        g = head % GROUP
+        offs_b = tl.arange(0, BLOCK_B)
+        ends = tl.load(query_start_loc_ptr + 1 + offs_b, mask=offs_b < num_seqs, other=2**62)
+        seq = tl.sum((ends <= row).to(tl.int32), axis=0)
+        in_batch = seq < num_seqs
+        seq = tl.minimum(seq, num_seqs - 1)
+        seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+        if CAUSAL:
+            q_end = tl.load(query_start_loc_ptr + 1 + seq).to(tl.int32)
+            num_keys = seq_len - (q_end - 1 - row)
+        else:
+            num_keys = seq_len
+        num_keys = tl.where(in_batch, tl.maximum(num_keys, 0), 0)
+        used = tl.cdiv(num_keys, split_keys)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        s_mask = offs_s < used
+        part = ((row * (num_heads // GROUP) + kv_head) * num_splits + offs_s) * GROUP + g
+        m_s = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
+        l_s = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
+        a_s = tl.load(
+            part_acc_ptr + part[:, None] * head_dim + offs_d[None, :],
+            mask=s_mask[:, None] & (offs_d < head_dim)[None, :],
+            other=0.0,
+        )
+        m_max = tl.max(m_s, axis=0)
+        weight = tl.where(s_mask, tl.exp(m_s - m_max), 0.0)
+        total = tl.sum(weight * l_s, axis=0)
+        acc = tl.sum(weight[:, None] * a_s, axis=0)
+        out = tl.where(total > 0, acc / total, 0.0)
+        tl.store(
+            out_ptr + row * stride_ot + head * stride_oh + offs_d,
+            out.to(out_ptr.dtype.element_ty),
+            mask=offs_d < head_dim,
+        )
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -380,7 +445,15 @@ def triton_paged_attention(
         PAGE=page, BLOCK_N=BLOCK_N, DIRECT=direct, IEEE=q.dtype == torch.float32,
         **common,
     )  # fmt: skip
-    if not direct:
+    if not direct and numerics is not Numerics.BATCH_INVARIANT:
+        _combine_heads_kernel[(num_tokens, num_heads)](
+            seq_lens, query_start_loc, out, part_acc, part_m, part_l,
+            num_seqs, split_keys, num_splits,
+            out.stride(0), out.stride(1), head_dim,
+            GROUP=group, BLOCK_S=_next_pow2(num_splits), BLOCK_D=block_d, BLOCK_B=common["BLOCK_B"],
+            CAUSAL=common["CAUSAL"],
+        )  # fmt: skip
+    elif not direct:
         _combine_kernel[(num_tokens, num_kv_heads)](
             seq_lens, query_start_loc, out, part_acc, part_m, part_l,
             num_seqs, split_keys, num_splits,
