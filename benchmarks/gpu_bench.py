@@ -417,8 +417,8 @@ def async_ab(bench: Bench) -> None:
     loaded = get_qwen8b()
     spec = SpeculativeConfig("eagle", 4)
     for c in (1, 8):
-        for repeat in (1, 2):
-            for on in (False, True):
+        for repeat, order in ((1, (False, True)), (2, (True, False)), (3, (False, True))):
+            for on in order:
                 engine_run(bench, loaded, c,
                            label=f"EAGLE k=4 SYNTHETIC acceptance 0.7, async {'on' if on else 'off'} (run {repeat})",
                            spec=spec, synthetic=0.7, async_scheduling=on, batch_queue=on)

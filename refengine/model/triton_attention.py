@@ -91,7 +91,9 @@ if triton is not None:
             v = tl.load(v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
             tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    # Runtime integers that change from step to step stay unspecialised: no recompilation as a
+    # sequence grows or the batch changes.
+    @triton.jit(do_not_specialize=["num_seqs", "split_keys", "num_splits", "stride_bt"])
     def _split_kernel(
         q_ptr,
         k_cache_ptr,
@@ -209,7 +211,7 @@ if triton is not None:
                 mask=g_mask[:, None] & d_mask[None, :],
             )
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_seqs", "split_keys", "num_splits"])
     def _combine_kernel(
         seq_lens_ptr,
         query_start_loc_ptr,
@@ -273,7 +275,7 @@ if triton is not None:
         )
 
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_seqs", "split_keys", "num_splits"])
     def _combine_heads_kernel(
         seq_lens_ptr,
         query_start_loc_ptr,
@@ -450,7 +452,7 @@ def triton_paged_attention(
             seq_lens, query_start_loc, out, part_acc, part_m, part_l,
             num_seqs, split_keys, num_splits,
             out.stride(0), out.stride(1), head_dim,
-            GROUP=group, BLOCK_S=_next_pow2(num_splits), BLOCK_D=block_d, BLOCK_B=common["BLOCK_B"],
+            GROUP=group, BLOCK_S=max(64, _next_pow2(num_splits)), BLOCK_D=block_d, BLOCK_B=common["BLOCK_B"],
             CAUSAL=common["CAUSAL"],
         )  # fmt: skip
     elif not direct:
