@@ -13,6 +13,7 @@ from refengine.train.evaluate import offline_acceptance
 from refengine.train.trainer import METHODS, TrainConfig, required_features, save_trained_head, train_head
 
 HELD_OUT_SEED = 1
+HELD_OUT_BATCH = 16  # prompts per generated chunk: a small check costs one small chunk
 
 
 def capture_layers(loaded: LoadedModel, names: list[str]) -> tuple[int, ...]:
@@ -74,7 +75,7 @@ def run_training(
     }
     if eval_tokens:
         held_spec = DataSpec(
-            target_id(loaded), HELD_OUT_SEED, eval_tokens, max_new_tokens, held_out=True, batch=data_batch
+            target_id(loaded), HELD_OUT_SEED, eval_tokens, max_new_tokens, held_out=True, batch=HELD_OUT_BATCH
         )
         held = distill_set(
             loaded,

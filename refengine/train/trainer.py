@@ -49,7 +49,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip: float = 1.0
     num_layers: int = 1  # eagle and dflash; eagle3 and mtp heads have one
-    anchors: int = 4  # dflash blocks per sequence and step
+    anchors: int = 16  # dflash blocks per sequence and step
     shortlist: int = 4096  # tokens the losses score
     passes: int | None = None  # None: the method's recipe
     extra: dict = field(default_factory=dict)
