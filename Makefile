@@ -29,9 +29,12 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m "slow and not gpu"
 
+# The main job: the embedded SmolLM2 laddered on refengine (spec off, self-draft, eagle) and llama.cpp,
+# then `ladder compare` into reports/demo.md and reports/demo/*.png.
 demo: install
-	$(VENV)/bin/refengine generate --model smollm2 --chat --max-tokens 48 \
+	$(VENV)/bin/refengine generate --model smollm2 --chat --max-tokens 48 --fast \
 		--prompt "In two sentences, what is speculative decoding?"
+	bash scripts/demo.sh
 
 lint: install
 	$(VENV)/bin/ruff check refengine ladder mutations tests
