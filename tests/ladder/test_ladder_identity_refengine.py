@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ladder import engine_info
 from ladder.endpoint import Endpoint
 from ladder.server import ServerProcess, free_port
 from refengine.model.tiny import build_tiny_model, save_hf_folder
@@ -41,11 +42,18 @@ def servers(tmp_path_factory):
             procs.append(ServerProcess(cmd, root / f"{name}.log"))
             urls[name] = f"http://127.0.0.1:{port}"
 
-        async def ready():
+        async def ready() -> list[dict]:
+            reports = []
             for proc, url in zip(procs, urls.values()):
                 async with Endpoint(url, None, True) as ep:
                     await proc.wait_ready(ep, 300)
-        asyncio.run(ready())
+                    reports.append(engine_info.from_server({}, await ep.optional_text("/metrics"), {}))
+            return reports
+        reports = asyncio.run(ready())
+        # what each server resolved: the same drafter, scheduling as asked
+        assert [(r["spec_method"], r["async_scheduling"]) for r in reports] == [
+            ("eagle (random-init head)", "True"), ("eagle (random-init head)", "False"),
+            ("eagle (random-init head)", "True")]
         yield urls
     finally:
         for proc in procs:
