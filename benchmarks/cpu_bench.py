@@ -82,8 +82,10 @@ def context() -> str:
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line),
         platform.processor(),
     )
+    load = Path("/proc/loadavg").read_text().split()[:3]
     return (
         f"- machine: {cpu}, {torch.get_num_threads()} torch threads, {platform.system()} {platform.release()}\n"
+        f"- load average at the end (1/5/15 min): {' / '.join(load)}: other work on the machine inflates these times\n"
         f"- torch {torch.__version__}; commit {commit}; {time.strftime('%Y-%m-%d')}\n"
     )
 
