@@ -4,16 +4,29 @@ them."""
 
 from pathlib import Path
 
+from refengine.model.errors import ModelLoadError
+from refengine.model.loader import EMBEDDED_NAME, LoadedModel, embedded_smollm2_path
+
 HEADS_ROOT = Path(__file__).parent
 
 
-def shipped_head_path(target_name: str, method: str) -> Path | None:
-    """The shipped head folder for `method` on the target called `target_name` (the name given to
-    load_model, e.g. "smollm2"), or None when none ships. A path to a model file is not a name: only
-    the embedded targets have shipped heads."""
-    if not target_name or "/" in target_name or "\\" in target_name or target_name.startswith("."):
+def embedded_target_name(loaded: LoadedModel) -> str | None:
+    """The name a loaded target was embedded under ("smollm2"), or None for any other model."""
+    try:
+        embedded = embedded_smollm2_path()
+    except ModelLoadError:
         return None
-    folder = HEADS_ROOT / target_name / method
+    return EMBEDDED_NAME if Path(loaded.source.path).resolve() == embedded.resolve() else None
+
+
+def shipped_head_path(target: str | LoadedModel, method: str) -> Path | None:
+    """The shipped head folder for `method` on `target`, or None when none ships. `target` is a
+    name given to load_model ("smollm2") or a loaded model; only the embedded targets have heads, so
+    a path to some other model file finds none."""
+    name = embedded_target_name(target) if isinstance(target, LoadedModel) else target
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    folder = HEADS_ROOT / name / method
     if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
         return folder
     return None

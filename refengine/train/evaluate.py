@@ -26,6 +26,9 @@ class Acceptance:
     num_steps: int  # anchors (offline) or verify steps carrying drafts (engine)
     per_position: tuple[float, ...]  # [i]: share of steps whose draft i + 1 was accepted
     mean_accepted_length: float  # 1 + accepted drafts per step, at k = len(per_position)
+    # Engine only: tokens generated per target step, steps without drafts included (ngram proposes
+    # only where its lookup matches, so its per-step figures cover fewer steps than a head's).
+    tokens_per_step: float | None = None
 
     def at(self, k: int) -> float:
         """Mean accepted length had only the first k drafts been proposed (offline only: in the
@@ -91,7 +94,7 @@ def engine_acceptance(llm, prompts, params) -> Acceptance:
     before = scheduler.spec_decoding_stats
     num_drafts0, accepted0 = before.num_drafts, before.num_accepted_tokens
     per_pos0 = list(before.num_accepted_tokens_per_pos)
-    llm.generate(prompts, params)
+    outputs = llm.generate(prompts, params)
     stats = scheduler.spec_decoding_stats
     steps = stats.num_drafts - num_drafts0
     per_pos = [
@@ -99,8 +102,11 @@ def engine_acceptance(llm, prompts, params) -> Acceptance:
     ]
     k = llm.engine.config.speculative_config.num_speculative_tokens
     per_pos += [0] * (k - len(per_pos))
+    accepted = stats.num_accepted_tokens - accepted0
+    generated = sum(len(o.token_ids) for o in outputs)
     return Acceptance(
         steps,
         tuple(n / max(steps, 1) for n in per_pos[:k]),
-        1 + (stats.num_accepted_tokens - accepted0) / max(steps, 1),
+        1 + accepted / max(steps, 1),
+        generated / max(generated - accepted, 1),
     )

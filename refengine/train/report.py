@@ -27,6 +27,7 @@ from refengine.train.trainer import METHODS
 EVAL_SEED = 2
 KS = (2, 4, 8)
 SELF_DRAFT_LAYERS = 6
+NOTES_MARKER = "<!-- notes: kept when the tables are regenerated -->"
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,25 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
     by = {(r.name, r.k): r for r in rows}
     for name in names:
         cells = [f"{by[name, k].acceptance.mean_accepted_length:.2f}" for k in KS if (name, k) in by]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Tokens per target step",
+        "",
+        "Generated tokens per target forward, steps that carried no drafts included (ngram drafts only where its "
+        "lookup matches, so its per-step rows above cover fewer steps than a head's).",
+        "",
+        "| drafter | " + " | ".join(f"k = {k}" for k in KS) + " |",
+        "|---|" + "---|" * len(KS),
+    ]
+    for name in names:
+        cells = [
+            "?"
+            if by[name, k].acceptance.tokens_per_step is None
+            else f"{by[name, k].acceptance.tokens_per_step:.2f}"
+            for k in KS
+            if (name, k) in by
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "## Acceptance per draft position", ""]
     width = max(KS)
@@ -187,7 +207,9 @@ def main(
     save_rows(results, rows)
     all_heads = {m: p for m in METHODS if (p := shipped_head_path(target, m)) is not None}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(rows, all_heads, num_prompts, max_tokens) + "\n")
+    # Hand-written notes below the marker survive regeneration.
+    notes = out.read_text().partition(NOTES_MARKER)[2] if out.is_file() else ""
+    out.write_text(markdown(rows, all_heads, num_prompts, max_tokens) + "\n" + NOTES_MARKER + notes)
     click.echo(f"wrote {out}")
 
 
