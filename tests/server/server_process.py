@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import free_port
+from server_helpers import free_port
 
 HERE = Path(__file__).parent
 # The installed console script, as a user runs it.

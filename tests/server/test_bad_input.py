@@ -4,8 +4,8 @@ import json
 
 import httpx
 import pytest
-from conftest import MODEL
 from fake_engine import FakeAsyncLLM
+from server_helpers import MODEL
 
 from refengine.entrypoints.app import ServerConfig, build_app
 

@@ -4,9 +4,9 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import MODEL, serve_in_thread
 from fake_engine import FakeAsyncLLM
 from prometheus_client.parser import text_string_to_metric_families
+from server_helpers import MODEL, serve_in_thread
 
 from refengine.entrypoints.app import ServerConfig, build_app
 

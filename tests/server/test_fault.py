@@ -5,8 +5,8 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import MODEL, serve_in_thread
 from fake_engine import FakeAsyncLLM, wait_until
+from server_helpers import MODEL, serve_in_thread
 from sse_client import parse_events
 
 from refengine.entrypoints.app import ServerConfig, build_app

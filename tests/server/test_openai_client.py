@@ -2,8 +2,8 @@
 
 import openai
 import pytest
-from conftest import MODEL, serve_in_thread
 from fake_engine import FakeAsyncLLM
+from server_helpers import MODEL, serve_in_thread
 
 from refengine.entrypoints.app import ServerConfig, build_app
 

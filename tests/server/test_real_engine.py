@@ -96,7 +96,7 @@ def metric_values(text: str) -> dict[str, float]:
 
 
 def serve_tiny(tiny, **engine_kwargs):
-    from conftest import serve_in_thread
+    from server_helpers import serve_in_thread
 
     engine = AsyncLLM(EngineArgs(model=tiny, **{**POOL, **engine_kwargs}))
     return engine, serve_in_thread(build_app(engine, ServerConfig(served_model_name="tiny")))

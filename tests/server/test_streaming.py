@@ -5,8 +5,8 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import MODEL
 from fake_engine import FakeTokenizer, reference_output
+from server_helpers import MODEL
 from sse_client import parse_events, streamed_token_ids
 
 from refengine.sampling_params import SamplingParams
