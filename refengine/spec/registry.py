@@ -1,7 +1,8 @@
 """Builds the drafter a SpeculativeConfig names, for a loaded target model.
 
 Heads (eagle, eagle3, mtp, dflash) load from `spec.model`, a folder with config.json and safetensors
-in vLLM's names; without one they are randomly initialised from a fixed seed and the drafter says so
+in vLLM's names, or for the embedded target from the head shipped in refengine/heads; without either
+they are randomly initialised from a fixed seed and the drafter says so
 (`random_init`), which the engine logs and /metrics exposes.
 """
 
@@ -9,6 +10,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from refengine.heads import shipped_head_path
 from refengine.model.config import Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel, load_model
@@ -48,7 +50,9 @@ def build_drafter(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout
     if spec.method == "draft_model":
         network, max_positions = _draft_network(spec, target, layout)
         return DraftModelDrafter(network, k, layout.block_size, max_positions)
-    checkpoint = None if spec.model is None else read_head_checkpoint(spec.model)
+    # Without a model path, the embedded target uses the head shipped in the package, if one ships.
+    folder = spec.model if spec.model is not None else shipped_head_path(target, spec.method)
+    checkpoint = None if folder is None else read_head_checkpoint(folder)
     head = build_head(spec, target, layout, checkpoint)
     max_positions = head.config.max_position_embeddings
     if isinstance(head, DFlashHead):
