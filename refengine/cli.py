@@ -7,6 +7,7 @@ import click
 from refengine.entrypoints.cli_serve import serve_command
 from refengine.oracle.command import oracle_command
 from refengine.sampling_params import SamplingParams
+from refengine.train.command import train_drafter_command
 
 
 @click.group()
@@ -43,6 +44,7 @@ def generate(model: str, prompt: str, chat: bool, max_tokens: int, temperature: 
 
 main.add_command(serve_command)
 main.add_command(oracle_command)
+main.add_command(train_drafter_command)
 
 
 if __name__ == "__main__":
