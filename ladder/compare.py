@@ -90,6 +90,8 @@ def _engine_table(runs: Sequence[Run]) -> list[str]:
         cells = []
         for r in runs:
             v, source = r.engine.get(key), r.engine_sources.get(key)
+            if key == "weights" and isinstance(v, str) and "/" in v:
+                v = "…/" + v.rsplit("/", 1)[1]  # the banner compares, and shows, the whole path
             cells.append("unknown" if v is None else f"{v} ({source})" if source else str(v))
         out.append(_row([key, *cells]))
     return out

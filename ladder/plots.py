@@ -115,6 +115,7 @@ def interactivity_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) 
                 va="bottom", fontsize=7, bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
     ax.set_xlabel("per-user rate (tok/s, median over requests of 1/TPOT)")
     ax.set_ylabel("output throughput (tok/s)")
+    ax.margins(x=0.1)  # room for the c= labels at the right edge
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)

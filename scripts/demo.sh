@@ -28,6 +28,7 @@ EAGLE='{"method": "eagle", "num_speculative_tokens": 3}'
 LLAMACPP="$PY -m ladder.peers.llamacpp --gguf $GGUF --port {port} --slots 4 --ctx-per-slot 256 --threads 2"
 
 start=$(date +%s)
+load=$(cut -d' ' -f1 /proc/loadavg)  # other work on the machine slows every ladder alike
 rm -rf "$RUNS"
 status=0
 run_ladder() {  # label, serve command; a VOID (1) or a dead engine (3) is reported, not fatal
@@ -52,7 +53,8 @@ fi
 "$LADDER" compare "$RUNS/refengine-off" "$RUNS/refengine-self-draft" "$RUNS/refengine-eagle" "$RUNS/llama.cpp" \
     --baseline refengine-off --out "$REPORT" --plots "$PLOTS" \
     --note "Made by \`make demo\` (scripts/demo.sh): the four ladders took ${wall} s of wall time on $(nproc) cores \
-($(uname -m)), one server at a time. All four serve the same file, $(basename "$GGUF"), with the same \
+($(uname -m)), one server at a time; the load average was ${load} when they started and \
+$(cut -d' ' -f1 /proc/loadavg) when they ended. All four serve the same file, $(basename "$GGUF"), with the same \
 per-sequence budget (256 tokens, 4 sequences)." ${NOTES[@]+"${NOTES[@]}"} || exit 2
 echo "demo: ${wall} s of ladders; report in $REPORT"
 exit $status
