@@ -155,7 +155,9 @@ class CudaGraphs:
         graph's static outputs, valid until the next replay."""
         num_seqs = meta.seq_lens.shape[0]
         padded = self.padded_size(num_seqs, q)
-        assert padded is not None
+        # Invariant: run() is only called for a step that can_run() accepted.
+        if padded is None:
+            raise RuntimeError(f"no captured graph for {num_seqs} sequences of {q} tokens")
         self._fill(q, padded, ids, positions, meta)
         captured = self._graphs[(q, padded)]
         captured.graph.replay()

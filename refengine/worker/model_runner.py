@@ -293,7 +293,8 @@ class ModelRunner:
     ) -> list[int]:
         """SYNTHETIC acceptance (speed studies only): accept a fixed-rate prefix of the drafts whatever
         the target says, then emit the target's token at the first unaccepted row."""
-        assert self.synthetic_acceptance_rate is not None
+        if self.synthetic_acceptance_rate is None:
+            raise RunnerInvariantError("synthetic tokens requested without a synthetic acceptance rate")
         first = state.num_tokens
         accepted = synthetic_num_accepted(self.synthetic_acceptance_rate, state.params.rng_key, first, drafts)
         if targets is not None:
