@@ -137,6 +137,13 @@ def run_training(
     help="Decoder layers of an eagle or dflash head.",
 )
 @click.option(
+    "--anchors",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="dflash blocks per sequence and step.",
+)
+@click.option(
     "--max-new-tokens",
     default=160,
     show_default=True,
@@ -168,6 +175,7 @@ def train_drafter_command(
     lr,
     batch_tokens,
     layers,
+    anchors,
     max_new_tokens,
     eval_tokens,
     threads,
@@ -189,6 +197,7 @@ def train_drafter_command(
             "lr": lr,
             "batch-tokens": batch_tokens,
             "layers": layers,
+            "anchors": anchors if method == "dflash" else None,
             "max-new-tokens": max_new_tokens,
             "eval-tokens": eval_tokens,
             "threads": threads,
@@ -197,7 +206,9 @@ def train_drafter_command(
     click.echo(command)
     start = time.monotonic()
     loaded = load_model(target, numerics="fast")
-    cfg = TrainConfig(method, steps=steps, seed=seed, lr=lr, batch_tokens=batch_tokens, num_layers=layers)
+    cfg = TrainConfig(
+        method, steps=steps, seed=seed, lr=lr, batch_tokens=batch_tokens, num_layers=layers, anchors=anchors
+    )
     run_training(
         loaded,
         cfg,
