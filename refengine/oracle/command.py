@@ -4,20 +4,21 @@ import collections
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from refengine.model.loader import LoadedModel, load_model
-from refengine.model.tiny import build_tiny_model
 from refengine.oracle.arms import METHODS, Arm, build_matrix
 from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
-from refengine.oracle.run import ArmResult, Verdict, Workload, judge, run_arm
+from refengine.oracle.run import ArmResult, Verdict, Workload, judge
+from refengine.oracle.runner import TINY_MODELS, Job, OnDone, Runner, arm_runner, resolve_model
 
-TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen3": "qwen3"}
 REPORT_PATH = Path("reports/oracle.md")
+BASELINE = Arm("sync", None, False, False, False)
+Results = dict[Arm, ArmResult]
 
 
 def _csv_ints(ctx, param, value: str) -> list[int]:
@@ -36,13 +37,6 @@ def _methods(ctx, param, value: str) -> tuple[str | None, ...]:
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from none, {', '.join(METHODS)}")
     return tuple(None if n == "none" else n for n in names)
-
-
-def resolve_model(name: str) -> LoadedModel:
-    if name in TINY_MODELS:
-        # Eight layers: enough for eagle3's three distinct aux layers and dflash's target layers.
-        return build_tiny_model(TINY_MODELS[name], seed=0, num_hidden_layers=8)
-    return load_model(name)
 
 
 def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
@@ -71,9 +65,13 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--seeded/--no-seeded", default=True, show_default=True, help="Run the seeded sampling pass.")
 @click.option("--block-size", default=None, type=click.IntRange(min=1), help="Default 4 for tiny models, 16 otherwise.")
 @click.option("--write-report", is_flag=True, help=f"Write {REPORT_PATH}; without it nothing tracked changes.")
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Worker processes running arms in parallel, each loading the model once and using one thread; "
+                   "1 runs every arm in this process. The results do not depend on it.")
 def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature, seed,
-                   variants, seeded, block_size, write_report) -> None:
-    """Run every arm of the matrix and compare its tokens with the baseline. Exits 1 on any mismatch."""
+                   variants, seeded, block_size, write_report, jobs) -> None:
+    """Run every arm of the matrix and compare its tokens with the baseline. Exits 1 on any mismatch.
+    With --jobs N the arms run in N worker processes; the tables keep the matrix order."""
     # Wide enough that CI logs keep each arm on one line.
     console = Console(width=None if sys.stdout.isatty() else 220)
     loaded = resolve_model(model)
@@ -84,24 +82,22 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
         else text_prompts(loaded.tokenizer, num_prompts)
     )
     arms = build_matrix(methods, variants)
+    workloads = [
+        Workload(tuple(map(tuple, prompts)), max_tokens, c, temp, seed, num_speculative_tokens)
+        for c in concurrency
+        for temp in ((0.0, temperature) if seeded else (0.0,))
+    ]
     sections: list[str] = []
     failures = 0
     started = time.perf_counter()
-    for c in concurrency:
-        for temp in (0.0, temperature) if seeded else (0.0,):
-            workload = Workload(tuple(map(tuple, prompts)), max_tokens, c, temp, seed, num_speculative_tokens)
-            base = run_arm(loaded, Arm("sync", None, False, False, False), workload, block_size)
-            workload = Workload(workload.prompts, max_tokens, c, temp, seed, num_speculative_tokens,
-                                derive_bad_words(base))
-            compared = [arm for arm in arms if _compared(arm, temp)]
-            needed = set(compared) | {a.sync_twin() for a in compared if a.method is not None}
-            needed |= {a.baseline() if temp == 0.0 else a.sync_twin() for a in compared}
-            results = {arm: run_arm(loaded, arm, workload, block_size) for arm in arms if arm in needed}
-            verdicts = [_judge(arm, results, temp == 0.0) for arm in compared]
-            title = f"c={c}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
-            print_table(title, verdicts, console)
-            sections.append(markdown(title, verdicts))
-            failures += sum(not v.ok for v in verdicts)
+    with arm_runner(model, loaded, block_size, jobs) as runner:
+        all_results = _run_passes(runner, arms, workloads, console)
+    for workload, results in zip(workloads, all_results, strict=True):
+        greedy = workload.temperature == 0.0
+        verdicts = [_judge(arm, results, greedy) for arm in arms if _compared(arm, workload.temperature)]
+        print_table(_title(workload), verdicts, console)
+        sections.append(markdown(_title(workload), verdicts))
+        failures += sum(not v.ok for v in verdicts)
     elapsed = time.perf_counter() - started
     summary = f"{failures} mismatched or vacuous arm(s) in {elapsed:.0f} s"
     console.print(("[bold red]" if failures else "[bold green]") + summary)
@@ -111,13 +107,60 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
     sys.exit(1 if failures else 0)
 
 
+def _run_passes(runner: Runner, arms: list[Arm], workloads: list[Workload], console: Console) -> list[Results]:
+    """Every pass's needed arms, in two waves: the bad_words arms ban words taken from their pass's
+    baseline output, so they wait for it; the other arms never read the banned words and run alongside
+    the baselines."""
+    needed = [_needed(arms, w.temperature) for w in workloads]
+    progress = _Progress(console, sum(map(len, needed)))
+    first = _run_wave(runner, [[(a, w) for a in need if not a.bad_words] for w, need in zip(workloads, needed)],
+                      progress)
+    banned = [replace(w, bad_words_token_ids=derive_bad_words(r[BASELINE])) for w, r in zip(workloads, first)]
+    second = _run_wave(runner, [[(a, w) for a in need if a.bad_words] for w, need in zip(banned, needed)], progress)
+    return [a | b for a, b in zip(first, second, strict=True)]
+
+
+def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -> list[Results]:
+    # One batch across all passes, so the workers are not left idle at the end of each pass.
+    results = iter(runner.run([job for jobs in jobs_per_pass for job in jobs], on_done))
+    return [{arm: next(results) for arm, _ in jobs} for jobs in jobs_per_pass]
+
+
+def _needed(arms: list[Arm], temperature: float) -> list[Arm]:
+    """The compared arms and their references, in matrix order after the baseline, which every pass runs
+    because the bad_words arms take their banned words from its output."""
+    compared = [arm for arm in arms if _compared(arm, temperature)]
+    needed = set(compared) | {a.sync_twin() for a in compared if a.method is not None}
+    needed |= {a.baseline() if temperature == 0.0 else a.sync_twin() for a in compared}
+    return [BASELINE] + [arm for arm in arms if arm in needed and arm != BASELINE]
+
+
+@dataclass
+class _Progress:
+    """Prints each arm as it finishes; with --jobs the order is the order of completion."""
+
+    console: Console
+    total: int
+    done: int = 0
+
+    def __call__(self, workload: Workload, result: ArmResult) -> None:
+        self.done += 1
+        self.console.print(f"[{self.done}/{self.total}] {_title(workload)}: {result.arm.name}", style="dim",
+                           markup=False, highlight=False)
+
+
+def _title(workload: Workload) -> str:
+    temp = workload.temperature
+    return f"c={workload.concurrency}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
+
+
 def _compared(arm: Arm, temperature: float) -> bool:
     """Greedy: every arm against the baseline. Sampled: only async arms against their sync twin, since
     rejection sampling is lossless in distribution, not token for token."""
     return temperature == 0.0 or arm.async_scheduling
 
 
-def _judge(arm: Arm, results: dict[Arm, ArmResult], greedy: bool) -> Verdict:
+def _judge(arm: Arm, results: Results, greedy: bool) -> Verdict:
     twin = results.get(arm.sync_twin()) if arm.method is not None else None
     reference = results[arm.baseline()] if greedy else results[arm.sync_twin()]
     return judge(results[arm], reference, twin, greedy)

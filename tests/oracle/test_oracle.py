@@ -7,7 +7,9 @@ import pytest
 
 from refengine.engine.outputs import StepRecord
 from refengine.oracle.arms import Arm, build_matrix
-from refengine.oracle.run import ArmResult, first_divergence, judge
+from refengine.oracle.prompts import token_prompts
+from refengine.oracle.run import ArmResult, Workload, first_divergence, judge
+from refengine.oracle.runner import arm_runner, resolve_model
 
 
 def result(arm, tokens, steps=None, preemptions=0, accepted=1, random_init=False):
@@ -47,10 +49,47 @@ def test_judge_flags_step_mismatch_vacuity_and_skips_under_preemption():
     assert judge(preempted, base, twin, greedy=True).divergence is not None  # greedy tokens always compared
 
 
-def oracle(*args: str) -> subprocess.CompletedProcess:
+def oracle(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "refengine.cli", "oracle", *args], capture_output=True, text=True, timeout=1700
+        [sys.executable, "-m", "refengine.cli", "oracle", *args], capture_output=True, text=True, timeout=1700,
+        cwd=cwd,
     )
+
+
+@pytest.mark.timeout(300)
+def test_worker_pool_returns_the_in_process_results_in_order():
+    """Tokens, per-step records and counters come back from the workers unchanged, in the order given."""
+    model = resolve_model("tiny-llama")
+    prompts = tuple(map(tuple, token_prompts(model.config.vocab_size, 2, seed=0)))
+    workload = Workload(prompts, 6, 2, 0.8, 0, 3, bad_words_token_ids=((prompts[0][1],),))
+    arms = build_matrix((None, "eagle"))[::5]  # every front, both methods, each variant flag
+    in_process, finished_here = run_arms(model, arms, workload, jobs=1)
+    pooled, finished_there = run_arms(model, arms, workload, jobs=2)
+    assert [r.arm for r in pooled] == arms
+    assert sorted(finished_here, key=arms.index) == sorted(finished_there, key=arms.index) == arms
+    assert pooled == in_process
+
+
+def run_arms(model, arms, workload, jobs):
+    finished = []
+    with arm_runner("tiny-llama", model, 4, jobs) as runner:
+        results = runner.run([(arm, workload) for arm in arms], lambda w, r: finished.append(r.arm))
+    return results, finished
+
+
+@pytest.mark.timeout(300)
+def test_jobs_leave_the_report_unchanged(tmp_path):
+    """--jobs 2 writes the report --jobs 1 writes, apart from the date and the elapsed time."""
+    reports = []
+    for jobs in ("1", "2"):
+        (tmp_path / jobs).mkdir()
+        proc = oracle("--model", "tiny-llama", "--methods", "none,eagle", "--c", "2", "--prompts", "2",
+                      "--max-tokens", "6", "--jobs", jobs, "--write-report", cwd=tmp_path / jobs)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert "0 mismatched or vacuous arm(s)" in proc.stdout
+        text = (tmp_path / jobs / "reports" / "oracle.md").read_text()
+        reports.append([line for line in text.splitlines() if not line.startswith(("Written by", "**Result:"))])
+    assert reports[0] == reports[1]
 
 
 @pytest.mark.timeout(1800)

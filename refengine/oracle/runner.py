@@ -1,0 +1,94 @@
+"""Runs batches of oracle arms, in this process or in a pool of worker processes. Arms are independent
+engine runs, so only where they run changes; results come back in the order the arms were given."""
+
+import multiprocessing
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from refengine.model.loader import LoadedModel, load_model
+from refengine.model.tiny import build_tiny_model
+from refengine.oracle.arms import Arm
+from refengine.oracle.run import ArmResult, Workload, run_arm
+
+TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen3": "qwen3"}
+
+Job = tuple[Arm, Workload]
+OnDone = Callable[[Workload, ArmResult], None]
+
+
+def resolve_model(name: str) -> LoadedModel:
+    if name in TINY_MODELS:
+        # Eight layers: enough for eagle3's three distinct aux layers and dflash's target layers.
+        return build_tiny_model(TINY_MODELS[name], seed=0, num_hidden_layers=8)
+    return load_model(name)
+
+
+@dataclass(frozen=True)
+class InProcessRunner:
+    model: LoadedModel
+    block_size: int
+
+    def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
+        results = []
+        for arm, workload in jobs:
+            results.append(run_arm(self.model, arm, workload, self.block_size))
+            on_done(workload, results[-1])
+        return results
+
+
+@dataclass(frozen=True)
+class PoolRunner:
+    pool: ProcessPoolExecutor
+    block_size: int
+
+    def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
+        futures: dict[Future[ArmResult], Workload] = {
+            self.pool.submit(_run_in_worker, arm, workload, self.block_size): workload for arm, workload in jobs
+        }
+        for future in as_completed(futures):
+            on_done(futures[future], future.result())
+        return [future.result() for future in futures]
+
+
+Runner = InProcessRunner | PoolRunner
+
+
+@contextmanager
+def arm_runner(model_name: str, model: LoadedModel, block_size: int, jobs: int) -> Iterator[Runner]:
+    """`jobs` 1 runs the arms here, on `model`; more starts that many workers, each loading `model_name`
+    once."""
+    if jobs == 1:
+        yield InProcessRunner(model, block_size)
+        return
+    pool = ProcessPoolExecutor(
+        jobs,
+        # Not fork: a child forked after torch has run its OpenMP pool hangs in its first parallel region.
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(model_name,),
+    )
+    try:
+        yield PoolRunner(pool, block_size)
+    finally:
+        # After an error or Ctrl-C, the arms not yet started are dropped instead of run to the end.
+        pool.shutdown(cancel_futures=True)
+
+
+_worker_model: LoadedModel | None = None
+
+
+def _init_worker(model_name: str) -> None:
+    global _worker_model
+    # One thread per worker: the workers already fill the cores, and more would only oversubscribe them.
+    torch.set_num_threads(1)
+    _worker_model = resolve_model(model_name)
+
+
+def _run_in_worker(arm: Arm, workload: Workload, block_size: int) -> ArmResult:
+    if _worker_model is None:
+        raise RuntimeError("oracle worker used before its initializer loaded the model")
+    return run_arm(_worker_model, arm, workload, block_size)
