@@ -1,6 +1,8 @@
 """`refengine oracle`: the token-identity oracle over the whole scheduling x drafting matrix."""
 
 import collections
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -8,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
+import torch
 from rich.console import Console
 
 from refengine.oracle.arms import METHODS, Arm, build_matrix
@@ -103,7 +106,7 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
     console.print(("[bold red]" if failures else "[bold green]") + summary)
     if write_report:
         _write_report(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens,
-                      temperature if seeded else None, seed, variants, sections, summary)
+                      temperature if seeded else None, seed, variants, jobs, sections, summary)
     sys.exit(1 if failures else 0)
 
 
@@ -166,17 +169,20 @@ def _judge(arm: Arm, results: Results, greedy: bool) -> Verdict:
     return judge(results[arm], reference, twin, greedy)
 
 
-def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, sections,
-                  summary):
+def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, jobs,
+                  sections, summary):
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     method_names = ", ".join(m or "none" for m in methods)
     passes = f"seeded pass at temperature {temperature}, seed {seed}" if temperature else "greedy only"
     scope = "every arm also with chunked prefill, forced preemption and bad_words" if variants else "plain arms only"
+    threads = f"{jobs} worker processes of 1 torch thread each" if jobs > 1 else f"{torch.get_num_threads()} torch thread(s)"
     header = (
         "# Token-identity oracle\n\n"
         f"Written by `refengine oracle --write-report` at commit {commit} on {time.strftime('%Y-%m-%d')}.\n\n"
         f"- model: {model}; methods: {method_names}; k = {k}; c = {', '.join(map(str, concurrency))}\n"
         f"- {num_prompts} prompts x {max_tokens} tokens (ignore_eos); {passes}; {scope}\n"
+        f"- host: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch "
+        f"{torch.__version__} on the CPU; {threads}\n"
         "- fronts: sync = Scheduler + step() (depth 1); async-d1 = AsyncScheduler + step(); "
         "async-d2 = AsyncScheduler + step_with_batch_queue() (depth 2)\n"
         "- greedy: every arm must equal the sync no-spec baseline with the same bad_words setting; seeded: every "

@@ -98,14 +98,15 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
         "## Tokens per target step",
         "",
         "Generated tokens per target forward, steps that carried no drafts included (ngram drafts only where its "
-        "lookup matches, so its per-step rows above cover fewer steps than a head's).",
+        "lookup matches, so its per-step rows above cover fewer steps than a head's). A dash: measured before this "
+        "column was recorded; rerun that drafter to fill it.",
         "",
         "| drafter | " + " | ".join(f"k = {k}" for k in KS) + " |",
         "|---|" + "---|" * len(KS),
     ]
     for name in names:
         cells = [
-            "?"
+            "—"
             if by[name, k].acceptance.tokens_per_step is None
             else f"{by[name, k].acceptance.tokens_per_step:.2f}"
             for k in KS
@@ -151,7 +152,9 @@ def load_rows(path: Path) -> list[Row]:
         Row(
             r["name"],
             r["k"],
-            Acceptance(r["num_steps"], tuple(r["per_position"]), r["mean_accepted_length"]),
+            Acceptance(
+                r["num_steps"], tuple(r["per_position"]), r["mean_accepted_length"], r.get("tokens_per_step")
+            ),
             r["seconds"],
         )
         for r in json.loads(path.read_text())
@@ -167,6 +170,7 @@ def save_rows(path: Path, rows: list[Row]) -> None:
             "num_steps": r.acceptance.num_steps,
             "per_position": list(r.acceptance.per_position),
             "mean_accepted_length": r.acceptance.mean_accepted_length,
+            "tokens_per_step": r.acceptance.tokens_per_step,
             "seconds": r.seconds,
         }
         for r in rows

@@ -79,7 +79,8 @@ def run_arms(model, arms, workload, jobs):
 
 @pytest.mark.timeout(300)
 def test_jobs_leave_the_report_unchanged(tmp_path):
-    """--jobs 2 writes the report --jobs 1 writes, apart from the date and the elapsed time."""
+    """--jobs 2 writes the report --jobs 1 writes, apart from the date, the elapsed time and the host line
+    (which names the worker processes)."""
     reports = []
     for jobs in ("1", "2"):
         (tmp_path / jobs).mkdir()
@@ -88,14 +89,15 @@ def test_jobs_leave_the_report_unchanged(tmp_path):
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         assert "0 mismatched or vacuous arm(s)" in proc.stdout
         text = (tmp_path / jobs / "reports" / "oracle.md").read_text()
-        reports.append([line for line in text.splitlines() if not line.startswith(("Written by", "**Result:"))])
+        reports.append([line for line in text.splitlines() if not line.startswith(("Written by", "**Result:", "- host:"))])
     assert reports[0] == reports[1]
+    assert "2 worker processes" in (tmp_path / "2" / "reports" / "oracle.md").read_text()
 
 
 @pytest.mark.timeout(1800)
 def test_full_matrix_on_a_tiny_model_is_identical():
     """Every front x method x chunking x preemption x bad_words arm, greedy and seeded."""
-    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8")
+    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 mismatched or vacuous arm(s)" in proc.stdout
 
@@ -107,6 +109,6 @@ def test_pinned_smollm2_subset_is_identical():
     """Every method at depth 1 and 2, c = 1 and 4, greedy, 4 prompts x 12 tokens on the embedded model (the
     full matrix is `make oracle`)."""
     proc = oracle("--model", "smollm2", "--c", "1,4", "--prompts", "4", "--max-tokens", "12", "--no-variants",
-                  "--no-seeded")
+                  "--no-seeded", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 mismatched or vacuous arm(s)" in proc.stdout
