@@ -24,7 +24,7 @@ from mutations.gate import STATS_PATH, GateError, evaluate, load_stats, load_thr
 from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
-from mutations.report import closing_line, print_table, render_markdown, write_json
+from mutations.report import closing_line, keep_marked_section, print_table, render_markdown, write_json
 from mutations.runner import JournalPending, Runner, check_apply
 
 STATE_DIR = ".mutations"
@@ -193,8 +193,10 @@ def run(
     write_json(results, catalogue, report_path or ctx.state_dir / "report.json")
     if write_report:
         markdown = render_markdown(results, catalogue, ctx.label(catalogue.path))
-        (ctx.root / MARKDOWN_REPORT).parent.mkdir(parents=True, exist_ok=True)
-        (ctx.root / MARKDOWN_REPORT).write_text(markdown, encoding="utf-8")
+        path = ctx.root / MARKDOWN_REPORT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        previous = path.read_text(encoding="utf-8") if path.is_file() else ""
+        path.write_text(keep_marked_section(markdown, previous), encoding="utf-8")
     if not results:
         console.print("[red]no mutants: a gate without mutants proves nothing[/red]")
     click.echo(closing_line(results))

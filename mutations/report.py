@@ -72,6 +72,17 @@ def render_markdown(results: list[MutantResult], catalogue: Catalogue, catalogue
     return "\n".join(lines) + "\n"
 
 
+# The mutmut section below this line is written after a `make mutmut` run; regenerating the named
+# table keeps it.
+KEEP_MARKER = "<!-- mutmut section: kept when the named table is regenerated -->"
+
+
+def keep_marked_section(markdown: str, previous: str) -> str:
+    """The new named table, followed by whatever `previous` held from KEEP_MARKER on."""
+    _, marker, kept = previous.partition(KEEP_MARKER)
+    return markdown + (f"\n{marker}{kept}" if marker else "")
+
+
 def print_table(console: Console, results: list[MutantResult]) -> None:
     table = Table(title="named mutations")
     for column in ("id", "status"):

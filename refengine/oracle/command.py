@@ -191,7 +191,9 @@ def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, tempe
         "- VACUOUS: a trained (not randomly initialised) eagle, eagle3, mtp or dflash head that accepted nothing.\n"
         "- With preemption, seeded spec arms are compared on tokens only when neither arm preempted, and per-step "
         "records likewise: async reserves blocks for optimistic counts, so it preempts at other steps, and a resumed "
-        "request re-prefills without drafts.\n\n"
+        "request re-prefills without drafts. The same holds where depth 2 spent a full token budget on requests that "
+        "the frame in flight finished (chunked-prefill arms): under sync that share went to another request, so the "
+        "steps that carry drafts differ. Greedy tokens are compared in every arm.\n\n"
         f"**Result: {summary}.**\n\n"
     )
     REPORT_PATH.parent.mkdir(exist_ok=True)

@@ -34,6 +34,9 @@ class ArmResult:
     num_accepted_tokens: int
     num_preemptions: int
     random_init: bool
+    # Tokens scheduled for requests a frame in flight finished, in frames whose token budget was full:
+    # under sync that budget went to other requests (Scheduler.num_displacing_tokens).
+    num_displacing_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -124,6 +127,7 @@ def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -
         num_accepted_tokens=stats.num_accepted_tokens,
         num_preemptions=core.scheduler.num_preemptions,
         random_init=drafter is not None and drafter.random_init,
+        num_displacing_tokens=core.scheduler.num_displacing_tokens,
     )
 
 
@@ -167,21 +171,32 @@ def judge(result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, 
     """Greedy: tokens against the baseline. Seeded: tokens against the sync twin. Either way, per-step
     drafts and acceptance against the sync twin.
 
-    Preemption is scheduled differently under async (the scheduler reserves blocks for optimistic
-    counts), and a resumed request recomputes its prefill without drafts; so when either arm preempted,
-    the positions that carry drafts differ. Greedy tokens cannot depend on that; seeded tokens can (the
-    acceptance draws are made at draft positions), and neither can the per-step records match. Those two
-    comparisons are skipped, and the report says so."""
-    preempted = result.num_preemptions > 0 or (sync_twin is not None and sync_twin.num_preemptions > 0)
+    Two things legitimately move the positions that carry drafts, and with them the per-step records and
+    (since acceptance draws are made at draft positions) the seeded tokens; greedy tokens cannot depend
+    on either, so they are always compared:
+    - preemption: async reserves blocks for optimistic counts, so it preempts at other steps, and a
+      resumed request re-prefills without drafts;
+    - a full token budget at depth 2: the batch queue schedules frame n+1 before frame n returns, so it
+      gives budget to requests frame n finishes (their tokens are discarded), and another request gets
+      fewer tokens or drafts in that step than under sync.
+    The report says which comparison was skipped and why."""
+    moved = [
+        reason
+        for reason, happened in (
+            ("preemption", result.num_preemptions > 0 or (sync_twin is not None and sync_twin.num_preemptions > 0)),
+            ("async spent a full budget on requests finishing in flight", result.num_displacing_tokens > 0),
+        )
+        if happened
+    ]
     verdict = Verdict(result, reference.arm.name)
-    drafts_matter = result.arm.method is not None and preempted
-    if greedy or not drafts_matter:
+    why = " and ".join(moved)
+    if greedy or result.arm.method is None or not moved:
         verdict.divergence = first_divergence(reference.tokens, result.tokens)
     else:
-        verdict.notes.append("tokens not compared: preemption moved the draft positions")
+        verdict.notes.append(f"tokens not compared: {why} moved the draft positions")
     if sync_twin is not None and sync_twin is not result:
-        if preempted:
-            verdict.notes.append("steps not compared: preemption")
+        if moved:
+            verdict.notes.append(f"steps not compared: {why}")
         else:
             verdict.step_mismatch = first_step_mismatch(sync_twin.steps, result.steps)
     if result.arm.method in HEAD_METHODS and not result.random_init and greedy:

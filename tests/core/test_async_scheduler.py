@@ -276,3 +276,22 @@ def test_invalid_drafts_count_as_rejected_and_are_left_out_of_stats():
     scheduler.update_draft_token_ids_in_output({"r1": [7]}, so)
     with pytest.raises(SchedulerInvariantError, match="accepted 2 of 1 drafts"):
         apply(scheduler, so, {"r1": [7, 8, 9]})
+
+
+@pytest.mark.parametrize("budget, displaced", [(8, 1 + K), (64, 0)])
+def test_depth2_full_budget_displaces_tokens(budget, displaced):
+    """Depth 2 schedules frame n+1 for a request that frame n then finishes; those tokens are discarded,
+    and only in a frame whose budget was full did they take another request's share (the oracle then
+    skips the per-step comparison with sync, whose composition legitimately differs)."""
+    scheduler = make_scheduler(async_scheduling=True, k=K, max_num_batched_tokens=budget)
+    short, long = make_request("a", 4, max_tokens=3), make_request("b", 4, max_tokens=100)
+    for request in (short, long):
+        scheduler.add_request(request)
+    apply(scheduler, scheduler.schedule(), {"a": [1], "b": [1]})
+    s2 = scheduler.schedule()
+    s3 = scheduler.schedule()  # planned before s2 returns: "a" may or may not finish in s2
+    assert s3.num_scheduled_tokens == {"a": 1 + K, "b": 1 + K}
+    apply(scheduler, s2, {"a": [7] * (1 + K), "b": [7]})
+    assert short.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    apply(scheduler, s3, {"b": [7]})
+    assert scheduler.num_displacing_tokens == displaced

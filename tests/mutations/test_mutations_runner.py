@@ -278,3 +278,13 @@ def test_unknown_only_id_is_a_usage_error(project):
 def test_write_report_needs_the_whole_catalogue(project):
     result = invoke(project, "run", "--only", "KILLED", "--write-report")
     assert result.exit_code == 2
+
+
+def test_regenerated_report_keeps_the_mutmut_section():
+    from mutations.report import KEEP_MARKER, keep_marked_section
+
+    old = f"# Named mutations\n\nold table\n\n{KEEP_MARKER}\n## mutmut\n\nscore 0.86\n"
+    new = keep_marked_section("# Named mutations\n\nnew table\n", old)
+    assert "new table" in new and "old table" not in new
+    assert new.endswith(f"{KEEP_MARKER}\n## mutmut\n\nscore 0.86\n")
+    assert keep_marked_section("# t\n", "# no marker\n") == "# t\n"

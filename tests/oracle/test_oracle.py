@@ -12,8 +12,8 @@ from refengine.oracle.run import ArmResult, Workload, first_divergence, judge
 from refengine.oracle.runner import arm_runner, resolve_model
 
 
-def result(arm, tokens, steps=None, preemptions=0, accepted=1, random_init=False):
-    return ArmResult(arm, tokens, steps or [[] for _ in tokens], 1, 4, accepted, preemptions, random_init)
+def result(arm, tokens, steps=None, preemptions=0, accepted=1, random_init=False, displacing=0):
+    return ArmResult(arm, tokens, steps or [[] for _ in tokens], 1, 4, accepted, preemptions, random_init, displacing)
 
 
 def test_matrix_skips_async_arms_of_sync_only_methods():
@@ -47,6 +47,12 @@ def test_judge_flags_step_mismatch_vacuity_and_skips_under_preemption():
     seeded = judge(preempted, twin, twin, greedy=False)
     assert seeded.divergence is None and seeded.step_mismatch is None and seeded.notes
     assert judge(preempted, base, twin, greedy=True).divergence is not None  # greedy tokens always compared
+    # Depth 2 gave a full budget's share to a request finishing in flight: drafts moved, like preemption.
+    displaced = result(async_arm, [[1, 3]], [[StepRecord((5, 6), 0)]], displacing=4)
+    seeded = judge(displaced, twin, twin, greedy=False)
+    assert seeded.divergence is None and seeded.step_mismatch is None
+    assert any("finishing in flight" in n for n in seeded.notes)
+    assert judge(displaced, base, twin, greedy=True).divergence is not None
 
 
 def oracle(*args: str, cwd=None) -> subprocess.CompletedProcess:
