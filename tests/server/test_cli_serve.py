@@ -170,6 +170,12 @@ def test_defaults():
     )
     assert options.async_scheduling is None and options.speculative_config is None
     assert options.fault_after_steps is None and options.api_key is None
+    assert options.threads is None  # torch's own default
+
+
+def test_threads_reach_the_options():
+    options, _ = parse(["--threads", "1"])
+    assert options is not None and options.threads == 1
 
 
 @pytest.mark.parametrize(
@@ -182,6 +188,7 @@ def test_defaults():
         ["--port", "70000"],
         ["--max-num-seqs", "0"],
         ["--dtype", "int3"],
+        ["--threads", "0"],
     ],
 )
 def test_bad_flags_are_usage_errors(args):
