@@ -1,7 +1,7 @@
 """The acceptance report of the shipped heads: engine runs on held-out prompts, next to the
 self-draft and ngram.
 
-    python -m refengine.train.report --out reports/acceptance-heads.md
+    python -m refengine.train.report --out reports/acceptance.md
 """
 
 import json
@@ -188,7 +188,7 @@ def save_rows(path: Path, rows: list[Row]) -> None:
     help="Measurements kept across invocations: a drafter measured again replaces its rows.",
 )
 @click.option(
-    "--out", default="reports/acceptance-heads.md", show_default=True, type=click.Path(path_type=Path)
+    "--out", default="reports/acceptance.md", show_default=True, type=click.Path(path_type=Path)
 )
 @click.option("--prompts", "num_prompts", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))

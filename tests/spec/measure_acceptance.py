@@ -1,4 +1,4 @@
-"""Measures acceptance per speculative method on SmolLM2 and prints the table of reports/acceptance.md.
+"""Measures acceptance per speculative method on SmolLM2 and prints the table of reports/acceptance-untrained.md.
 
     OMP_NUM_THREADS=1 .venv/bin/python tests/spec/measure_acceptance.py > /tmp/acceptance.md
 
