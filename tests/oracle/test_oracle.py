@@ -109,11 +109,10 @@ def test_full_matrix_on_a_tiny_model_is_identical():
 
 
 @pytest.mark.model
-@pytest.mark.slow  # ~10 min on 2 cores: `make test-slow`; bring it back into CI once the engine is faster
 @pytest.mark.timeout(1800)
 def test_pinned_smollm2_subset_is_identical():
-    """Every method at depth 1 and 2, c = 1 and 4, greedy, 4 prompts x 12 tokens on the embedded model (the
-    full matrix is `make oracle`)."""
+    """Every method at depth 1 and 2 with the trained heads, c = 1 and 4, greedy, 4 prompts x 12 tokens on
+    the embedded model, two worker processes (the full matrix is `make oracle`)."""
     proc = oracle("--model", "smollm2", "--c", "1,4", "--prompts", "4", "--max-tokens", "12", "--no-variants",
                   "--no-seeded", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
