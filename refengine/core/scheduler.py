@@ -42,11 +42,6 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.finished_req_ids: set[str] = set()  # finished since the last schedule()
         self.num_preemptions = 0
-        # Depth 2 plans a frame before the one in flight returns, so it can schedule tokens for a request
-        # that frame finishes; they are discarded. In a frame whose token budget was full they took budget
-        # another request would have had under sync, so that step's composition differs from sync's
-        # (the oracle reads this: test_depth2_full_budget_displaces_tokens).
-        self.num_displacing_tokens = 0
         self.spec_decoding_stats = SpecDecodingStats()  # since start
 
     def async_scheduling(self) -> bool:
@@ -240,10 +235,8 @@ class Scheduler:
         outputs = []
         for req_id, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
-            if request is None:  # finished or aborted while this frame was in flight
-                if scheduler_output.total_num_scheduled_tokens == self.config.max_num_batched_tokens:
-                    self.num_displacing_tokens += num_scheduled
-                continue
+            if request is None:
+                continue  # finished or aborted while this frame was in flight
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id, [])
             num_invalid = scheduler_output.num_invalid_spec_tokens.get(req_id, 0)
             out = self._update_request(request, num_scheduled, drafts, num_invalid, rows[req_id], step_stats)

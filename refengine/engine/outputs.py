@@ -11,10 +11,11 @@ __all__ = ["TokenLogprobs"]
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One engine step as one request saw it: the drafts it verified and how many were accepted.
-    The oracle compares these between sync and async arms (identical tokens can hide a drafter fed
-    the wrong state)."""
+    """One engine step as one request saw it: where its drafts began (the position of the first
+    draft), the drafts it verified and how many were accepted. The oracle compares these between sync
+    and async arms position by position (identical tokens can hide a drafter fed the wrong state)."""
 
+    position: int
     draft_token_ids: tuple[int, ...]
     num_accepted: int
 

@@ -42,6 +42,20 @@ def _methods(ctx, param, value: str) -> tuple[str | None, ...]:
     return tuple(None if n == "none" else n for n in names)
 
 
+def _device(ctx, param, value: str) -> str:
+    if value == "cpu":
+        return value
+    if not value.startswith("cuda"):
+        raise click.BadParameter(f"expected cpu or cuda[:N], got {value!r}")
+    if not torch.cuda.is_available():
+        raise click.BadParameter(f"{value!r} asked for, but torch sees no CUDA device")
+    return value
+
+
+def _device_name(device: str) -> str:
+    return "the CPU" if device == "cpu" else f"{torch.cuda.get_device_name(device)} ({device}, eager, no CUDA graphs)"
+
+
 def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
     """Two frequent single tokens and one two-token sequence from the baseline's own output, so the
     constraint certainly changes what is generated."""
@@ -71,13 +85,15 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Worker processes running arms in parallel, each loading the model once and using one thread; "
                    "1 runs every arm in this process. The results do not depend on it.")
+@click.option("--device", default="cpu", show_default=True, callback=_device,
+              help="cpu, or cuda[:N]: the same arms on a GPU, in eager mode (no CUDA graphs).")
 def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature, seed,
-                   variants, seeded, block_size, write_report, jobs) -> None:
+                   variants, seeded, block_size, write_report, jobs, device) -> None:
     """Run every arm of the matrix and compare its tokens with the baseline. Exits 1 on any mismatch.
     With --jobs N the arms run in N worker processes; the tables keep the matrix order."""
     # Wide enough that CI logs keep each arm on one line.
     console = Console(width=None if sys.stdout.isatty() else 220)
-    loaded = resolve_model(model)
+    loaded = resolve_model(model, device)
     block_size = block_size or (4 if model in TINY_MODELS else 16)
     prompts = (
         token_prompts(loaded.config.vocab_size, num_prompts, seed)
@@ -93,7 +109,7 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
     sections: list[str] = []
     failures = 0
     started = time.perf_counter()
-    with arm_runner(model, loaded, block_size, jobs) as runner:
+    with arm_runner(model, loaded, block_size, jobs, device) as runner:
         all_results = _run_passes(runner, arms, workloads, console)
     for workload, results in zip(workloads, all_results, strict=True):
         greedy = workload.temperature == 0.0
@@ -106,7 +122,7 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
     console.print(("[bold red]" if failures else "[bold green]") + summary)
     if write_report:
         _write_report(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens,
-                      temperature if seeded else None, seed, variants, jobs, sections, summary)
+                      temperature if seeded else None, seed, variants, jobs, device, sections, summary)
     sys.exit(1 if failures else 0)
 
 
@@ -169,7 +185,7 @@ def _judge(arm: Arm, results: Results, greedy: bool) -> Verdict:
     return judge(results[arm], reference, twin, greedy)
 
 
-def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, jobs,
+def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, jobs, device,
                   sections, summary):
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     method_names = ", ".join(m or "none" for m in methods)
@@ -182,7 +198,7 @@ def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, tempe
         f"- model: {model}; methods: {method_names}; k = {k}; c = {', '.join(map(str, concurrency))}\n"
         f"- {num_prompts} prompts x {max_tokens} tokens (ignore_eos); {passes}; {scope}\n"
         f"- host: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch "
-        f"{torch.__version__} on the CPU; {threads}\n"
+        f"{torch.__version__} on {_device_name(device)}; {threads}\n"
         "- fronts: sync = Scheduler + step() (depth 1); async-d1 = AsyncScheduler + step(); "
         "async-d2 = AsyncScheduler + step_with_batch_queue() (depth 2)\n"
         "- greedy: every arm must equal the sync no-spec baseline with the same bad_words setting; seeded: every "

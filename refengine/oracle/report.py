@@ -17,7 +17,7 @@ def _cells(v: Verdict) -> tuple[str, ...]:
     if div is not None:
         tokens = f"diverged: request {div.request} position {div.position}: {div.expected} vs {div.actual}"
     else:
-        tokens = "not compared" if any(n.startswith("tokens") for n in v.notes) else "identical"
+        tokens = "identical" if v.tokens_compared else "not compared"
     if v.step_mismatch is not None:
         steps = f"MISMATCH {v.step_mismatch}"
     elif v.notes:

@@ -34,9 +34,7 @@ class ArmResult:
     num_accepted_tokens: int
     num_preemptions: int
     random_init: bool
-    # Tokens scheduled for requests a frame in flight finished, in frames whose token budget was full:
-    # under sync that budget went to other requests (Scheduler.num_displacing_tokens).
-    num_displacing_tokens: int = 0
+    num_prompt_tokens: tuple[int, ...]
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -58,6 +56,7 @@ class Verdict:
     divergence: Divergence | None = None
     step_mismatch: str | None = None  # first per-step draft/acceptance difference with the sync twin
     vacuous: bool = False
+    tokens_compared: bool = True
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -88,6 +87,8 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,
         "record_steps": True,
+        # Graphs are captured per engine, and the oracle builds one per arm; eager steps run the same kernels.
+        "cuda_graphs": False,
     }
 
 
@@ -127,7 +128,7 @@ def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -
         num_accepted_tokens=stats.num_accepted_tokens,
         num_preemptions=core.scheduler.num_preemptions,
         random_init=drafter is not None and drafter.random_init,
-        num_displacing_tokens=core.scheduler.num_displacing_tokens,
+        num_prompt_tokens=tuple(map(len, workload.prompts)),
     )
 
 
@@ -154,51 +155,80 @@ def first_divergence(expected: Sequence[Sequence[int]], actual: Sequence[Sequenc
     return None
 
 
-def first_step_mismatch(expected: list[list[StepRecord]], actual: list[list[StepRecord]]) -> str | None:
-    for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
+def draft_placement(steps: list[list[StepRecord]]) -> list[list[tuple[int, int]]]:
+    """Per request, where drafts were verified and how many: (position of the first draft, count)."""
+    return [[(r.position, len(r.draft_token_ids)) for r in records] for records in steps]
+
+
+def first_placement_difference(expected: list[list[StepRecord]], actual: list[list[StepRecord]]) -> str | None:
+    for i, (exp, act) in enumerate(zip(draft_placement(expected), draft_placement(actual), strict=True)):
         for n in range(max(len(exp), len(act))):
             e = exp[n] if n < len(exp) else None
             a = act[n] if n < len(act) else None
             if e != a:
-                return f"request {i} step {n}: sync {e} vs {a}"
+                return f"request {i} verification {n}: sync (position, drafts) {e} vs {a}"
     return None
+
+
+@dataclass(frozen=True)
+class StepComparison:
+    mismatch: str | None
+    num_positions: int  # positions both arms verified drafts at
+
+
+def compare_steps(expected: ArmResult, actual: ArmResult) -> StepComparison:
+    """Position by position. A drafter proposes from the committed context, so at a position where both
+    arms verified drafts after the same tokens it must have proposed the same ones, whatever the steps
+    before looked like; the scheduler may have fed fewer of them (a smaller share of the budget), so the
+    common prefix is compared, and the acceptance within it. Past the first differing token (seeded arms
+    whose drafts moved) the contexts differ and nothing more is compared."""
+    num_positions = 0
+    for i, (exp, act) in enumerate(zip(expected.steps, actual.steps, strict=True)):
+        divergence = first_divergence([expected.tokens[i]], [actual.tokens[i]])
+        num_agreed = len(expected.tokens[i]) if divergence is None else divergence.position
+        at = {r.position: r for r in act}
+        for e in exp:
+            a = at.get(e.position)
+            if a is None or e.position - expected.num_prompt_tokens[i] > num_agreed:
+                continue
+            num_positions += 1
+            n = min(len(e.draft_token_ids), len(a.draft_token_ids))
+            if e.draft_token_ids[:n] != a.draft_token_ids[:n] or min(e.num_accepted, n) != min(a.num_accepted, n):
+                return StepComparison(f"request {i} position {e.position}: sync {e} vs {a}", num_positions)
+    return StepComparison(None, num_positions)
 
 
 HEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash"})
 
 
 def judge(result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, greedy: bool) -> Verdict:
-    """Greedy: tokens against the baseline. Seeded: tokens against the sync twin. Either way, per-step
-    drafts and acceptance against the sync twin.
+    """Greedy: tokens against the baseline. Seeded: tokens against the sync twin. Either way, drafts and
+    acceptance against the sync twin at every position both verified drafts at.
 
-    Two things legitimately move the positions that carry drafts, and with them the per-step records and
-    (since acceptance draws are made at draft positions) the seeded tokens; greedy tokens cannot depend
-    on either, so they are always compared:
-    - preemption: async reserves blocks for optimistic counts, so it preempts at other steps, and a
-      resumed request re-prefills without drafts;
-    - a full token budget at depth 2: the batch queue schedules frame n+1 before frame n returns, so it
-      gives budget to requests frame n finishes (their tokens are discarded), and another request gets
-      fewer tokens or drafts in that step than under sync.
-    The report says which comparison was skipped and why."""
-    moved = [
-        reason
-        for reason, happened in (
-            ("preemption", result.num_preemptions > 0 or (sync_twin is not None and sync_twin.num_preemptions > 0)),
-            ("async spent a full budget on requests finishing in flight", result.num_displacing_tokens > 0),
-        )
-        if happened
-    ]
+    Where drafts are verified is the scheduler's choice, and async scheduling legitimately chooses
+    differently: it reserves blocks for optimistic counts, so it preempts at other steps (and a resumed
+    request re-prefills without drafts); at depth 2 a request finishing in flight keeps its seat and its
+    share of the budget one frame longer, so the others are admitted, chunked and given drafts a step
+    later. Greedy tokens cannot depend on that and are always compared. Seeded tokens can (a position
+    that verified a rejected draft samples from the residual distribution, a plain one from the target),
+    so they are compared only where the draft placement equals the sync twin's; the report says which
+    comparison was skipped and why."""
     verdict = Verdict(result, reference.arm.name)
-    why = " and ".join(moved)
-    if greedy or result.arm.method is None or not moved:
+    moved = None
+    if sync_twin is not None and sync_twin is not result:
+        moved = first_placement_difference(sync_twin.steps, result.steps)
+        steps = compare_steps(sync_twin, result)
+        verdict.step_mismatch = steps.mismatch
+        if moved is not None:
+            verdict.notes.append(
+                f"draft placement differs from sync ({moved}); drafts compared at the {steps.num_positions} "
+                "positions both verified"
+            )
+    if greedy or moved is None:
         verdict.divergence = first_divergence(reference.tokens, result.tokens)
     else:
-        verdict.notes.append(f"tokens not compared: {why} moved the draft positions")
-    if sync_twin is not None and sync_twin is not result:
-        if moved:
-            verdict.notes.append(f"steps not compared: {why}")
-        else:
-            verdict.step_mismatch = first_step_mismatch(sync_twin.steps, result.steps)
+        verdict.tokens_compared = False
+        verdict.notes.append("seeded tokens not compared: the draft placement moved")
     if result.arm.method in HEAD_METHODS and not result.random_init and greedy:
         # A trained head that never lands a draft means the async-with-drafts path went unexercised.
         verdict.vacuous = result.num_accepted_tokens == 0

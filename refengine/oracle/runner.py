@@ -20,11 +20,15 @@ Job = tuple[Arm, Workload]
 OnDone = Callable[[Workload, ArmResult], None]
 
 
-def resolve_model(name: str) -> LoadedModel:
+def resolve_model(name: str, device: str = "cpu") -> LoadedModel:
     if name in TINY_MODELS:
         # Eight layers: enough for eagle3's three distinct aux layers and dflash's target layers.
-        return build_tiny_model(TINY_MODELS[name], seed=0, num_hidden_layers=8)
-    return load_model(name)
+        loaded = build_tiny_model(TINY_MODELS[name], seed=0, num_hidden_layers=8)
+    else:
+        loaded = load_model(name)
+    # The engines follow the weights; drafters are moved to the same device when each one is built.
+    loaded.model.to(device)
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,9 @@ Runner = InProcessRunner | PoolRunner
 
 
 @contextmanager
-def arm_runner(model_name: str, model: LoadedModel, block_size: int, jobs: int) -> Iterator[Runner]:
+def arm_runner(model_name: str, model: LoadedModel, block_size: int, jobs: int, device: str = "cpu") -> Iterator[Runner]:
     """`jobs` 1 runs the arms here, on `model`; more starts that many workers, each loading `model_name`
-    once."""
+    once onto `device`."""
     if jobs == 1:
         yield InProcessRunner(model, block_size)
         return
@@ -69,7 +73,7 @@ def arm_runner(model_name: str, model: LoadedModel, block_size: int, jobs: int) 
         # Not fork: a child forked after torch has run its OpenMP pool hangs in its first parallel region.
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(model_name,),
+        initargs=(model_name, device),
     )
     try:
         yield PoolRunner(pool, block_size)
@@ -81,11 +85,11 @@ def arm_runner(model_name: str, model: LoadedModel, block_size: int, jobs: int) 
 _worker_model: LoadedModel | None = None
 
 
-def _init_worker(model_name: str) -> None:
+def _init_worker(model_name: str, device: str) -> None:
     global _worker_model
     # One thread per worker: the workers already fill the cores, and more would only oversubscribe them.
     torch.set_num_threads(1)
-    _worker_model = resolve_model(model_name)
+    _worker_model = resolve_model(model_name, device)
 
 
 def _run_in_worker(arm: Arm, workload: Workload, block_size: int) -> ArmResult:

@@ -257,6 +257,7 @@ class ModelRunner:
                 )
             if state.num_logprobs is not None:
                 logprobs[state.req_id] = token_logprobs(logits[: len(tokens)], tokens, state.num_logprobs)
+            first_draft_position = state.num_tokens
             state.token_ids += tokens
             # Every fed token up to the last accepted draft now has committed KV; the last sampled token
             # is the next step's input.
@@ -267,7 +268,9 @@ class ModelRunner:
             draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens - k + num_accepted, propose=True))
             if self.step_records is not None and k:
                 # What was fed, not the validity-padded override: sync and async arms feed the same drafts.
-                self.step_records.setdefault(state.req_id, []).append(StepRecord(row.draft_ids, num_accepted))
+                self.step_records.setdefault(state.req_id, []).append(
+                    StepRecord(first_draft_position, row.draft_ids, num_accepted)
+                )
         if self.drafter is not None and draft_inputs and executed.model_output is not None:
             batch = DraftBatch(
                 tuple(draft_inputs), executed.model_output.hidden_states, executed.model_output.aux_hidden_states

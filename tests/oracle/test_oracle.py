@@ -4,16 +4,20 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from click.testing import CliRunner
 
 from refengine.engine.outputs import StepRecord
 from refengine.oracle.arms import Arm, build_matrix
+from refengine.oracle.command import oracle_command
 from refengine.oracle.prompts import token_prompts
-from refengine.oracle.run import ArmResult, Workload, first_divergence, judge
+from refengine.oracle.run import ArmResult, StepComparison, Workload, compare_steps, first_divergence, judge
 from refengine.oracle.runner import arm_runner, resolve_model
 
 
-def result(arm, tokens, steps=None, preemptions=0, accepted=1, random_init=False, displacing=0):
-    return ArmResult(arm, tokens, steps or [[] for _ in tokens], 1, 4, accepted, preemptions, random_init, displacing)
+def result(arm, tokens, steps=None, preemptions=0, accepted=1, random_init=False):
+    # Prompts of 4 tokens: a record at position 5 follows the first output token.
+    return ArmResult(arm, tokens, steps or [[] for _ in tokens], 1, 4, accepted, preemptions, random_init, (4,) * len(tokens))
 
 
 def test_matrix_skips_async_arms_of_sync_only_methods():
@@ -31,28 +35,61 @@ def test_first_divergence_reports_request_position_and_tokens():
     assert (d.position, d.expected, d.actual) == (2, 3, None)
 
 
-def test_judge_flags_step_mismatch_vacuity_and_skips_under_preemption():
+def test_judge_flags_step_mismatch_vacuity_and_skips_seeded_tokens_when_drafts_moved():
     sync = Arm("sync", "eagle", False, False, False)
     async_arm = Arm("async-d2", "eagle", False, False, False)
     base = result(Arm("sync", None, False, False, False), [[1, 2]])
-    twin = result(sync, [[1, 2]], [[StepRecord((7, 8), 1)]])
-    same = result(async_arm, [[1, 2]], [[StepRecord((7, 8), 1)]])
+    twin = result(sync, [[1, 2]], [[StepRecord(5, (7, 8), 1)]])
+    same = result(async_arm, [[1, 2]], [[StepRecord(5, (7, 8), 1)]])
     assert judge(same, base, twin, greedy=True).ok
-    other_drafts = result(async_arm, [[1, 2]], [[StepRecord((7, 9), 1)]])
-    assert "step 0" in judge(other_drafts, base, twin, greedy=True).step_mismatch
-    idle = result(async_arm, [[1, 2]], [[StepRecord((7, 8), 1)]], accepted=0)
+    other_drafts = result(async_arm, [[1, 2]], [[StepRecord(5, (7, 9), 1)]])
+    assert "position 5" in judge(other_drafts, base, twin, greedy=True).step_mismatch
+    idle = result(async_arm, [[1, 2]], [[StepRecord(5, (7, 8), 1)]], accepted=0)
     assert judge(idle, base, twin, greedy=True).vacuous
     assert not judge(result(async_arm, [[1, 2]], accepted=0, random_init=True), base, None, True).vacuous
-    preempted = result(async_arm, [[1, 3]], [[]], preemptions=1)
-    seeded = judge(preempted, twin, twin, greedy=False)
-    assert seeded.divergence is None and seeded.step_mismatch is None and seeded.notes
-    assert judge(preempted, base, twin, greedy=True).divergence is not None  # greedy tokens always compared
-    # Depth 2 gave a full budget's share to a request finishing in flight: drafts moved, like preemption.
-    displaced = result(async_arm, [[1, 3]], [[StepRecord((5, 6), 0)]], displacing=4)
-    seeded = judge(displaced, twin, twin, greedy=False)
+    # Drafts verified elsewhere (preemption, or depth 2 admitting a request a frame later): seeded tokens
+    # are not compared, greedy tokens always are, and drafts still are wherever both arms drafted.
+    moved = result(async_arm, [[1, 3]], [[StepRecord(6, (8, 4), 0)]], preemptions=1)
+    seeded = judge(moved, twin, twin, greedy=False)
     assert seeded.divergence is None and seeded.step_mismatch is None
-    assert any("finishing in flight" in n for n in seeded.notes)
-    assert judge(displaced, base, twin, greedy=True).divergence is not None
+    assert not seeded.tokens_compared and any("placement" in n for n in seeded.notes)
+    assert judge(moved, base, twin, greedy=True).divergence is not None
+    same_place_other_tokens = result(async_arm, [[1, 3]], [[StepRecord(5, (7, 8), 1)]])
+    assert judge(same_place_other_tokens, twin, twin, greedy=False).divergence is not None
+    moved_and_wrong = result(async_arm, [[1, 2]], [[StepRecord(4, (3,), 0), StepRecord(5, (7, 9), 1)]])
+    assert "position 5" in judge(moved_and_wrong, base, twin, greedy=True).step_mismatch
+
+
+@pytest.mark.parametrize(
+    "fed, accepted, ok",
+    [((7, 8), 1, True), ((7,), 1, True), ((7,), 0, False), ((7, 8, 9), 1, True), ((7, 8, 9), 2, False)],
+)
+def test_steps_compare_the_common_prefix_of_drafts_at_a_position(fed, accepted, ok):
+    """A smaller budget share feeds fewer of the same drafts; acceptance within the shorter prefix must agree."""
+    arm = Arm("sync", "eagle", False, False, False)
+    twin = result(arm, [[1, 2]], [[StepRecord(5, (7, 8), 1)]])
+    assert (compare_steps(twin, result(arm, [[1, 2]], [[StepRecord(5, fed, accepted)]])).mismatch is None) == ok
+
+
+def test_steps_are_compared_only_after_the_same_tokens():
+    """Seeded arms whose drafts moved sample different tokens; past the first difference the drafter sees
+    another context, so its drafts there are not evidence of anything."""
+    arm = Arm("sync", "eagle", False, False, False)
+    twin = result(arm, [[1, 2, 3, 4]], [[StepRecord(5, (7, 8), 1), StepRecord(7, (5, 5), 0)]])
+    diverged = result(arm, [[1, 2, 9, 4]], [[StepRecord(5, (7, 8), 1), StepRecord(7, (6, 6), 0)]])
+    assert compare_steps(twin, diverged) == StepComparison(None, 1)
+    agreed = result(arm, [[1, 2, 3, 4]], [[StepRecord(5, (7, 8), 1), StepRecord(7, (6, 6), 0)]])
+    assert "position 7" in compare_steps(twin, agreed).mismatch
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [("tpu", "expected cpu or cuda[:N]"), pytest.param("cuda", "no CUDA device", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="this host has a GPU"))],
+)
+def test_device_is_validated_before_anything_runs(device, message):
+    result = CliRunner().invoke(oracle_command, ["--model", "tiny-llama", "--device", device])
+    assert result.exit_code == 2 and message in result.output
 
 
 def oracle(*args: str, cwd=None) -> subprocess.CompletedProcess:
