@@ -17,7 +17,7 @@ def _cells(v: Verdict) -> tuple[str, ...]:
     if div is not None:
         tokens = f"diverged: request {div.request} position {div.position}: {div.expected} vs {div.actual}"
     else:
-        tokens = "identical" if v.tokens_compared else "not compared"
+        tokens = "identical" if v.tokens_compared_in_full else "identical before the first moved draft"
     if v.step_mismatch is not None:
         steps = f"MISMATCH {v.step_mismatch}"
     elif v.notes:

@@ -56,7 +56,7 @@ class Verdict:
     divergence: Divergence | None = None
     step_mismatch: str | None = None  # first per-step draft/acceptance difference with the sync twin
     vacuous: bool = False
-    tokens_compared: bool = True
+    tokens_compared_in_full: bool = True
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -155,19 +155,30 @@ def first_divergence(expected: Sequence[Sequence[int]], actual: Sequence[Sequenc
     return None
 
 
-def draft_placement(steps: list[list[StepRecord]]) -> list[list[tuple[int, int]]]:
-    """Per request, where drafts were verified and how many: (position of the first draft, count)."""
-    return [[(r.position, len(r.draft_token_ids)) for r in records] for records in steps]
+@dataclass(frozen=True)
+class PlacementDifference:
+    request: int
+    verification: int  # index of the first verification that differs
+    expected: tuple[int, int] | None  # (position of the first draft, number of drafts); None: no such step
+    actual: tuple[int, int] | None
+
+    @property
+    def position(self) -> int:
+        """Every token before this position was produced the same way in both arms."""
+        return min(p[0] for p in (self.expected, self.actual) if p is not None)
 
 
-def first_placement_difference(expected: list[list[StepRecord]], actual: list[list[StepRecord]]) -> str | None:
-    for i, (exp, act) in enumerate(zip(draft_placement(expected), draft_placement(actual), strict=True)):
+def placement_differences(expected: list[list[StepRecord]], actual: list[list[StepRecord]]) -> list[PlacementDifference]:
+    """Per request whose drafts were verified at other positions or in other numbers, the first difference."""
+    found = []
+    for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
         for n in range(max(len(exp), len(act))):
-            e = exp[n] if n < len(exp) else None
-            a = act[n] if n < len(act) else None
+            e = (exp[n].position, len(exp[n].draft_token_ids)) if n < len(exp) else None
+            a = (act[n].position, len(act[n].draft_token_ids)) if n < len(act) else None
             if e != a:
-                return f"request {i} verification {n}: sync (position, drafts) {e} vs {a}"
-    return None
+                found.append(PlacementDifference(i, n, e, a))
+                break
+    return found
 
 
 @dataclass(frozen=True)
@@ -211,24 +222,35 @@ def judge(result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, 
     share of the budget one frame longer, so the others are admitted, chunked and given drafts a step
     later. Greedy tokens cannot depend on that and are always compared. Seeded tokens can (a position
     that verified a rejected draft samples from the residual distribution, a plain one from the target),
-    so they are compared only where the draft placement equals the sync twin's; the report says which
-    comparison was skipped and why."""
+    so where the placement differs from the sync twin's they are compared only before the first
+    position it differs at; the report says so."""
     verdict = Verdict(result, reference.arm.name)
-    moved = None
+    moved: list[PlacementDifference] = []
     if sync_twin is not None and sync_twin is not result:
-        moved = first_placement_difference(sync_twin.steps, result.steps)
+        moved = placement_differences(sync_twin.steps, result.steps)
         steps = compare_steps(sync_twin, result)
         verdict.step_mismatch = steps.mismatch
-        if moved is not None:
+        if moved:
+            d = moved[0]
             verdict.notes.append(
-                f"draft placement differs from sync ({moved}); drafts compared at the {steps.num_positions} "
+                f"draft placement differs from sync (request {d.request} verification {d.verification}: sync "
+                f"(position, drafts) {d.expected} vs {d.actual}); drafts compared at the {steps.num_positions} "
                 "positions both verified"
             )
-    if greedy or moved is None:
+    if greedy or not moved:
         verdict.divergence = first_divergence(reference.tokens, result.tokens)
     else:
-        verdict.tokens_compared = False
-        verdict.notes.append("seeded tokens not compared: the draft placement moved")
+        # Seeded: up to the first moved draft both arms sampled the same way, so the tokens must agree there.
+        cut = {d.request: d.position - result.num_prompt_tokens[d.request] for d in moved}
+        verdict.divergence = first_divergence(
+            [t[: cut.get(i)] for i, t in enumerate(reference.tokens)],
+            [t[: cut.get(i)] for i, t in enumerate(result.tokens)],
+        )
+        verdict.tokens_compared_in_full = False
+        verdict.notes.append(
+            f"seeded tokens compared up to the first moved draft only ({sum(cut.values())} of "
+            f"{sum(len(result.tokens[i]) for i in cut)} tokens of the {len(cut)} request(s) whose drafts moved)"
+        )
     if result.arm.method in HEAD_METHODS and not result.random_init and greedy:
         # A trained head that never lands a draft means the async-with-drafts path went unexercised.
         verdict.vacuous = result.num_accepted_tokens == 0

@@ -52,8 +52,11 @@ def test_judge_flags_step_mismatch_vacuity_and_skips_seeded_tokens_when_drafts_m
     moved = result(async_arm, [[1, 3]], [[StepRecord(6, (8, 4), 0)]], preemptions=1)
     seeded = judge(moved, twin, twin, greedy=False)
     assert seeded.divergence is None and seeded.step_mismatch is None
-    assert not seeded.tokens_compared and any("placement" in n for n in seeded.notes)
+    assert not seeded.tokens_compared_in_full and any("placement" in n for n in seeded.notes)
     assert judge(moved, base, twin, greedy=True).divergence is not None
+    # Before the first moved draft (position 5, the second output token) both arms sampled alike.
+    moved_early = result(async_arm, [[9, 3]], [[StepRecord(6, (8, 4), 0)]], preemptions=1)
+    assert judge(moved_early, twin, twin, greedy=False).divergence.position == 0
     same_place_other_tokens = result(async_arm, [[1, 3]], [[StepRecord(5, (7, 8), 1)]])
     assert judge(same_place_other_tokens, twin, twin, greedy=False).divergence is not None
     moved_and_wrong = result(async_arm, [[1, 2]], [[StepRecord(4, (3,), 0), StepRecord(5, (7, 9), 1)]])
