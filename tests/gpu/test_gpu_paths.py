@@ -4,6 +4,7 @@ shapes), CUDA-graph replay against eager steps, and drafters moved to the device
 Run on a GPU machine with `pytest -m gpu tests/gpu`; skipped elsewhere.
 """
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,3 +106,14 @@ def test_reference_backend_on_the_gpu_matches_triton_tokens_in_float32():
     finally:
         attention.set_attention_backend("auto")
     assert reference_tokens == triton_tokens
+
+
+def test_oracle_matrix_on_the_gpu_is_identical():
+    """Every front x chunking x preemption x bad_words arm of no-spec and eagle on a tiny model, on the GPU."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "refengine.cli", "oracle", "--model", "tiny-llama", "--methods", "none,eagle",
+         "--c", "2", "--prompts", "2", "--max-tokens", "6", "--device", "cuda"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 mismatched or vacuous arm(s)" in proc.stdout

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from refengine.spec.config import (
@@ -74,3 +76,45 @@ def test_parse_vllm_json():
 def test_bad_configs_get_clear_errors(text, message):
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig.from_json(text)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"method": "medusa", "num_speculative_tokens": 2},
+         "unknown speculative method 'medusa'; known methods: dflash, draft_model, eagle, eagle3, mtp, ngram"),
+        ({"method": "eagle", "num_speculative_tokens": 65}, "num_speculative_tokens must be an integer in [1, 64], got 65"),
+        ({"method": "eagle", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer in [1, 64], got 0"),
+        ({"method": "eagle", "num_speculative_tokens": True}, "num_speculative_tokens must be an integer in [1, 64], got True"),
+        ({"method": "draft_model", "num_speculative_tokens": 2, "num_draft_layers": 0},
+         "num_draft_layers must be a positive integer, got 0"),
+        ({"method": "draft_model", "num_speculative_tokens": 2, "num_draft_layers": "2"},
+         "num_draft_layers must be a positive integer, got '2'"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0},
+         "need 1 <= prompt_lookup_min <= prompt_lookup_max, got 0, 4"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
+         "need 1 <= prompt_lookup_min <= prompt_lookup_max, got 3, 2"),
+        ({"method": "eagle", "num_speculative_tokens": 4, "block_size": 5}, "block_size applies to dflash only, not to 'eagle'"),
+        ({"method": "dflash", "num_speculative_tokens": 4, "block_size": 4},
+         "dflash block_size must equal num_speculative_tokens + 1 (5), got 4"),
+        ({"method": "dflash", "num_speculative_tokens": 4, "target_layer_ids": []},
+         "target_layer_ids must be non-negative layer indices, got ()"),
+        ({"method": "dflash", "num_speculative_tokens": 4, "target_layer_ids": [1, -1]},
+         "target_layer_ids must be non-negative layer indices, got (1, -1)"),
+        ({"method": "dflash", "num_speculative_tokens": 4, "target_layer_ids": ["1"]},
+         "target_layer_ids must be non-negative layer indices, got ('1',)"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "model": "/d"}, "ngram takes no model"),
+    ],
+)
+def test_validation_messages_name_the_field_and_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        SpeculativeConfig(**kwargs)
+
+
+def test_validation_accepts_the_edges():
+    assert SpeculativeConfig("eagle", 64).num_speculative_tokens == 64
+    assert SpeculativeConfig("eagle", 1).num_speculative_tokens == 1
+    assert SpeculativeConfig("draft_model", 2, num_draft_layers=1).num_draft_layers == 1
+    assert SpeculativeConfig("ngram", 2, prompt_lookup_min=3, prompt_lookup_max=3).prompt_lookup_min == 3
+    assert SpeculativeConfig("dflash", 4, block_size=5, target_layer_ids=[0, 2]).target_layer_ids == (0, 2)
+    assert SpeculativeConfig("eagle", 2, model="/d").model == "/d"
