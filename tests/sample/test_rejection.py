@@ -55,6 +55,18 @@ def test_bad_words_see_drafts_before_the_row():
     assert verify(logits, [2, 3], params, [0], 0, 10) == [2, 5]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.5])
+def test_min_tokens_counts_the_drafts_before_each_row(temperature):
+    """Stop id 7 is the target's first choice on every row, and 4 and 5 its runners-up. One output
+    exists and min_tokens is 3, so rows 0 and 1 (outputs 1 and 2) must mask the stop and row 2 (output
+    3) may emit it: drafts [4, 5] are accepted and the stop follows them, as without speculation."""
+    logits = torch.full((3, 8), -30.0)
+    logits[:, 7] = 30.0
+    logits[0, 4] = logits[1, 5] = 20.0
+    params = RowParams(temperature, 0, 1.0, 3, (7,), (), rng_key=3)
+    assert verify(logits, [4, 5], params, [0, 1], 1, 10) == [4, 5, 7]
+
+
 def test_seeded_random_verify_is_deterministic():
     torch.manual_seed(0)
     logits = torch.randn(3, 16)
