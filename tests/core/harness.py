@@ -22,6 +22,8 @@ class Spec:
     num_lookahead_slots: int
 
 
+MAX_LOOP_STEPS = 10_000
+
 def make_scheduler(
     *, async_scheduling: bool = False, k: int = 0, lookahead: int | None = None, **overrides
 ) -> Scheduler:
@@ -169,6 +171,8 @@ class EngineLoop:
 
     def step(self) -> None:
         self.num_steps += 1
+        # A scheduler that stops making progress must fail the test, not hang it (mutants do this).
+        assert self.num_steps <= MAX_LOOP_STEPS, f"the engine loop did not drain in {MAX_LOOP_STEPS} steps"
         if not self.scheduler.async_scheduling():
             so = self._schedule()
             self.queue.appendleft((so, self.runner.execute(so)))

@@ -138,6 +138,7 @@ def preempt_with_frames_in_flight(num_blocks):
     )
     frames = [scheduler.schedule()]
     while not frames[-1].preempted_req_ids:
+        assert len(frames) < 10, "KV pressure never preempted r1"
         frames.append(scheduler.schedule())
     assert frames[-1].preempted_req_ids == {"r1"} and b.status == RequestStatus.PREEMPTED
     return scheduler, a, b, frames
