@@ -47,7 +47,7 @@ from refengine.model.cuda_graphs import CudaGraphs  # noqa: E402
 from refengine.model.kv_cache import KVCache  # noqa: E402
 from refengine.model.shapes import build_random_model, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
-from refengine.spec.config import SpeculativeConfig  # noqa: E402
+from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
 
 BANDWIDTH = 4.21e12  # bytes/s, the copy bandwidth for this H200 type
 PROMPT_LEN = 1024

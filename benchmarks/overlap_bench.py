@@ -17,7 +17,7 @@ import torch
 from refengine.engine.llm import LLM
 from refengine.oracle.prompts import text_prompts
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 
 def mean_step_ms(model, spec, c: int, max_tokens: int, batch_queue: bool, repeats: int) -> tuple[float, int]:

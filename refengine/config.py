@@ -6,7 +6,7 @@ from typing import Protocol
 
 class SpeculativeSettings(Protocol):
     """The part of a speculative config the scheduler and KV manager read
-    (refengine.spec.config.SpeculativeConfig provides it)."""
+    (refengine.spec_decode.config.SpeculativeConfig provides it)."""
 
     @property
     def num_speculative_tokens(self) -> int: ...

@@ -18,8 +18,8 @@ from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel, load_model
 from refengine.request import Request
 from refengine.sample.sampler import banned_next_tokens
-from refengine.spec.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
-from refengine.spec.registry import KVLayout, build_drafter
+from refengine.spec_decode.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
+from refengine.spec_decode.registry import KVLayout, build_drafter
 from refengine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("refengine")

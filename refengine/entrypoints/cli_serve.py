@@ -15,7 +15,7 @@ import uvicorn
 
 from refengine.entrypoints.app import DEFAULT_MAX_REQUEST_BYTES, ServerConfig, build_app
 from refengine.entrypoints.engine_client import EngineClient
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ x {chunked prefill} x {forced preemption} x {bad_words}."""
 import itertools
 from dataclasses import dataclass
 
-from refengine.spec.config import ASYNC_SCHEDULING_COMPATIBLE
+from refengine.spec_decode.config import ASYNC_SCHEDULING_COMPATIBLE
 
 FRONTS = ("sync", "async-d1", "async-d2")
 METHODS = tuple(ASYNC_SCHEDULING_COMPATIBLE)

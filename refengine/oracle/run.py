@@ -9,7 +9,7 @@ from refengine.engine.outputs import StepRecord
 from refengine.model.loader import LoadedModel
 from refengine.oracle.arms import Arm
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)

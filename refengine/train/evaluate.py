@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.spec.dflash import DFlashHead
+from refengine.spec_decode.dflash import DFlashNetwork
 from refengine.train.batches import collate, plan_batches
 from refengine.train.data import DistillSet
 from refengine.train.forward import dflash_blocks, final_norm, hidden_head_pass, num_kv_layers
@@ -55,7 +55,7 @@ def offline_acceptance(head, data: DistillSet, k: int, batch_tokens: int = 2048)
     for members in plan_batches(data, batch_tokens, max_len=10**6):
         batch = collate(data, members, names, 10**6, pad=k + 2)
         lengths, prompts = batch.lengths[:, None], batch.prompt_lens[:, None]
-        if isinstance(head, DFlashHead):
+        if isinstance(head, DFlashNetwork):
             # Anchor L = p + 1: the block [x[L], mask x k] drafts x[L+1..L+k].
             width = batch.max_len
             anchors = torch.arange(width).expand(len(members), width)

@@ -23,15 +23,15 @@ DFlash, a block per anchor L (x[L] the last sampled token):
 
 import torch
 
-from refengine.spec.dflash import DFlashHead
-from refengine.spec.eagle import Eagle3Head, EagleHead
-from refengine.spec.head_layer import HeadAttention, HeadDecoderLayer
-from refengine.spec.mtp import MtpHead
+from refengine.spec_decode.dflash import DFlashNetwork
+from refengine.spec_decode.draft_layer import DraftAttention, DraftDecoderLayer
+from refengine.spec_decode.eagle import Eagle3Network, EagleNetwork
+from refengine.spec_decode.mtp import MtpNetwork
 
-HiddenHead = EagleHead | Eagle3Head | MtpHead
+HiddenHead = EagleNetwork | Eagle3Network | MtpNetwork
 
 
-def _split_heads(attn: HeadAttention, q, k, v, positions):
+def _split_heads(attn: DraftAttention, q, k, v, positions):
     """q/k/v rows `[..., width]` -> rotated `[..., heads, D]` (the heads' q_norm/k_norm applied)."""
     lead = q.shape[:-1]
     q = q.reshape(-1, attn.num_heads, attn.head_dim)
@@ -48,7 +48,7 @@ def _split_heads(attn: HeadAttention, q, k, v, positions):
     )
 
 
-def _qkv(attn: HeadAttention, x: torch.Tensor, positions: torch.Tensor):
+def _qkv(attn: DraftAttention, x: torch.Tensor, positions: torch.Tensor):
     q, k, v = attn.qkv_proj(x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
     return _split_heads(attn, q, k, v, positions)
 
@@ -58,7 +58,7 @@ def _heads_first(t: torch.Tensor, group: int) -> torch.Tensor:
     return t.transpose(1, 2).repeat_interleave(group, dim=1)
 
 
-def unrolled_attention(attn: HeadAttention, q: torch.Tensor, passes: list) -> torch.Tensor:
+def unrolled_attention(attn: DraftAttention, q: torch.Tensor, passes: list) -> torch.Tensor:
     """q `[B, T, Hq, D]` of the current pass; passes[0] = pass-1 (k, v) `[B, T, Hkv, D]`, passes[i]
     = pass i+1's. Returns `[B, T, Hq, D]`."""
     group = attn.num_heads // attn.num_kv_heads
@@ -78,7 +78,7 @@ def unrolled_attention(attn: HeadAttention, q: torch.Tensor, passes: list) -> to
     return out.transpose(1, 2)
 
 
-def _layer(layer: HeadDecoderLayer, positions, attn_input, residual, passes: list) -> torch.Tensor:
+def _layer(layer: DraftDecoderLayer, positions, attn_input, residual, passes: list) -> torch.Tensor:
     attn = layer.self_attn
     q, k, v = _qkv(attn, attn_input, positions)
     passes.append((k, v))
@@ -88,7 +88,7 @@ def _layer(layer: HeadDecoderLayer, positions, attn_input, residual, passes: lis
 
 
 def num_kv_layers(head: HiddenHead) -> int:
-    return len(head.layers) if isinstance(head, EagleHead) else 1
+    return len(head.layers) if isinstance(head, EagleNetwork) else 1
 
 
 def hidden_head_pass(
@@ -97,12 +97,12 @@ def hidden_head_pass(
     """One pass over `[B, T]` rows; kv[l] collects layer l's (k, v) of every pass so far. Returns the
     pass's output rows (the next pass's hidden)."""
     embeds = head.target.embed(input_ids)
-    if isinstance(head, EagleHead):
+    if isinstance(head, EagleNetwork):
         h = head.fc(torch.cat([embeds, hidden], dim=-1))
         for layer, passes in zip(head.layers, kv, strict=True):
             h = _layer(layer, positions, layer.pre_norm(h), h, passes)
         return h
-    if isinstance(head, Eagle3Head):
+    if isinstance(head, Eagle3Network):
         layer = head.layers[0]
         attn_input = torch.cat([layer.pre_norm(embeds), layer.hidden_norm(hidden)], dim=-1)
         return _layer(layer, positions, attn_input, hidden, kv[0])
@@ -110,13 +110,13 @@ def hidden_head_pass(
     return _layer(head.layer, positions, head.layer.pre_norm(x), x, kv[0])
 
 
-def final_norm(head: HiddenHead | DFlashHead, out: torch.Tensor) -> torch.Tensor:
+def final_norm(head: HiddenHead | DFlashNetwork, out: torch.Tensor) -> torch.Tensor:
     """The norm between a head's output rows and the lm_head."""
-    return head.shared_head["norm"](out) if isinstance(head, MtpHead) else head.norm(out)
+    return head.shared_head["norm"](out) if isinstance(head, MtpNetwork) else head.norm(out)
 
 
 def dflash_blocks(
-    head: DFlashHead, context: torch.Tensor, block_ids: torch.Tensor, anchors: torch.Tensor
+    head: DFlashNetwork, context: torch.Tensor, block_ids: torch.Tensor, anchors: torch.Tensor
 ) -> torch.Tensor:
     """context `[B, T, H]` (combined rows at positions 0..T-1), block_ids `[B, N, K+1]` (the block
     [x[L], mask x K] of anchor L = anchors[b, n]). Returns the block rows' outputs `[B, N, K+1, H]`."""

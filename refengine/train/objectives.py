@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from refengine.spec.dflash import DFlashHead
+from refengine.spec_decode.dflash import DFlashNetwork
 from refengine.train.batches import Batch
 from refengine.train.data import FINAL, layer_key
 from refengine.train.forward import HiddenHead, dflash_blocks, final_norm, hidden_head_pass, num_kv_layers
@@ -145,7 +145,7 @@ def choose_anchors(batch: Batch, num_anchors: int, width: int, generator: torch.
 
 
 def dflash_loss(
-    head: DFlashHead,
+    head: DFlashNetwork,
     batch: Batch,
     recipe: Recipe,
     shortlist: Shortlist,

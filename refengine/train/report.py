@@ -18,7 +18,7 @@ from refengine.engine.llm import LLM
 from refengine.heads import shipped_head_path
 from refengine.model.loader import LoadedModel, load_model
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 from refengine.train.data import encode_prompt
 from refengine.train.evaluate import Acceptance, engine_acceptance
 from refengine.train.prompts import build_prompts

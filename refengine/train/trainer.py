@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
-from refengine.spec.dflash import DFlashHead, build_target_layer_ids
-from refengine.spec.eagle import Eagle3Head, EagleHead, default_eagle3_aux_layer_ids
-from refengine.spec.heads import head_model_config, head_state_dict, random_init
-from refengine.spec.mtp import MtpHead
-from refengine.spec.target_view import TargetView
+from refengine.spec_decode.dflash import DFlashNetwork, build_target_layer_ids
+from refengine.spec_decode.eagle import Eagle3Network, EagleNetwork, default_eagle3_aux_layer_ids
+from refengine.spec_decode.head_checkpoint import head_model_config, head_state_dict, random_init
+from refengine.spec_decode.mtp import MtpNetwork
+from refengine.spec_decode.target_view import TargetView
 from refengine.train.batches import batch_stream
 from refengine.train.data import DistillSet
 from refengine.train.objectives import (
@@ -106,14 +106,14 @@ def new_head(method: str, loaded: LoadedModel, config: dict):
     view = TargetView(loaded.model)
     fast = Numerics.FAST
     if method == "eagle":
-        return EagleHead(view, dims, kv, fast)
+        return EagleNetwork(view, dims, kv, fast)
     if method == "eagle3":
         aux = tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-        return Eagle3Head(view, dims, kv, aux, loaded.config.num_hidden_layers, fast)
+        return Eagle3Network(view, dims, kv, aux, loaded.config.num_hidden_layers, fast)
     if method == "mtp":
-        return MtpHead(view, dims, kv, fast)
+        return MtpNetwork(view, dims, kv, fast)
     block = config["dflash_config"]
-    return DFlashHead(view, dims, kv, tuple(block["target_layer_ids"]), block["mask_token_id"], fast)
+    return DFlashNetwork(view, dims, kv, tuple(block["target_layer_ids"]), block["mask_token_id"], fast)
 
 
 def required_features(method: str, loaded: LoadedModel, cfg: TrainConfig) -> list[str]:
@@ -165,7 +165,7 @@ def train_head(
         for group in optimizer.param_groups:
             group["lr"] = _lr(cfg, step)
         batch = next(stream)
-        if isinstance(head, DFlashHead):
+        if isinstance(head, DFlashNetwork):
             anchors, real = choose_anchors(batch, cfg.anchors, recipe.passes, anchor_rng)
             loss, metrics = dflash_loss(head, batch, recipe, shortlist, anchors, real, recipe.passes)
         else:

@@ -23,7 +23,7 @@ from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample import rng
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, assemble, num_accepted_greedy, verify
 from refengine.sample.sampler import apply_constraints, sample
-from refengine.spec.drafter import DraftBatch, Drafter, DraftInput
+from refengine.spec_decode.proposer import DraftBatch, DraftInput, Proposer
 from refengine.worker.request_state import CachedRequestState
 
 
@@ -85,7 +85,7 @@ class ModelRunner:
         model: Transformer,
         kv_cache: KVCache,
         *,
-        drafter: Drafter | None = None,
+        drafter: Proposer | None = None,
         fault_after_steps: int | None = None,
         record_steps: bool = False,
         cuda_graphs: CudaGraphs | None = None,

@@ -3,7 +3,7 @@ import pytest
 from refengine.config import EngineConfig
 from refengine.core.async_scheduler import AsyncScheduler
 from refengine.core.scheduler import Scheduler
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 from .harness import Spec
 

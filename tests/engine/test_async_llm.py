@@ -87,7 +87,7 @@ def test_fault_marks_the_engine_dead(tiny):
 
 
 def test_logprobs_one_per_token_and_greedy_picks_the_top(tiny):
-    from refengine.spec.config import SpeculativeConfig
+    from refengine.spec_decode.config import SpeculativeConfig
 
     llm = AsyncLLM(args(tiny, speculative_config=SpeculativeConfig("ngram", 3), async_scheduling=False))
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

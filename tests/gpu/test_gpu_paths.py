@@ -28,7 +28,7 @@ from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.config import Numerics  # noqa: E402
 from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
-from refengine.spec.config import SpeculativeConfig  # noqa: E402
+from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
 
 REAL = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
 

@@ -10,7 +10,7 @@ from refengine.model.device import move_to_device
 from refengine.model.errors import ModelLoadError
 from refengine.model.shapes import SHAPES, build_random_model, kv_bytes_per_token, weight_bytes_per_step
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 from refengine.worker.model_runner import synthetic_num_accepted
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 600, "hidden_size": 64, "intermediate_size": 128,

@@ -17,7 +17,7 @@ from refengine.engine.llm import LLM
 from refengine.entrypoints.app import ServerConfig, build_app
 from refengine.model.tiny import build_tiny_model, save_hf_folder
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from refengine.model import AttentionMetadata, Numerics
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.registry import KVLayout, build_head
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.registry import KVLayout, build_head
 from refengine.train.forward import dflash_blocks, hidden_head_pass, num_kv_layers
 
 BLOCK = 4

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from refengine.engine.llm import LLM
 from refengine.model import build_tiny_model, save_hf_folder
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.heads import read_head_checkpoint
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.head_checkpoint import read_head_checkpoint
 from refengine.train.command import run_training, train_drafter_command
 from refengine.train.trainer import METHODS, TrainConfig
 

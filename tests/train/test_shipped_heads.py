@@ -10,9 +10,9 @@ import torch
 from refengine.engine.llm import LLM
 from refengine.heads import shipped_head_path, shipped_heads
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.heads import head_state_dict, read_head_checkpoint
-from refengine.spec.registry import KVLayout, build_head
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.head_checkpoint import head_state_dict, read_head_checkpoint
+from refengine.spec_decode.registry import KVLayout, build_head
 from refengine.train.trainer import METHODS
 
 MAX_BYTES = 20 * 2**20

@@ -10,7 +10,7 @@ import pytest
 from refengine.engine.llm import LLM
 from refengine.model import build_tiny_model, save_hf_folder
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 
 def _prompt(i: int) -> list[int]:

@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 import torch
-from teacher import CorruptingDrafter, Trajectories, teacher_drafter
+from teacher import CorruptingProposer, Trajectories, teacher_drafter
 
 from refengine.engine.llm import LLM
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.drafter import DraftBatch, Drafter
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.proposer import DraftBatch, Proposer
 
 K = 3
 # Different prompt lengths and max_tokens: at c = 4 the six requests join and leave at different steps.
@@ -82,7 +82,7 @@ def test_teacher_acceptance_is_exactly_100_percent(tiny4, trajectories, method, 
 @pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "dflash"])
 def test_corrupted_teacher_accepts_exactly_the_scripted_drafts(tiny4, trajectories, method, first_corrupted):
     vocab = tiny4.config.vocab_size
-    llm, outs = _run(tiny4, trajectories, method, 4, lambda d: CorruptingDrafter(d, [first_corrupted], vocab))
+    llm, outs = _run(tiny4, trajectories, method, 4, lambda d: CorruptingProposer(d, [first_corrupted], vocab))
     records = [r for o in outs for r in o.steps]
     assert records and all(
         r.num_accepted == _expected_accepted(r.draft_token_ids, first_corrupted) for r in records
@@ -92,11 +92,11 @@ def test_corrupted_teacher_accepts_exactly_the_scripted_drafts(tiny4, trajectori
     assert {r.num_accepted for r in records} == {first_corrupted}
 
 
-class _RowShiftedDrafter:
+class _RowShiftedProposer:
     """A seam fault: the drafter is handed every hidden/context row one row late (row r gets row r-1's
     state), as a wrong flattened-buffer offset would (design note E.4 (d))."""
 
-    def __init__(self, inner: Drafter) -> None:
+    def __init__(self, inner: Proposer) -> None:
         self.inner = inner
         self.capture_layers = inner.capture_layers
         self.random_init = False
@@ -116,6 +116,6 @@ class _RowShiftedDrafter:
 def test_teacher_notices_rows_from_the_wrong_offset(tiny4, trajectories, method):
     """The oracle is not vacuous: the same run with the rows misaligned stays lossless but loses
     nearly all acceptance."""
-    llm, _ = _run(tiny4, trajectories, method, 4, _RowShiftedDrafter)
+    llm, _ = _run(tiny4, trajectories, method, 4, _RowShiftedProposer)
     stats = llm.engine.core.scheduler.spec_decoding_stats
     assert stats.num_accepted_tokens < 0.2 * stats.num_draft_tokens

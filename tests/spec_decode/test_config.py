@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from refengine.spec.config import (
+from refengine.spec_decode.config import (
     ASYNC_ENV_VAR,
     SpeculativeConfig,
     resolve_async_scheduling,

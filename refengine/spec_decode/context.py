@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable
 
-from refengine.spec.drafter import DraftContextError
+from refengine.spec_decode.proposer import DraftContextError
 
 
 class ContextLengths:

@@ -1,14 +1,14 @@
-"""Drafter loops called directly: fewer drafts where the block table or the position table ends (a
+"""Proposer loops called directly: fewer drafts where the block table or the position table ends (a
 lossless shortfall), nothing for a prefill chunk, and the context continuity check."""
 
 import pytest
 import torch
 
 from refengine.model import AttentionMetadata, KVCache
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.context import ContextLengths
-from refengine.spec.drafter import DraftBatch, DraftContextError, DraftInput
-from refengine.spec.registry import KVLayout, build_drafter
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.context import ContextLengths
+from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput
+from refengine.spec_decode.registry import KVLayout, build_drafter
 
 BLOCK_SIZE = 4
 TOKENS = [11, 42, 7, 99, 150, 3, 77, 21, 64, 5]

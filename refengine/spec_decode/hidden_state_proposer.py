@@ -14,8 +14,8 @@ from typing import Protocol
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.spec.context import ContextLengths
-from refengine.spec.drafter import DraftBatch, DraftInput
+from refengine.spec_decode.context import ContextLengths
+from refengine.spec_decode.proposer import DraftBatch, DraftInput
 
 
 class HiddenDraftNetwork(Protocol):
@@ -40,7 +40,7 @@ class HiddenDraftNetwork(Protocol):
     def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
 
 
-class HiddenStateDrafter:
+class HiddenStateProposer:
     def __init__(
         self,
         network: HiddenDraftNetwork,

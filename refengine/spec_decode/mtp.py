@@ -16,8 +16,8 @@ from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
-from refengine.spec.head_layer import HeadDecoderLayer
-from refengine.spec.target_view import TargetView
+from refengine.spec_decode.draft_layer import DraftDecoderLayer
+from refengine.spec_decode.target_view import TargetView
 
 # Names of the MTP module's own tensors; everything else under its prefix is its decoder layer.
 _OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.norm.")
@@ -26,7 +26,7 @@ _SHARED = ("embed_tokens.weight", "shared_head.head.weight")
 _DEEPSEEK_PREFIX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-class MtpHead(nn.Module):
+class MtpNetwork(nn.Module):
     capture_layers: tuple[int, ...] = ()  # the target's final hidden state
 
     def __init__(
@@ -45,7 +45,7 @@ class MtpHead(nn.Module):
         self.enorm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.hnorm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.eh_proj = Linear(2 * hidden, hidden, numerics, dtype)
-        self.layer = HeadDecoderLayer(
+        self.layer = DraftDecoderLayer(
             config, rotary, numerics, dtype, attn_in_features=hidden, input_norm=True, qk_norm=False
         )
         self.shared_head = nn.ModuleDict({"norm": RMSNorm(hidden, config.rms_norm_eps, dtype)})

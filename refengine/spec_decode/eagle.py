@@ -21,9 +21,9 @@ from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
-from refengine.spec.head_layer import HeadDecoderLayer
-from refengine.spec.heads import HeadLoadError
-from refengine.spec.target_view import TargetView
+from refengine.spec_decode.draft_layer import DraftDecoderLayer
+from refengine.spec_decode.head_checkpoint import HeadLoadError
+from refengine.spec_decode.target_view import TargetView
 
 
 def _rotary(config: ModelConfig) -> RotaryEmbedding:
@@ -32,7 +32,7 @@ def _rotary(config: ModelConfig) -> RotaryEmbedding:
     )
 
 
-class EagleHead(nn.Module):
+class EagleNetwork(nn.Module):
     capture_layers: tuple[int, ...] = ()  # the target's final hidden state
 
     def __init__(
@@ -48,7 +48,7 @@ class EagleHead(nn.Module):
         rotary = _rotary(config)
         self.fc = Linear(2 * hidden, hidden, numerics, dtype)
         self.layers = nn.ModuleList(
-            HeadDecoderLayer(
+            DraftDecoderLayer(
                 config, rotary, numerics, dtype, attn_in_features=hidden, input_norm=i > 0, qk_norm=False
             )
             for i in range(config.num_hidden_layers)
@@ -84,7 +84,7 @@ class EagleHead(nn.Module):
         return parameter_name
 
 
-class Eagle3MidLayer(HeadDecoderLayer):
+class Eagle3MidLayer(DraftDecoderLayer):
     """EAGLE3's single layer: the decoder layer plus the norm of the incoming hidden stream."""
 
     def __init__(
@@ -118,7 +118,7 @@ def default_eagle3_aux_layer_ids(num_target_layers: int) -> tuple[int, int, int]
     return (2, num_target_layers // 2, num_target_layers - 3)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Network(nn.Module):
     def __init__(
         self,
         target: TargetView,

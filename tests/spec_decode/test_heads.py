@@ -5,11 +5,16 @@ import pytest
 import torch
 
 from refengine.model import AttentionMetadata, KVCache, build_tiny_model
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.dflash import build_target_layer_ids
-from refengine.spec.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
-from refengine.spec.heads import HeadLoadError, head_state_dict, read_head_checkpoint, save_head
-from refengine.spec.registry import KVLayout, build_drafter, build_head
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.dflash import build_target_layer_ids
+from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
+from refengine.spec_decode.head_checkpoint import (
+    HeadLoadError,
+    head_state_dict,
+    read_head_checkpoint,
+    save_head,
+)
+from refengine.spec_decode.registry import KVLayout, build_drafter, build_head
 
 LAYOUT = KVLayout(num_blocks=16, block_size=4)
 HEAD_METHODS = ["eagle", "eagle3", "mtp", "dflash"]

@@ -25,10 +25,10 @@ from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
-from refengine.spec.context import ContextLengths
-from refengine.spec.drafter import DraftBatch, DraftInput
-from refengine.spec.head_layer import HeadDecoderLayer
-from refengine.spec.target_view import TargetView
+from refengine.spec_decode.context import ContextLengths
+from refengine.spec_decode.draft_layer import DraftDecoderLayer
+from refengine.spec_decode.proposer import DraftBatch, DraftInput
+from refengine.spec_decode.target_view import TargetView
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -68,7 +68,7 @@ class BlockDraftNetwork(Protocol):
     def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
 
 
-class DFlashHead(nn.Module):
+class DFlashNetwork(nn.Module):
     """Qwen3-style layers (q/k norms), as the DFlash checkpoints are; embedding and lm_head are the
     target's."""
 
@@ -92,7 +92,7 @@ class DFlashHead(nn.Module):
         self.fc = Linear(len(target_layer_ids) * hidden, hidden, numerics, dtype)
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.layers = nn.ModuleList(
-            HeadDecoderLayer(
+            DraftDecoderLayer(
                 config, rotary, numerics, dtype, attn_in_features=hidden, input_norm=True, qk_norm=True
             )
             for _ in range(config.num_hidden_layers)
@@ -131,7 +131,7 @@ class DFlashHead(nn.Module):
         return parameter_name
 
 
-class DFlashDrafter:
+class DFlashProposer:
     def __init__(
         self,
         network: BlockDraftNetwork,

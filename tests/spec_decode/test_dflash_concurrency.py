@@ -18,8 +18,8 @@ from teacher import Trajectories
 from refengine.engine.llm import LLM
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.drafter import DraftBatch, Drafter
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.proposer import DraftBatch, Proposer
 
 K = 4
 
@@ -64,7 +64,7 @@ class ScriptedAcceptance:
     """Logs the inner DFlash drafter's drafts and block rows per request; proposes drafts that accept
     the scripted count."""
 
-    inner: Drafter
+    inner: Proposer
     trajectories: Trajectories
     arrivals: dict[str, Arrival]
     vocab_size: int

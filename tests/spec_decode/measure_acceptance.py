@@ -1,6 +1,6 @@
 """Measures acceptance per speculative method on SmolLM2 and prints the table of reports/acceptance-untrained.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python tests/spec/measure_acceptance.py > /tmp/acceptance.md
+    OMP_NUM_THREADS=1 .venv/bin/python tests/spec_decode/measure_acceptance.py > /tmp/acceptance.md
 
 Greedy, a fixed prompt set, every method at k = 2 and 4. Heads other than the self-draft and ngram are
 randomly initialised (no trained SmolLM2 heads exist yet): their rows show what a random head gets,
@@ -17,7 +17,7 @@ import torch
 from refengine.engine.llm import LLM
 from refengine.model.loader import load_model
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 PROMPTS = [
     "The capital of France is",

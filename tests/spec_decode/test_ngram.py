@@ -1,4 +1,4 @@
-from refengine.spec.ngram import propose_ngram
+from refengine.spec_decode.ngram import propose_ngram
 
 
 def test_longest_and_latest_match_wins():

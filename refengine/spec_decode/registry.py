@@ -14,12 +14,11 @@ from refengine.heads import shipped_head_path
 from refengine.model.config import Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel, load_model
-from refengine.spec.config import SpeculativeConfig
-from refengine.spec.dflash import DFlashDrafter, DFlashHead, build_target_layer_ids
-from refengine.spec.draft_model import DraftModelDrafter, LayerStackNetwork
-from refengine.spec.drafter import Drafter
-from refengine.spec.eagle import Eagle3Head, EagleHead, default_eagle3_aux_layer_ids
-from refengine.spec.heads import (
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.dflash import DFlashNetwork, DFlashProposer, build_target_layer_ids
+from refengine.spec_decode.draft_model import DraftModelProposer, LayerStackNetwork
+from refengine.spec_decode.eagle import Eagle3Network, EagleNetwork, default_eagle3_aux_layer_ids
+from refengine.spec_decode.head_checkpoint import (
     HeadCheckpoint,
     HeadLoadError,
     head_model_config,
@@ -27,12 +26,13 @@ from refengine.spec.heads import (
     random_init,
     read_head_checkpoint,
 )
-from refengine.spec.hidden_drafter import HiddenStateDrafter
-from refengine.spec.mtp import MtpHead, first_mtp_layer
-from refengine.spec.ngram import NgramDrafter
-from refengine.spec.target_view import TargetView
+from refengine.spec_decode.hidden_state_proposer import HiddenStateProposer
+from refengine.spec_decode.mtp import MtpNetwork, first_mtp_layer
+from refengine.spec_decode.ngram import NgramProposer
+from refengine.spec_decode.proposer import Proposer
+from refengine.spec_decode.target_view import TargetView
 
-Head = EagleHead | Eagle3Head | MtpHead | DFlashHead
+Head = EagleNetwork | Eagle3Network | MtpNetwork | DFlashNetwork
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,21 +43,21 @@ class KVLayout:
     block_size: int
 
 
-def build_drafter(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout) -> Drafter:
+def build_drafter(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout) -> Proposer:
     k = spec.num_speculative_tokens
     if spec.method == "ngram":
-        return NgramDrafter(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "draft_model":
         network, max_positions = _draft_network(spec, target, layout)
-        return DraftModelDrafter(network, k, layout.block_size, max_positions)
+        return DraftModelProposer(network, k, layout.block_size, max_positions)
     # Without a model path, the embedded target uses the head shipped in the package, if one ships.
     folder = spec.model if spec.model is not None else shipped_head_path(target, spec.method)
     checkpoint = None if folder is None else read_head_checkpoint(folder)
     head = build_head(spec, target, layout, checkpoint)
     max_positions = head.config.max_position_embeddings
-    if isinstance(head, DFlashHead):
-        return DFlashDrafter(head, k, layout.block_size, max_positions, random_init=checkpoint is None)
-    return HiddenStateDrafter(
+    if isinstance(head, DFlashNetwork):
+        return DFlashProposer(head, k, layout.block_size, max_positions, random_init=checkpoint is None)
+    return HiddenStateProposer(
         head, spec.method, k, layout.block_size, max_positions, random_init=checkpoint is None
     )
 
@@ -87,15 +87,15 @@ def build_head(
     view = TargetView(model)
     head: Head
     if spec.method == "eagle":
-        head = EagleHead(view, config, kv_cache, numerics, dtype)
-        rename = EagleHead.parameter_name
+        head = EagleNetwork(view, config, kv_cache, numerics, dtype)
+        rename = EagleNetwork.parameter_name
     elif spec.method == "eagle3":
         eagle_config = raw.get("eagle_config") or {}
         aux = eagle_config.get("eagle_aux_hidden_state_layer_ids") or raw.get(
             "eagle_aux_hidden_state_layer_ids"
         )
         own_lm_head = None if checkpoint is None else checkpoint.tensors.get("lm_head.weight")
-        head = Eagle3Head(
+        head = Eagle3Network(
             view,
             config,
             kv_cache,
@@ -105,11 +105,11 @@ def build_head(
             dtype,
             draft_vocab_size=None if own_lm_head is None else own_lm_head.shape[0],
         )
-        rename = Eagle3Head.parameter_name
+        rename = Eagle3Network.parameter_name
     elif spec.method == "mtp":
-        head = MtpHead(view, config, kv_cache, numerics, dtype)
+        head = MtpNetwork(view, config, kv_cache, numerics, dtype)
         first = None if checkpoint is None else first_mtp_layer(list(checkpoint.tensors))
-        rename = functools.partial(MtpHead.parameter_name, first_layer=first)
+        rename = functools.partial(MtpNetwork.parameter_name, first_layer=first)
     elif spec.method == "dflash":
         dflash_config = raw.get("dflash_config") or {}
         layer_ids = spec.target_layer_ids or tuple(
@@ -120,7 +120,7 @@ def build_head(
             raise HeadLoadError(
                 f"{origin}: target_layer_ids {list(layer_ids)} outside 0..{num_target_layers - 1}"
             )
-        head = DFlashHead(
+        head = DFlashNetwork(
             view,
             config,
             kv_cache,
@@ -129,14 +129,14 @@ def build_head(
             numerics,
             dtype,
         )
-        rename = DFlashHead.parameter_name
+        rename = DFlashNetwork.parameter_name
     else:
         raise ValueError(f"speculative method {spec.method!r} has no head")
     if checkpoint is None:
         random_init(head)
     else:
         load_head_weights(head, checkpoint.tensors, rename, head.checkpoint_name, origin)
-        if isinstance(head, Eagle3Head):
+        if isinstance(head, Eagle3Network):
             head.load_vocab_map(checkpoint.tensors, origin)
     return head
 

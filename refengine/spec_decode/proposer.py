@@ -43,10 +43,10 @@ class DraftInput:
 class DraftBatch:
     requests: tuple[DraftInput, ...]
     hidden_states: torch.Tensor  # [T, H] target output after its final norm, every fed row of the step
-    aux_hidden_states: dict[int, torch.Tensor]  # layer i's output, for i in Drafter.capture_layers
+    aux_hidden_states: dict[int, torch.Tensor]  # layer i's output, for i in Proposer.capture_layers
 
 
-class Drafter(Protocol):
+class Proposer(Protocol):
     """num_speculative_tokens drafts per proposing request, fewer only when it cannot fit (lossless)."""
 
     @property

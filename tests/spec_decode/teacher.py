@@ -10,7 +10,7 @@ one of the registered prompts' greedy trajectories: the right tokens at the righ
 hidden/context rows bitwise equal to the target's rows there. A seam fed a wrong row, a stale context, a
 wrong position or slot proposes garbage, which shows up as lost acceptance.
 
-CorruptingDrafter wraps any drafter and breaks chosen draft indices, so acceptance is scripted.
+CorruptingProposer wraps any drafter and breaks chosen draft indices, so acceptance is scripted.
 """
 
 from collections.abc import Iterable, Sequence
@@ -22,11 +22,11 @@ from refengine.engine.llm import LLM
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
-from refengine.spec.dflash import DFlashDrafter, build_target_layer_ids
-from refengine.spec.draft_model import DraftModelDrafter
-from refengine.spec.drafter import DraftBatch, Drafter
-from refengine.spec.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
-from refengine.spec.hidden_drafter import HiddenStateDrafter
+from refengine.spec_decode.dflash import DFlashProposer, build_target_layer_ids
+from refengine.spec_decode.draft_model import DraftModelProposer
+from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
+from refengine.spec_decode.hidden_state_proposer import HiddenStateProposer
+from refengine.spec_decode.proposer import DraftBatch, Proposer
 
 GARBAGE_TOKEN = 0  # what a teacher proposes when its inputs do not match any trajectory
 DFLASH_MASK_TOKEN = 5  # any id works for the teacher: it only checks the block carries it
@@ -254,11 +254,11 @@ class TeacherBlockNetwork:
         return out
 
 
-class CorruptingDrafter:
+class CorruptingProposer:
     """Proposes the inner drafter's drafts with the ones at `indices` replaced by a different token,
     so a request accepts exactly min(indices) drafts per step (when the inner drafts are right)."""
 
-    def __init__(self, inner: Drafter, indices: Iterable[int], vocab_size: int) -> None:
+    def __init__(self, inner: Proposer, indices: Iterable[int], vocab_size: int) -> None:
         self.inner = inner
         self.indices = sorted(indices)
         self.vocab_size = vocab_size
@@ -280,7 +280,7 @@ class CorruptingDrafter:
         self.inner.remove(req_ids)
 
 
-def teacher_drafter(method: str, llm: LLM, trajectories: Trajectories) -> Drafter:
+def teacher_drafter(method: str, llm: LLM, trajectories: Trajectories) -> Proposer:
     """The method's real drafter loop (state, rows, positions, slots) around a teacher network, for the
     engine `llm` was built with (its speculative config fixes k and the KV lookahead)."""
     config = llm.engine.config
@@ -290,17 +290,17 @@ def teacher_drafter(method: str, llm: LLM, trajectories: Trajectories) -> Drafte
     num_layers = trajectories.target.config.num_hidden_layers
     max_positions = trajectories.target.config.max_position_embeddings
     if method == "draft_model":
-        return DraftModelDrafter(
+        return DraftModelProposer(
             TeacherTokenNetwork(trajectories, num_slots, block_size), k, block_size, max_positions
         )
     if method == "dflash":
         layers = build_target_layer_ids(num_layers, 1)
         network = TeacherBlockNetwork(trajectories, num_slots, block_size, layers, DFLASH_MASK_TOKEN)
-        return DFlashDrafter(network, k, block_size, max_positions, random_init=False)
+        return DFlashProposer(network, k, block_size, max_positions, random_init=False)
     capture = (
         eagle3_capture_layers(default_eagle3_aux_layer_ids(num_layers), num_layers)
         if method == "eagle3"
         else ()
     )
     network = TeacherHiddenNetwork(trajectories, num_slots, block_size, capture)
-    return HiddenStateDrafter(network, method, k, block_size, max_positions, random_init=False)
+    return HiddenStateProposer(network, method, k, block_size, max_positions, random_init=False)

@@ -1,4 +1,4 @@
-"""Drafter head weights: a folder with config.json and safetensors, in vLLM's tensor names, or a seeded
+"""Proposer head weights: a folder with config.json and safetensors, in vLLM's tensor names, or a seeded
 random initialisation when there are none.
 
 Checkpoints name the attention and MLP projections separately (q_proj, k_proj, v_proj, gate_proj,

@@ -13,8 +13,8 @@ import torch
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import Transformer
-from refengine.spec.context import ContextLengths
-from refengine.spec.drafter import DraftBatch, DraftInput
+from refengine.spec_decode.context import ContextLengths
+from refengine.spec_decode.proposer import DraftBatch, DraftInput
 
 
 class TokenDraftNetwork(Protocol):
@@ -60,7 +60,7 @@ class LayerStackNetwork:
         return self.model.compute_logits(out).argmax(dim=-1)
 
 
-class DraftModelDrafter:
+class DraftModelProposer:
     """Per step: ingest the committed rows (token_ids[p] at position p), then feed the just-sampled
     token at last_position + 1 and draft k tokens autoregressively. A request whose draft positions run
     past its blocks or the draft model's context gets fewer drafts, which stays lossless."""

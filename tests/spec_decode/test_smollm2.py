@@ -6,7 +6,7 @@ import pytest
 
 from refengine.engine.llm import LLM
 from refengine.sampling_params import SamplingParams
-from refengine.spec.config import SpeculativeConfig
+from refengine.spec_decode.config import SpeculativeConfig
 
 pytestmark = pytest.mark.model
 

@@ -17,7 +17,7 @@ from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
 from refengine.model.ops import linear
 
 
-class HeadAttention(nn.Module):
+class DraftAttention(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
@@ -76,7 +76,7 @@ class HeadAttention(nn.Module):
         return k if self.k_norm is None else self.k_norm(k)
 
 
-class HeadDecoderLayer(nn.Module):
+class DraftDecoderLayer(nn.Module):
     """Attention then a SwiGLU MLP, each around a residual. The caller prepares the attention input
     (heads differ there: EAGLE skips the input norm of its first layer, EAGLE3 concatenates two normed
     streams), so `input_layernorm` is a part the caller applies, present only where the head has one."""
@@ -94,7 +94,7 @@ class HeadDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if input_norm else None
-        self.self_attn = HeadAttention(config, attn_in_features, rotary, numerics, dtype, qk_norm=qk_norm)
+        self.self_attn = DraftAttention(config, attn_in_features, rotary, numerics, dtype, qk_norm=qk_norm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, numerics, dtype)
 

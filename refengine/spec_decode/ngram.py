@@ -3,7 +3,7 @@ and propose the tokens that followed it. Drafts may be shorter than k, or empty.
 
 from collections.abc import Iterable, Sequence
 
-from refengine.spec.drafter import DraftBatch
+from refengine.spec_decode.proposer import DraftBatch
 
 
 def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -19,7 +19,7 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> l
     return []
 
 
-class NgramDrafter:
+class NgramProposer:
     """Host-side prompt lookup over the runner's committed tokens. It reads committed token lists,
     which is why it forces synchronous scheduling (see ASYNC_SCHEDULING_COMPATIBLE)."""
 
