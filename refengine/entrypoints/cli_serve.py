@@ -135,7 +135,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         "--model",
         default="smollm2",
         show_default=True,
-        help="smollm2 (embedded), a .gguf file or an HF folder.",
+        help="smollm2 (embedded), tiny-llama or tiny-qwen3 (seeded random 8-layer test models), random:SHAPE, a .gguf file or an HF folder.",
     )
     @click.option("--host", default="127.0.0.1", show_default=True)
     @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))

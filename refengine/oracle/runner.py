@@ -10,22 +10,15 @@ from dataclasses import dataclass
 import torch
 
 from refengine.model.loader import LoadedModel, load_model
-from refengine.model.tiny import build_tiny_model
 from refengine.oracle.arms import Arm
 from refengine.oracle.run import ArmResult, Workload, run_arm
-
-TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen3": "qwen3"}
 
 Job = tuple[Arm, Workload]
 OnDone = Callable[[Workload, ArmResult], None]
 
 
 def resolve_model(name: str, device: str = "cpu") -> LoadedModel:
-    if name in TINY_MODELS:
-        # Eight layers: enough for eagle3's three distinct aux layers and dflash's target layers.
-        loaded = build_tiny_model(TINY_MODELS[name], seed=0, num_hidden_layers=8)
-    else:
-        loaded = load_model(name)
+    loaded = load_model(name)
     # The engines follow the weights; drafters are moved to the same device when each one is built.
     loaded.model.to(device)
     return loaded

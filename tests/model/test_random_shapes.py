@@ -40,8 +40,11 @@ def test_random_model_is_seeded_and_loads_by_name(monkeypatch):
     import refengine.model.shapes as shapes
 
     monkeypatch.setattr(shapes, "build_random_model", lambda name, **kw: seen.setdefault(name, kw))
-    load_model("qwen3-0.6b", dtype=torch.bfloat16, numerics="fast")
+    load_model("random:qwen3-0.6b", dtype=torch.bfloat16, numerics="fast")
     assert seen["qwen3-0.6b"]["dtype"] is torch.bfloat16 and seen["qwen3-0.6b"]["numerics"] is Numerics.FAST
+    # A bare shape name that is no path is refused, naming the prefix that asks for random weights.
+    with pytest.raises(ModelLoadError, match="use random:qwen3-0.6b"):
+        load_model("qwen3-0.6b")
 
 
 def test_synthetic_acceptance_draws():
