@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from ladder import config as cfg
+from ladder.audit import DEFAULT_MAX_CPU_PCT, DEFAULT_MAX_LOOP_LAG_MS, AuditThresholds
 from ladder.config import EXIT_USAGE, RunConfig, SetupError
 
 EPILOG = f"""\b
@@ -100,7 +101,12 @@ def cli() -> None:
               help="Local tokenizer.json (or its folder) to size prompts instead of probing the server.")
 @click.option("--allow-chunk-count", is_flag=True,
               help="Count one token per chunk when the server sends no usage, instead of failing.")
-def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, **kw) -> int:
+@click.option("--client-bound-cpu-pct", type=click.FloatRange(0), default=DEFAULT_MAX_CPU_PCT, show_default=True,
+              help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION.")
+@click.option("--client-bound-lag-ms", type=click.FloatRange(0), default=DEFAULT_MAX_LOOP_LAG_MS,
+              show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all.")
+def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
+        client_bound_lag_ms: float, **kw) -> int:
     """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""
     if prompts_per_rung is not None and prompts_per_concurrency is not None:
         raise click.UsageError("give --prompts-per-rung or --prompts-per-concurrency, not both")
@@ -111,7 +117,8 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, **kw)
         prompts_per_rung=prompts_per_rung,
         prompts_per_concurrency=prompts_per_concurrency or cfg.DEFAULT_PROMPTS_PER_CONCURRENCY,
         timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
-        serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"), **kw)
+        serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"),
+        audit=AuditThresholds(max_cpu_pct=client_bound_cpu_pct, max_loop_lag_ms=client_bound_lag_ms), **kw)
     return run_ladder(config, Display())
 
 

@@ -130,8 +130,9 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
     pct_note = (f"Latencies are the {cmp.percentile} over the measured requests of each rung; throughput is over "
                 f"the rung's measured window.")
     lines += ["## Results", "", pct_note + (f" Δ% is against {cmp.baseline.label}." if cmp.baseline else ""),
-              "VOID (a request failed: no numbers), NOT_RUN (the engine died earlier) and CLIENT_BOUND "
-              "(the client may have limited the rung) are footnoted with their reasons.", ""]
+              "VOID (a request failed: no numbers), NOT_RUN (the engine died earlier), CLIENT_BOUND (the client "
+              "may have limited the rung) and HOST_CONTENTION (another process delayed the client) are footnoted "
+              "with their reasons.", ""]
     for group in GROUPS:
         lines += _group_table(cmp, group, notes)
     if plot_links:

@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ladder.audit import AuditThresholds
+
 # Exit codes (also in `ladder run --help` and ladder/README.md).
 EXIT_OK = 0  # every rung OK
 EXIT_VOID = 1  # at least one rung VOID, the engine stayed alive
@@ -56,6 +58,7 @@ class RunConfig:
     temperature: float = DEFAULT_TEMPERATURE
     tokenizer: Path | None = None
     allow_chunk_count: bool = False
+    audit: AuditThresholds = AuditThresholds()
 
     def num_prompts(self, c: int) -> int:
         return self.prompts_per_rung if self.prompts_per_rung is not None else self.prompts_per_concurrency * c

@@ -26,7 +26,8 @@ def rung_line(rung: RungResult) -> str:
                  f"client cpu {rung.audit.cpu_pct:.0f}%"]
         if rung.spec:
             parts.append(f"accept len {rung.spec.acceptance_length:.2f}")
-        return head + "  ".join(parts + list(rung.flags))
+        flagged = [f"{flag} ({rung.audit.criterion})" for flag in rung.flags]
+        return head + "  ".join(parts + flagged)
     if isinstance(rung, RungVoid):
         first = f"  ({rung.errors[0]})" if rung.errors else ""
         return head + f"ok={rung.num_ok} failed={rung.num_failed}  {rung.reason}{first}"

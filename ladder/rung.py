@@ -25,7 +25,7 @@ class RungOk:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return ("CLIENT_BOUND",) if self.audit.client_bound else ()
+        return (self.audit.flag,) if self.audit.flag else ()
 
 
 @dataclass(frozen=True)
@@ -67,5 +67,6 @@ def to_dict(rung: RungResult) -> dict:
     row = {"concurrency": rung.concurrency, "status": rung.status, "flags": list(rung.flags)}
     row.update((k, v) for k, v in asdict(rung).items() if k != "concurrency")
     if isinstance(rung, RungOk):
-        row["audit"]["client_bound"] = rung.audit.client_bound
+        row["audit"]["flag"] = rung.audit.flag
+        row["audit"]["criterion"] = rung.audit.criterion
     return row

@@ -226,7 +226,7 @@ class Ladder:
         measured: list[RequestRecord] = [RequestRecord(c, "measured", i) for i in range(len(work.measured))]
         if dead is None:
             before = await self.ep.counters()
-            audit_probe = AuditProbe()
+            audit_probe = AuditProbe(self.config.audit)
             measured, dead = await self._phase(c, "measured", work.measured)
             audit = audit_probe.stop(measured)
             spec = spec_acceptance(before, await self.ep.counters())

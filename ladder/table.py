@@ -91,11 +91,16 @@ def status_note(run: Run, row: RungRow) -> str:
     return f"{run.label}, c={row.concurrency}: NOT_RUN ({row.reason})."
 
 
-def client_bound_note(run: Run, row: RungRow) -> str:
+AUDIT_FLAGS = {
+    "CLIENT_BOUND": "the numbers may describe the client as much as the server",
+    "HOST_CONTENTION": "another process delayed the client; the numbers may describe the machine's load",
+}
+
+
+def audit_note(run: Run, row: RungRow, flag: str) -> str:
     audit = row.audit or {}
-    return (f"{run.label}, c={row.concurrency}: CLIENT_BOUND, client CPU {audit.get('cpu_pct', 0):.0f}% of a core, "
-            f"event-loop lag p99 {audit.get('loop_lag_p99_ms', 0):.1f} ms: the numbers may describe the "
-            f"client as much as the server.")
+    return (f"{run.label}, c={row.concurrency}: {flag}, {audit.get('criterion', 'no audit recorded')}: "
+            f"{AUDIT_FLAGS[flag]}.")
 
 
 def fmt(value: float, decimals: int) -> str:
@@ -119,6 +124,7 @@ def cell(run: Run, c: int, metric: Metric, pct: str, baseline: Run | None, notes
         base = value(baseline, c, metric, pct)
         if base:  # no Δ against a missing, VOID or zero baseline value
             text += f" ({100 * (v - base) / base:+.1f}%)"
-    if "CLIENT_BOUND" in row.flags:
-        text += f" CLIENT_BOUND{notes.ref(client_bound_note(run, row))}"
+    for flag in AUDIT_FLAGS:
+        if flag in row.flags:
+            text += f" {flag}{notes.ref(audit_note(run, row, flag))}"
     return text

@@ -49,7 +49,7 @@ def test_cells_hold_value_and_delta_against_the_baseline(tmp_path, compare):
 
 
 def test_void_not_run_and_client_bound_stay_visible_with_reasons(tmp_path, compare):
-    a = write_run(tmp_path, "a", [ok(1, 100.0, cpu_pct=97.0), ok(2, 150.0), ok(4, 200.0)])
+    a = write_run(tmp_path, "a", [ok(1, 100.0, cpu_pct=97.0, loop_lag_ms=30.0), ok(2, 150.0), ok(4, 200.0)])
     b = write_run(tmp_path, "b", [ok(1, 90.0), void(2, error="http_error: HTTP 500: request submitted to a "
                                                                     "stopped AsyncLLM"), not_run(4)])
     code, out, _ = compare(a, b, "--baseline", "b")
@@ -64,7 +64,7 @@ def test_void_not_run_and_client_bound_stay_visible_with_reasons(tmp_path, compa
     assert "engine_dead: the server process exited" in footnote(out, output[4][1])
     # CLIENT_BOUND keeps its numbers and says why; Δ% against a VOID baseline cell is not computed
     assert output[1][0].startswith("100.0 (+11.1%) CLIENT_BOUND[^")
-    assert "client CPU 97% of a core" in footnote(out, output[1][0])
+    assert "event-loop lag p99 30.0 ms > 10 ms, client CPU 97% of a core > 90%" in footnote(out, output[1][0])
     assert output[2][0] == "150.0" and output[4][0] == "200.0"
     assert rows(out, "acceptance length")[1][1] == "n/a"  # an OK rung without spec counters
 
@@ -125,6 +125,8 @@ def test_a_workload_mismatch_is_refused_unless_allowed(tmp_path, compare):
     (ok(1, 90.0, input_tokens=130), None),  # a chat template's extra BOS: within ±2
     (ok(1, 90.0, input_tokens=131), "input tokens at c=1: a = 128, b = 131 (must match within ±2)"),
     (ok(1, 90.0, output_tokens=63), "output tokens at c=1: a = 64, b = 63 (must match exactly)"),
+    # the same shortest output, but b's longest differs: the guard must look at both ends of the span
+    (ok(1, 90.0, output_tokens=64, output_max=70), "output tokens at c=1: a = 64, b = 64–70 (must match exactly)"),
 ])
 def test_realised_lengths_input_within_two_tokens_output_exact(tmp_path, compare, b_rung, refused):
     a = write_run(tmp_path, "a", [ok(1, 100.0)])

@@ -64,6 +64,15 @@ def test_one_failed_request_voids_its_rung_only(fake_server, ladder):
     assert "VOID" in out
 
 
+def test_a_failed_warmup_request_voids_its_rung(fake_server, ladder):
+    url = fake_server(fail_at=[4])  # the first warmup request of rung c=2
+    code, _, _, run = ladder("--base-url", url, "--c", "1,2", *FAST)
+    rungs = load_rungs(run)
+    assert code == 1
+    assert [r["status"] for r in rungs] == ["OK", "VOID"]
+    assert (rungs[1]["num_ok"], rungs[1]["num_failed"], rungs[1]["reason"]) == (7, 1, "http_error")
+
+
 def test_truncated_and_short_streams_void_with_their_reasons(fake_server, ladder):
     url = fake_server(truncate_at=[1], short_at=[2])
     code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)

@@ -70,6 +70,12 @@ def test_rung_stats_exact():
     assert s.itl_token_ms is None  # request a has no continuous usage
 
 
+def test_per_user_rate_is_the_median_of_the_request_rates_not_their_mean():
+    # tpot 1.0, 0.5 and 0.1 s: rates 1, 2 and 10 tok/s; median 2, mean 4.33 (two requests cannot tell them apart)
+    records = [rec(0.0, [1.0, 1.0 + 9 * tpot], 10) for tpot in (1.0, 0.5, 0.1)]
+    assert rung_stats(records, [50]).per_user_tok_s == pytest.approx(2.0)
+
+
 def test_rung_stats_without_prompt_usage_has_no_total_throughput():
     s = rung_stats([rec(0.0, [1.0, 2.0], 2)], [50])
     assert s.total_throughput is None and s.input_tokens is None
