@@ -11,6 +11,7 @@ class RequestRecord:
     concurrency: int
     phase: str  # "warmup" | "measured"
     index: int
+    max_tokens: int = 0  # what the request asked for
     t_due: float = 0.0  # when a concurrency slot became free for this request
     t_send: float = 0.0  # when the request was handed to the HTTP client
     t_end: float = 0.0  # when the stream closed (or the request failed)
@@ -38,6 +39,8 @@ def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_c
     n = output_tokens(rec)
     if ignore_eos and n != output_len:
         return f"length_mismatch: {n} output tokens, {output_len} requested with ignore_eos"
+    if n > output_len:  # without ignore_eos a natural stop is fine, but never more than max_tokens
+        return f"length_mismatch: {n} output tokens, more than max_tokens {output_len}"
     return None
 
 

@@ -16,6 +16,7 @@ class RungRow:
     """One row of rungs.json. `stats`, `audit` and `spec` exist only on an OK row."""
 
     concurrency: int
+    request_rate: float | None  # open-loop rungs are keyed by rate
     status: str  # "OK" | "VOID" | "NOT_RUN"
     flags: tuple[str, ...]
     reason: str | None
@@ -27,9 +28,13 @@ class RungRow:
     audit: dict | None
     spec: dict | None
 
+    @property
+    def load(self) -> float:
+        return self.request_rate if self.request_rate is not None else self.concurrency
+
     @classmethod
     def from_dict(cls, row: dict) -> "RungRow":
-        return cls(concurrency=int(row["concurrency"]), status=row["status"], flags=tuple(row.get("flags") or ()),
+        return cls(concurrency=int(row["concurrency"]), request_rate=row.get("request_rate"), status=row["status"], flags=tuple(row.get("flags") or ()),
                    reason=row.get("reason"), num_ok=row.get("num_ok"), num_failed=row.get("num_failed"),
                    errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
                    stats=row.get("stats") if row["status"] == "OK" else None,
@@ -45,9 +50,9 @@ class Run:
     workload: dict
     definitions: dict[str, str]
     flags: dict  # the run's RunConfig as recorded
-    rungs: dict[int, RungRow]  # by concurrency, in ladder order
+    rungs: dict[float, RungRow]  # by load (concurrency, or request rate in open loop), in ladder order
 
-    def ok(self, c: int) -> RungRow | None:
+    def ok(self, c: float) -> RungRow | None:
         row = self.rungs.get(c)
         return row if row is not None and row.status == "OK" else None
 
@@ -66,7 +71,7 @@ def load_run(path: Path, label: str | None = None) -> Run:
                engine_sources=manifest.get("engine_sources") or {},
                workload=manifest.get("workload") or {}, definitions=manifest.get("definitions") or {},
                flags=manifest.get("flags") or {},
-               rungs={r.concurrency: r for r in map(RungRow.from_dict, rows)})
+               rungs={r.load: r for r in map(RungRow.from_dict, rows)})
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:

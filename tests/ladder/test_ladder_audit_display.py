@@ -48,18 +48,36 @@ def test_a_blocked_event_loop_and_late_dispatch_show_in_the_audit():
 def test_live_display_on_a_terminal_and_plain_lines_elsewhere():
     for terminal in (True, False):
         buf = io.StringIO()
-        display = Display(Console(file=buf, force_terminal=terminal, width=200))
-        display.phase_start(4, "measured", 2)
-        display.request_done(0)
-        display.request_done(1)
+        now = [0.0]
+        display = Display(Console(file=buf, force_terminal=terminal, width=200), explain=True,
+                          clock=lambda now=now: now[0])
+        display.start(2)
+        display.phase_start(4, "measured", 3)
+        for i, t in enumerate((1.0, 12.0, 13.0)):  # 12 s in: one plain line is due off a terminal
+            now[0] = t
+            rec = RequestRecord(4, "measured", i, t_send=t - 0.5, chunk_times=[t - 0.25, t], completion_tokens=2,
+                                done=True)
+            display.request_done(rec, failed=i == 2)
         display.phase_end()
         display.rung_end(RungVoid(4, 1, 1, "http_error", ("http_error: HTTP 500: x",), "h"))
         display.rung_end(RungNotRun(8, "engine_dead: stall"))
-        display.definitions()
+        display.finish()
         text = buf.getvalue()
         assert "c=4    VOID    ok=1 failed=1  http_error  (http_error: HTTP 500: x)" in text
         assert "c=8    NOT_RUN engine_dead: stall" in text and "tpot_ms" in text
+        assert "latency per rung, ms: p50 / p90 / p99" in text and "E2E" in text  # the end table
         assert ("━" in text) == terminal  # the progress bar exists only on a terminal
+        plain = "rung 1/2 c=4 measured: 2/3 done  0 failed  0.3 out tok/s  ttft p50 250 ms"
+        assert (plain in text) != terminal  # one plain line after 10 s, only off a terminal
+        assert text.count("/3 done") == (0 if terminal else 1)
+
+
+def test_the_median_label_is_never_put_on_a_mean():
+    from ladder.display import _mid
+    from ladder.metrics import Summary
+
+    assert _mid(Summary(mean=3.0, percentiles={"p99.9": 9.0})) == "mean 3.0"
+    assert _mid(Summary(mean=3.0, percentiles={"p50": 2.0})) == "p50 2.0"
 
 
 def test_rung_line_never_prints_numbers_for_void():

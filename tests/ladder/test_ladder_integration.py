@@ -34,7 +34,7 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
         assert 50 <= st["ttft_ms"]["percentiles"]["p50"] < 1000
         assert 10 <= st["chunk_gap_ms"]["percentiles"]["p50"] < 500
         assert st["itl_token_ms"]["mean"] < st["chunk_gap_ms"]["mean"]  # 3 tokens share most gaps
-        assert st["e2e_ms"]["mean"] >= st["ttft_ms"]["mean"] + 30
+        assert st["e2e_ms"]["mean"] >= st["ttft_ms"]["mean"] + 25  # three 10 ms gaps, less timer slack
     records = load_records(run)
     assert len(records) == 4 + 8
     assert all(r["chunk_usage"] == [3, 6, 9, 10] and r["num_events"] == 7 for r in records)  # +prelude, usage, DONE
@@ -48,7 +48,8 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     assert manifest["workload"]["continuous_usage_stats"] is True
     assert manifest["workload"]["rung_prompt_hashes"]["1"] == rungs[0]["prompt_hash"]
     assert len((run / "rungs.csv").read_text().splitlines()) == 3
-    assert "Definitions" in out and "c=2" in out
+    assert "latency per rung, ms: p50 / p90 / p99" in out and "c=2" in out and "Definitions" not in out  # definitions only with --explain
+    assert "6 measured ok (+2 warmup)" in out  # warmup requests are not counted as measured
 
 
 def test_one_failed_request_voids_its_rung_only(fake_server, ladder):
@@ -82,7 +83,7 @@ def test_truncated_and_short_streams_void_with_their_reasons(fake_server, ladder
     assert rung["errors"][1] == "length_mismatch: 9 output tokens, 10 requested with ignore_eos"
 
 
-@pytest.mark.parametrize("mode, cause", [("500", "canary failed: http_error: HTTP 500"),
+@pytest.mark.parametrize("mode, cause", [("500", "canary failed 2 of 2 tries: http_error: HTTP 500"),
                                          ("exit", "/health unreachable")])
 def test_engine_death_voids_the_rung_and_skips_the_rest(fake_server, ladder, mode, cause):
     url = fake_server(die_after=6, die_mode=mode)
