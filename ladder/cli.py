@@ -268,8 +268,9 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
 @click.option("--seed", type=int, help="Request i carries seed SEED+i. [default: no request seed]")
 @click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default="openai-chat", show_default=True)
-@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
-              help="Ask for all --max-tokens tokens, so every comparison is as long as it can be.")
+@click.option("--ignore-eos/--no-ignore-eos", default=False, show_default=True,
+              help="Ask for all --max-tokens tokens. Off by default: engines honour ignore_eos differently "
+                   "(llama.cpp bans EOS, vLLM emits it and goes on), which would read as a divergence.")
 @click.option("--prompt-words", type=click.IntRange(1), default=24, show_default=True,
               help="Random words per prompt (seeded, the same for A and B).")
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for both. [env: OPENAI_API_KEY]")

@@ -267,4 +267,6 @@ def summary(verdicts: Sequence[Verdict]) -> str:
 
 def write_json(path: Path, config: IdentityConfig, verdicts: Sequence[Verdict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"config": asdict(config), "verdicts": [asdict(v) for v in verdicts]}, indent=1) + "\n")
+    recorded = asdict(config)
+    recorded["api_key"] = "<set>" if config.api_key else None  # a secret never reaches a file
+    path.write_text(json.dumps({"config": recorded, "verdicts": [asdict(v) for v in verdicts]}, indent=1) + "\n")

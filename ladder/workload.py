@@ -135,7 +135,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
 
     input_len = config.input_len or DEFAULT_INPUT_LEN
     words = (max(16, input_len), max(8, input_len // 2))
-    first = await probe(words[0])
+    first = await probe(words[0] if kind == "random" else 8)  # a dataset's probe only checks usage
     sizing: dict = {"method": "dataset"}
     if kind == "random":
         if config.tokenizer is not None:

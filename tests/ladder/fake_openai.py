@@ -21,6 +21,9 @@ Script keys (all optional):
   api_key           require `Authorization: Bearer <api_key>`                        (null)
   spec_k            expose vLLM spec-decode counters as if every chunk were one verify with k drafts
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
+  overload_at       load serials answered 429 (the server sheds load)
+  slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
+  plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
   die_after         after this many load requests the engine dies ...
   die_mode          ... "exit" (the process exits), "500" (every completion then fails, /health stays 200,
                     like an engine stopped behind a live HTTP front) or "stall" (every stream then freezes)
@@ -69,7 +72,8 @@ class FakeServer:
 
     def send_json(self, writer, status: int, obj) -> None:
         data = json.dumps(obj).encode()
-        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Error"}[status]
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
+                  500: "Error"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
 
@@ -123,6 +127,12 @@ class FakeServer:
         if self.dead or serial in s.get("fail_at", ()):
             self.send_json(writer, 500, {"error": {"message": "request submitted to a stopped engine"}})
             return True
+        if serial in s.get("overload_at", ()):
+            self.send_json(writer, 429, {"error": {"message": "too many requests", "type": "overloaded"}})
+            return True
+        if s.get("plain_json"):
+            self.send_json(writer, 200, {"choices": [{"message": {"content": "hi"}}]})
+            return True
         if s.get("short_at") and serial in s["short_at"]:
             max_tokens -= 1
         prompt = (req["messages"][0]["content"] if chat else req["prompt"])
@@ -161,7 +171,7 @@ class FakeServer:
 
         if chat and s.get("role_prelude", True):
             await emit(chunk("", 0, role=True))
-        await asyncio.sleep(s.get("ttft", 0.0))
+        await asyncio.sleep(s.get("slow_ttft", 0.0) if serial in s.get("slow_at", ()) else s.get("ttft", 0.0))
         k = s.get("tokens_per_chunk", 1)
         done = 0
         while done < max_tokens:

@@ -74,6 +74,37 @@ def test_a_failed_warmup_request_voids_its_rung(fake_server, ladder):
     assert (rungs[1]["num_ok"], rungs[1]["num_failed"], rungs[1]["reason"]) == (7, 1, "http_error")
 
 
+def test_goodput_halves_when_half_the_requests_miss_the_ttft_slo(fake_server, ladder):
+    url = fake_server(ttft=0.05, gap=0.01, slow_at=[1, 3], slow_ttft=1.5)
+    code, out, _, run = ladder("--base-url", url, "--c", "2", "--input-len", "64", "--output-len", "10",
+                               "--prompts-per-rung", "4", "--warmup", "0", "--goodput", "ttft:1000 e2el:60000")
+    (rung,) = load_rungs(run)
+    assert code == 0 and rung["stats"]["goodput_fraction"] == 0.5 and "goodput" in out
+    records = load_records(run)
+    assert len(records) == 4 and [r["phase"] for r in records] == ["measured"] * 4  # --warmup 0 is honoured
+    # per-request fields, one-sided: the scripted server never answers faster than its script
+    for r in records:
+        assert r["output_tokens"] == 10 and len(r["itl_ms"]) == 9
+        assert r["ttft_ms"] >= 50 and r["e2e_ms"] >= r["ttft_ms"] and r["tpot_ms"] > 0
+        assert min(r["itl_ms"]) >= 5  # 10 ms scripted gaps, less timer slack
+    assert sorted(r["ttft_ms"] >= 1500 for r in records) == [False, False, True, True]
+
+
+def test_a_429_is_reported_as_overloaded(fake_server, ladder):
+    url = fake_server(overload_at=[1])
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
+    (rung,) = load_rungs(run)
+    assert (code, rung["status"], rung["reason"]) == (1, "VOID", "overloaded")
+    assert rung["errors"][0].startswith("overloaded: HTTP 429")
+
+
+def test_a_server_that_does_not_stream_is_named_by_its_content_type(fake_server, ladder):
+    url = fake_server(plain_json=True)
+    code, _, err, _ = ladder("--base-url", url, "--c", "1", *FAST)
+    assert code == 2 and "application/json" in err and "does it support streaming?" in err
+    assert "[DONE]" not in err
+
+
 def test_truncated_and_short_streams_void_with_their_reasons(fake_server, ladder):
     url = fake_server(truncate_at=[1], short_at=[2])
     code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
