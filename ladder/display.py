@@ -55,7 +55,9 @@ def rung_line(rung: RungResult) -> str:
         return head + "  ".join(parts + [f"{flag} {notes[flag]}" for flag in rung.flags])
     if isinstance(rung, RungVoid):
         first = f"  ({rung.errors[0]})" if rung.errors else ""
-        return head + f"ok={rung.num_ok} failed={rung.num_failed}  {rung.reason}{first}"
+        where = (" (" + ", ".join(f"{phase} {n}" for phase, n in rung.failed_phases.items()) + ")"
+                 if rung.failed_phases else "")
+        return head + f"ok={rung.num_ok} failed={rung.num_failed}{where}  {rung.reason}{first}"
     return head + rung.reason
 
 

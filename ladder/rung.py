@@ -4,6 +4,7 @@ A VOID rung is a different type from an OK one, and it has no field that could h
 statistics cannot be written for it, by construction.
 """
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from ladder.arrivals import Lateness
@@ -48,6 +49,7 @@ class RungVoid:
     errors: tuple[str, ...]
     prompt_hash: str
     request_rate: float | None = None
+    failed_phases: dict[str, int] | None = None  # failures per phase, e.g. {"warmup": 1}
 
     status = "VOID"
     flags = ()
@@ -67,13 +69,15 @@ RungResult = RungOk | RungVoid | RungNotRun
 
 
 def void_from_failures(concurrency: int, num_ok: int, failures: list[str], prompt_hash: str,
-                       engine_dead: str | None, request_rate: float | None = None) -> RungVoid:
+                       engine_dead: str | None, request_rate: float | None = None,
+                       phases: list[str] | None = None) -> RungVoid:
     """reason: engine_dead (with its cause) or the failure kinds in order of first appearance."""
     distinct = list(dict.fromkeys(failures))
     kinds = list(dict.fromkeys(f.split(":", 1)[0] for f in failures))
     reason = f"engine_dead: {engine_dead}" if engine_dead else ", ".join(kinds)
     return RungVoid(concurrency=concurrency, num_ok=num_ok, num_failed=len(failures), reason=reason,
-                    errors=tuple(distinct[:MAX_ERRORS]), prompt_hash=prompt_hash, request_rate=request_rate)
+                    errors=tuple(distinct[:MAX_ERRORS]), prompt_hash=prompt_hash, request_rate=request_rate,
+                    failed_phases=dict(Counter(phases)) if phases else None)
 
 
 def to_dict(rung: RungResult) -> dict:

@@ -193,11 +193,12 @@ class Ladder:
         measured = [r for r in measured if r not in unsent]
         records += measured
         failures = [f for r in records if (f := self._failure(r)) is not None]
+        phases = [r.phase for r in records if self._failure(r) is not None]
         if failures and dead is None:
             dead = await self.check_alive()
         if failures or dead:
             return void_from_failures(c, len(records) - len(failures), failures, work.prompt_hash, dead,
-                                      request_rate=rate), records, dead
+                                      request_rate=rate, phases=phases), records, dead
         stats = rung_stats(measured, cfg.percentiles, cfg.goodput)
         late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
                 if cfg.open_loop else None)

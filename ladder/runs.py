@@ -27,6 +27,8 @@ class RungRow:
     stats: dict | None
     audit: dict | None
     spec: dict | None
+    peak_in_flight: int | None = None
+    lateness: dict | None = None
 
     @property
     def load(self) -> float:
@@ -38,7 +40,8 @@ class RungRow:
                    reason=row.get("reason"), num_ok=row.get("num_ok"), num_failed=row.get("num_failed"),
                    errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
                    stats=row.get("stats") if row["status"] == "OK" else None,
-                   audit=row.get("audit"), spec=row.get("spec"))
+                   audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
+                   lateness=row.get("lateness"))
 
 
 @dataclass(frozen=True)

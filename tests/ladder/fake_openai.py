@@ -23,6 +23,7 @@ Script keys (all optional):
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
   overload_at       load serials answered 429 (the server sheds load)
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
+  canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
   plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
   die_after         after this many load requests the engine dies ...
   die_mode          ... "exit" (the process exits), "500" (every completion then fails, /health stays 200,
@@ -45,6 +46,7 @@ class FakeServer:
     def __init__(self, script: dict):
         self.s = script
         self.num_load = 0
+        self.num_canary = 0
         self.dead = False
         self.stalled = asyncio.Event()
         self.drafts = 0
@@ -114,6 +116,11 @@ class FakeServer:
             self.send_json(writer, 400, {"error": {"message": "unknown field continuous_usage_stats"}})
             return True
         serial = None
+        if max_tokens == 1 and self.num_load:
+            self.num_canary += 1
+            if self.num_canary - 1 in s.get("canary_fail_at", ()):
+                self.send_json(writer, 500, {"error": {"message": "hiccup"}})
+                return True
         if max_tokens > 1:
             serial = self.num_load
             self.num_load += 1

@@ -69,6 +69,14 @@ def test_void_not_run_and_client_bound_stay_visible_with_reasons(tmp_path, compa
     assert rows(out, "acceptance length")[1][1] == "n/a"  # an OK rung without spec counters
 
 
+def test_a_rung_that_never_reached_c_is_flagged_below_c(tmp_path, compare):
+    a = write_run(tmp_path, "a", [ok(1, 100.0), ok(4, 150.0, peak=2)])
+    code, out, _ = compare(a)
+    output = rows(out, "output")
+    assert code == 0 and output[1] == ["100.0"] and output[4][0].startswith("150.0 BELOW_C[^")
+    assert "a, c=4: BELOW_C, peak 2 in flight: the rung never had c requests in flight" in footnote(out, output[4][0])
+
+
 def test_formulas_are_footnoted_and_the_percentile_is_stated(tmp_path, compare):
     a = write_run(tmp_path, "a", [ok(1, 100.0, ttft=100.0)])
     code, out, _ = compare(a, "--percentile", "90")

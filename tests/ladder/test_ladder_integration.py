@@ -26,6 +26,7 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     for r in rungs:
         st = r["stats"]
         assert st["num_requests"] == 3 * r["concurrency"]
+        assert r["peak_in_flight"] == r["concurrency"] and r["flags"] == []  # the rung really ran at c
         assert st["output_tokens"] == {"min": 10, "mean": 10.0, "max": 10}
         assert st["tokens_per_chunk"]["mean"] == 10 / 4  # chunks of 3, 3, 3, 1
         assert abs(st["input_tokens"]["mean"] - 64) <= 2  # calibrated through two probes
@@ -46,6 +47,13 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     assert manifest["engine_sources"]["dtype"] == "metadata"
     assert manifest["engine_sources"]["max_model_len"] == "server"
     assert manifest["workload"]["continuous_usage_stats"] is True
+    nonce = manifest["workload"]["cache_bust"]["nonce"]
+    assert len(nonce) == 8
+    # a second run: another nonce (no prefix cache can serve it), the same requests as far as compare goes
+    _, _, _, again = ladder("--base-url", url, "--c", "1,2", *FAST)
+    other = json.loads((again / "manifest.json").read_text())["workload"]
+    assert other["cache_bust"]["nonce"] != nonce
+    assert other["rung_prompt_hashes"] == manifest["workload"]["rung_prompt_hashes"]
     assert manifest["workload"]["rung_prompt_hashes"]["1"] == rungs[0]["prompt_hash"]
     assert len((run / "rungs.csv").read_text().splitlines()) == 3
     assert "latency per rung, ms: p50 / p90 / p99" in out and "c=2" in out and "Definitions" not in out  # definitions only with --explain
@@ -72,6 +80,16 @@ def test_a_failed_warmup_request_voids_its_rung(fake_server, ladder):
     assert code == 1
     assert [r["status"] for r in rungs] == ["OK", "VOID"]
     assert (rungs[1]["num_ok"], rungs[1]["num_failed"], rungs[1]["reason"]) == (7, 1, "http_error")
+    assert rungs[1]["failed_phases"] == {"warmup": 1}
+
+
+def test_one_failed_canary_of_a_live_server_is_not_engine_death(fake_server, ladder):
+    url = fake_server(fail_at=[1], canary_fail_at=[0])  # a request fails, then the first canary after it
+    code, out, _, run = ladder("--base-url", url, "--c", "1,2", *FAST)
+    rungs = load_rungs(run)
+    assert code == 1  # VOID, not 3: 2 of 3 canaries must fail before the engine counts as dead
+    assert [(r["status"], r.get("reason")) for r in rungs] == [("VOID", "http_error"), ("OK", None)]
+    assert "failed=1 (measured 1)" in out
 
 
 def test_goodput_halves_when_half_the_requests_miss_the_ttft_slo(fake_server, ladder):
@@ -223,6 +241,14 @@ def test_server_rejecting_continuous_usage_gets_requests_without_it(fake_server,
     assert code == 0
     assert rung["stats"]["itl_token_ms"] is None and rung["stats"]["tokens_per_chunk"]["mean"] == 2.0
     assert json.loads((run / "manifest.json").read_text())["workload"]["continuous_usage_stats"] is False
+
+
+def test_the_manifest_records_the_usage_the_server_sent_not_what_was_asked(fake_server, ladder):
+    url = fake_server(continuous=False)  # accepts continuous_usage_stats, never sends it (as llama.cpp)
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
+    workload = json.loads((run / "manifest.json").read_text())["workload"]
+    assert code == 0 and workload["continuous_usage_requested"] is True
+    assert workload["continuous_usage_stats"] is False
 
 
 def test_pings_split_writes_and_completions_backend(fake_server, ladder):
