@@ -55,6 +55,7 @@ class Completion:
     text: str = ""
     token_ids: list[int] | None = None
     error: str | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,17 @@ def divergence_context(a: Sequence, b: Sequence, position: int, width: int) -> s
             f"| B: {show(b[position:position + width])}")
 
 
+def eos_note(seq_a: Sequence, seq_b: Sequence, pos: int, a: Completion, b: Completion) -> str:
+    """Say so when the divergence is one side stopping at end-of-sequence while the other went on: engines
+    treat EOS differently (with ignore_eos llama.cpp bans it, vLLM emits it and goes on), so the text up to
+    there can look identical."""
+    for name, seq, done, other in (("A", seq_a, a, "B"), ("B", seq_b, b, "A")):
+        if pos == len(seq) and done.finish_reason == "stop":
+            return (f"; the divergence falls on an end-of-sequence token: {name} stopped there "
+                    f"(finish_reason stop) and {other} went on")
+    return ""
+
+
 def compare(c: int, index: int, a: Completion, b: Completion) -> Verdict:
     if a.error or b.error:
         why = "; ".join(f"{side}: {c.error}" for side, c in (("A", a), ("B", b)) if c.error)
@@ -112,6 +124,7 @@ def compare(c: int, index: int, a: Completion, b: Completion) -> Verdict:
         text_pos = first_divergence(a.text, b.text)
         if mode == IDS and text_pos is not None:  # the text is what a person can read
             context += f"; text from char {text_pos}: {divergence_context(a.text, b.text, text_pos, 4 * CONTEXT)}"
+        context += eos_note(seq_a, seq_b, pos, a, b)
     return Verdict(c, index, pos is None, mode, len(seq_a), len(seq_b), pos, context, a, b)
 
 
@@ -145,6 +158,7 @@ async def fetch(session: aiohttp.ClientSession, url: str, body: dict, timeout_s:
                     if "error" in obj and not obj.get("choices"):
                         out.error = f"stream error: {obj['error']}"
                     for choice in obj.get("choices") or ():
+                        out.finish_reason = choice.get("finish_reason") or out.finish_reason
                         out.text += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                         chunk_ids = _token_ids(choice)
                         if chunk_ids is not None:

@@ -23,6 +23,7 @@ Script keys (all optional):
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
   overload_at       load serials answered 429 (the server sheds load)
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
+  stop_after        finish with finish_reason "stop" after this many tokens (an EOS), unless ignore_eos
   canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
   plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
   die_after         after this many load requests the engine dies ...
@@ -140,6 +141,9 @@ class FakeServer:
         if s.get("plain_json"):
             self.send_json(writer, 200, {"choices": [{"message": {"content": "hi"}}]})
             return True
+        stopped = s.get("stop_after") is not None and not req.get("ignore_eos") and s["stop_after"] < max_tokens
+        if stopped:
+            max_tokens = s["stop_after"]
         if s.get("short_at") and serial in s["short_at"]:
             max_tokens -= 1
         prompt = (req["messages"][0]["content"] if chat else req["prompt"])
@@ -196,7 +200,8 @@ class FakeServer:
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
             text = "".join("Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p, d in zip(positions, diverged))
             ids = [99 if d else p % len(TOKEN_TEXTS) for p, d in zip(positions, diverged)]
-            await emit(chunk(text, done, finish="length" if done == max_tokens else None, ids=ids))
+            finish = ("stop" if stopped else "length") if done == max_tokens else None
+            await emit(chunk(text, done, finish=finish, ids=ids))
             if done < max_tokens:
                 gap = s.get("gap", 0.0)
                 await asyncio.sleep(gap) if gap else await asyncio.sleep(0)
