@@ -22,8 +22,8 @@ from time import perf_counter, time
 from ladder import arrivals, engine_info
 from ladder.audit import AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase
-from ladder.config import EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
-from ladder.display import Display
+from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
+from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.records import RequestRecord, failure
@@ -33,6 +33,7 @@ from ladder.store import RunStore
 from ladder.workload import Workload, prepare
 
 WATCH_INTERVAL_S = 0.1
+INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
 
 
 def resolve_target(config: RunConfig) -> tuple[str, str | None]:
@@ -98,6 +99,7 @@ class Ladder:
         self.config, self.ep, self.server, self.work = config, ep, server, work
         self.store, self.display, self.epoch = store, display, epoch
         self.usage_seen = False  # did any chunk carry continuous usage?
+        self.warnings: list[str] = []
 
     def _failure(self, rec: RequestRecord) -> str | None:
         return failure(rec, rec.max_tokens, ignore_eos=self.config.eos_ignored,
@@ -222,7 +224,23 @@ class Ladder:
                 self.store.append_records(records, self.epoch, self._failure)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
+            if (warning := self._input_len_warning(rungs[-1])) is not None:
+                self.warnings.append(warning)
+                self.display.note(f"warning: {warning}")
         return rungs, dead
+
+
+    def _input_len_warning(self, rung: RungResult) -> str | None:
+        """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
+        more than INPUT_LEN_TOLERANCE."""
+        asked = self.config.input_len or DEFAULT_INPUT_LEN
+        if self.work.dataset["kind"] != "random" or not isinstance(rung, RungOk) or rung.stats.input_tokens is None:
+            return None
+        got = rung.stats.input_tokens.mean
+        if abs(got - asked) <= INPUT_LEN_TOLERANCE * asked:
+            return None
+        return (f"{load_label(rung)}: the server counted {got:.0f} prompt tokens on average for --input-len {asked} "
+                f"({100 * (got - asked) / asked:+.0f}%); with --tokenizer, is it the server's tokenizer?")
 
 
 def hash_seed(seed: int, load: float) -> int:
@@ -261,6 +279,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
             rungs, dead = await ladder.run()
             code = exit_code(rungs, dead)
             info["workload"]["continuous_usage_stats"] = ladder.usage_seen
+            info["warnings"] = ladder.warnings
             info["result"] = {"exit_code": code, "engine_dead": dead}
             store.write_manifest(info)
             display.finish()

@@ -11,13 +11,12 @@ import json
 import random
 import secrets
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from ladder import datasets, engine_info, prompts
 from ladder.client import Messages, request_body
 from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, SetupError
 from ladder.endpoint import Endpoint
-from ladder.records import failure
+from ladder.records import RequestRecord, failure
 
 
 @dataclass(frozen=True)
@@ -58,16 +57,6 @@ def with_nonce(messages: tuple[tuple[str, str], ...], nonce: str | None) -> Mess
     return [(role, f"[{nonce}] {content}"), *rest]
 
 
-def _tokenizer(path: Path):
-    from tokenizers import Tokenizer
-
-    file = path / "tokenizer.json" if path.is_dir() else path
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as e:  # the tokenizers library raises its own untyped errors
-        raise SetupError(f"cannot load tokenizer {file}: {e}") from e
-
-
 def _sample(pool: tuple, seed: int, load: int | float, phase: str, count: int) -> list:
     rng = random.Random(f"ladder:{seed}:{load}:{phase}")
     return rng.sample(pool, count) if count <= len(pool) else rng.choices(pool, k=count)
@@ -96,7 +85,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
     dataset_info: dict = {"kind": kind}
     if kind != "random":  # read and filter the file before touching the server
         data = datasets.load(kind, path)
-        tok = _tokenizer(config.tokenizer) if config.tokenizer is not None else None
+        tok = prompts.load_tokenizer(config.tokenizer) if config.tokenizer is not None else None
         count = (lambda text: len(tok.encode(text, add_special_tokens=False).ids)) if tok else None
         pool = datasets.select(data, count, config.output_len, config.max_input_len)
         dataset_info = {"kind": kind, "source": data.source, "num_records": data.num_records,
@@ -114,10 +103,12 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
     rng = random.Random(f"ladder-probe:{config.seed}")
     continuous = True
 
-    async def probe(num_words: int):
+    async def probe(num_words: int) -> tuple[RequestRecord, str]:
+        """(record, prompt text without the nonce) of a 1-token request."""
         nonlocal continuous
+        text = prompts.words_text(rng, num_words)
         while True:
-            msgs = with_nonce((("user", prompts.words_text(rng, num_words)),), nonce)
+            msgs = with_nonce((("user", text),), nonce)
             body = request_body(msgs, model=model, chat=config.chat, max_tokens=1,
                                 temperature=config.temperature, continuous_usage=continuous)
             rec = await ep.probe(body, config.timeout_s)
@@ -131,21 +122,30 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             if rec.completion_tokens is None and not config.allow_chunk_count:
                 raise SetupError("the server sends no usage.completion_tokens; pass --allow-chunk-count "
                                  "to count one token per chunk")
-            return rec
+            return rec, text
 
     input_len = config.input_len or DEFAULT_INPUT_LEN
     words = (max(16, input_len), max(8, input_len // 2))
-    first = await probe(words[0] if kind == "random" else 8)  # a dataset's probe only checks usage
+    first, first_text = await probe(words[0] if kind == "random" else 8)  # a dataset's probe checks usage only
     sizing: dict = {"method": "dataset"}
     if kind == "random":
         if config.tokenizer is not None:
-            sizer = prompts.tokenizer_sizer(config.tokenizer, input_len)
-            sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer)}
+            # NOTE: --input-len is the server's prompt_tokens in both modes, so the tokenizer sizes the text
+            # to input_len minus what the server adds around it (chat template, BOS, nonce), measured once
+            # from the probe; a server without prompt usage is taken to add nothing.
+            tok = prompts.load_tokenizer(config.tokenizer)
+            overhead = 0
+            if first.prompt_tokens is not None:
+                overhead = first.prompt_tokens - len(tok.encode(first_text, add_special_tokens=False).ids)
+            if input_len - overhead < 1:
+                raise SetupError(f"--input-len {input_len} is below the server's prompt overhead of {overhead} tokens")
+            sizer = prompts.tokenizer_sizer(tok, input_len - overhead)
+            sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer), "overhead_tokens": overhead}
         else:
             if first.prompt_tokens is None:
                 raise SetupError("the server reports no usage.prompt_tokens, so prompts cannot be sized; "
                                  "pass --tokenizer PATH")
-            second = await probe(words[1])
+            second, _ = await probe(words[1])
             cal = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
             num_words = cal.words_for(input_len)
             sizer = prompts.calibrated_sizer(num_words)

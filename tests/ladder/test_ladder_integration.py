@@ -234,6 +234,24 @@ def test_missing_usage_needs_allow_chunk_count_and_a_tokenizer(fake_server, ladd
     assert rung["stats"]["input_tokens"] is None and rung["stats"]["total_throughput"] is None
 
 
+def test_tokenizer_mode_sizes_to_the_servers_prompt_tokens_and_warns_when_it_cannot(fake_server, ladder, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from ladder.prompts import WORDS
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)} | {"[UNK]": len(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tok.json"))
+    url = fake_server()  # counts 4/3 tokens per word + 7 for the template: not this tokenizer's 1 per word
+    code, out, _, run = ladder("--base-url", url, "--c", "1", *FAST, "--tokenizer", str(tmp_path / "tok.json"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    sizing = manifest["workload"]["prompt_sizing"]
+    assert code == 0 and sizing["method"] == "tokenizer"
+    assert sizing["overhead_tokens"] == (64 + 1) * 4 // 3 + 7 - 64  # template and nonce (one more word)
+    (warning,) = manifest["warnings"]
+    assert warning.startswith("c=1: the server counted") and "--input-len 64" in warning and warning in out
+
+
 def test_server_rejecting_continuous_usage_gets_requests_without_it(fake_server, ladder):
     url = fake_server(reject_continuous=True, tokens_per_chunk=2)
     code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
