@@ -57,7 +57,14 @@ def workload_caption(run: Run) -> str:
     sampling = w.get("sampling") or {}
     per_rung = (f"{f['prompts_per_rung']} prompts per rung" if f.get("prompts_per_rung")
                 else f"{f.get('prompts_per_concurrency', '?')}·c prompts per rung")
-    return (f"{w.get('endpoint_kind', '?')}, {w.get('input_len', '?')} tokens in / {w.get('output_len', '?')} out"
+    data = w.get("dataset") or {"kind": "random"}
+    if data["kind"] == "random":
+        prompts = f"{w.get('input_len') or '?'} tokens in"
+    else:
+        limit = f" of ≤ {data['max_input_len']} tokens" if data.get("max_input_len") else ""
+        prompts = f"{data['kind']} prompts{limit} ({data.get('num_usable', '?')} of {data.get('num_records', '?')} records)"
+    out_len = w.get("output_len") or "dataset lengths"
+    return (f"{w.get('endpoint_kind', '?')}, {prompts} / {out_len} out"
             f"{' (ignore_eos)' if sampling.get('ignore_eos') else ''}, {per_rung}, "
             f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}")
 

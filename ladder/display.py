@@ -132,7 +132,8 @@ class Display:
 
     def finish(self) -> None:
         """The end table, then the metric definitions when --explain asked for them."""
-        self.console.print(end_table(self._rungs))
+        # NOTE: off a terminal nothing limits the width, and a log is read later: print the table whole.
+        self.console.print(end_table(self._rungs), width=None if self.console.is_terminal else 160)
         if self.explain:
             self.console.print("Definitions:")
             for name, formula in DEFINITIONS.items():

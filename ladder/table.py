@@ -65,6 +65,7 @@ GROUPS = (
         PER_USER,
         Metric("tokens_per_chunk", "tokens per chunk (mean)", "tok", 2, _summary("tokens_per_chunk", "mean")),
         Metric("acceptance_length", "acceptance length", "tok", 2, _spec("acceptance_length")),
+        Metric("acceptance_rate", "acceptance rate", "accepted / drafted", 2, _spec("acceptance_rate")),
     )),
 )
 
