@@ -180,6 +180,7 @@ def cli() -> None:
               help="Local tokenizer.json (or its folder): sizes random prompts, counts dataset prompts and replies.")
 @click.option("--allow-chunk-count", is_flag=True,
               help="Count one token per chunk when the server sends no usage, instead of failing.")
+@click.option("--save-text", is_flag=True, help="Keep every request's prompt and output text in requests.jsonl.")
 @click.option("--explain", is_flag=True, help="Print the metric definitions after the run.")
 @click.option("--client-bound-cpu-pct", type=click.FloatRange(0), default=DEFAULT_MAX_CPU_PCT, show_default=True,
               help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION.")

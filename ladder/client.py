@@ -86,6 +86,10 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
             rec.chunk_times.append(now)
             if counted:
                 rec.chunk_usage.append(rec.completion_tokens)
+            if rec.output_text is not None:  # --save-text
+                choice = choices[0]
+                rec.output_text += (choice.get("text") if not chat else
+                                    (choice.get("delta") or {}).get("content")) or ""
     elif "error" in obj:
         err = obj["error"]
         rec.error = rec.error or f"stream_error: {err.get('message', err) if isinstance(err, dict) else err}"

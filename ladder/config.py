@@ -71,6 +71,7 @@ class RunConfig:
     temperature: float = DEFAULT_TEMPERATURE
     tokenizer: Path | None = None
     allow_chunk_count: bool = False
+    save_text: bool = False  # prompt and output of every request in requests.jsonl
     audit: AuditThresholds = AuditThresholds()
 
     @property

@@ -24,6 +24,8 @@ class RequestRecord:
     completion_tokens: int | None = None
     done: bool = False  # [DONE] arrived
     error: str | None = None  # "kind: detail", set by the client
+    prompt: list[tuple[str, str]] | None = None  # --save-text: the messages as sent, nonce included
+    output_text: str | None = None  # --save-text: the content the stream carried
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

@@ -30,7 +30,7 @@ from ladder.records import RequestRecord, failure
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
-from ladder.workload import Workload, prepare
+from ladder.workload import Workload, prepare, with_nonce
 
 WATCH_INTERVAL_S = 0.1
 INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
@@ -157,6 +157,9 @@ class Ladder:
                      ) -> tuple[list[RequestRecord], str | None, Progress]:
         c = self.config.concurrency_of(load)
         records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens) for i, r in enumerate(requests)]
+        if self.config.save_text:
+            for rec, req in zip(records, requests):
+                rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
         progress = Progress(perf_counter())
 
         def on_done(rec: RequestRecord) -> bool:

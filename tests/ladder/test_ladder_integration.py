@@ -252,6 +252,34 @@ def test_tokenizer_mode_sizes_to_the_servers_prompt_tokens_and_warns_when_it_can
     assert warning.startswith("c=1: the server counted") and "--input-len 64" in warning and warning in out
 
 
+def test_save_text_keeps_prompt_and_output_and_no_cache_bust_keeps_prompts_exact(fake_server, ladder):
+    url = fake_server()
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST, "--save-text", "--no-cache-bust")
+    records = load_records(run)
+    assert code == 0 and len(records) == 4
+    assert all(r["output_text"] == "é日本 wö€é日本 wö€" for r in records)  # the fake's 10 tokens, in order
+    assert all(len(r["prompt"]) == 1 and r["prompt"][0][0] == "user" for r in records)
+    assert not records[0]["prompt"][0][1].startswith("[")  # no nonce
+    assert json.loads((run / "manifest.json").read_text())["workload"]["cache_bust"] is False
+    code, _, _, again = ladder("--base-url", url, "--c", "1", *FAST, "--save-text", "--no-cache-bust")
+    assert [r["prompt"] for r in load_records(again)] == [r["prompt"] for r in records]  # exactly reproduced
+    _, _, _, busted = ladder("--base-url", url, "--c", "1", *FAST, "--save-text")
+    nonce = json.loads((busted / "manifest.json").read_text())["workload"]["cache_bust"]["nonce"]
+    assert all(r["prompt"][0][1].startswith(f"[{nonce}] ") for r in load_records(busted))
+    _, _, _, plain = ladder("--base-url", url, "--c", "1", *FAST)
+    assert all(r["prompt"] is None and r["output_text"] is None for r in load_records(plain))
+
+
+def test_max_duration_stops_sending_and_counts_the_unsent(fake_server, ladder):
+    url = fake_server(gap=0.05)  # each request streams for at least 0.45 s
+    code, out, _, run = ladder("--base-url", url, "--c", "1", "--input-len", "64", "--output-len", "10",
+                               "--prompts-per-rung", "6", "--warmup", "0", "--max-duration", "0.3")
+    (rung,) = load_rungs(run)
+    assert code == 0 and (rung["num_measured"], rung["num_unsent"]) == (1, 5)
+    assert rung["stats"]["num_requests"] == 1 and "5 unsent (--max-duration)" in out
+    assert len(load_records(run)) == 1  # unsent requests are not results
+
+
 def test_server_rejecting_continuous_usage_gets_requests_without_it(fake_server, ladder):
     url = fake_server(reject_continuous=True, tokens_per_chunk=2)
     code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
