@@ -104,18 +104,23 @@ def _engine_table(runs: Sequence[Run]) -> list[str]:
     return out
 
 
+def load_column(run: Run) -> str:
+    """The rung key's column: c (closed loop) or the request rate (open loop)."""
+    return "rate (req/s)" if "request_rate" in (run.workload.get("load") or {}) else "c"
+
+
 def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
     runs = cmp.runs
     heads = [r.label if r is cmp.baseline or cmp.baseline is None else f"{r.label} (Δ% vs {cmp.baseline.label})"
              for r in runs]
     title = group.title.replace("{pct}", cmp.percentile)
     out = [f"### {title}" + (f" ({group.direction})" if group.direction else ""), "",
-           _row(["metric", "c", *heads]), _row(["---", "---:", *(["---:"] * len(runs))])]
+           _row(["metric", load_column(cmp.reference), *heads]), _row(["---", "---:", *(["---:"] * len(runs))])]
     for metric in group.metrics:
         formula = cmp.reference.definitions.get(metric.key) or DEFINITIONS.get(metric.key, "")
         name = f"{metric.name} ({metric.unit}){notes.ref(f'{metric.name}: {formula}')}"
         for c in concurrencies(runs):
-            out.append(_row([name, str(c), *(cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs)]))
+            out.append(_row([name, f"{c:g}", *(cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs)]))
     return out + [""]
 
 

@@ -86,6 +86,8 @@ def workload_differences(runs: Sequence[Run]) -> list[Difference]:
     for key in ("seed", "input_len", "output_len", "sampling", "endpoint_kind"):
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
     out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
+    out += _differs("load", runs, lambda r: "request rate" if "request_rate" in (r.workload.get("load") or {})
+                    else "concurrency", "a rate rung and a concurrency rung do not measure the same thing")
     common = sorted(set.intersection(*(set(r.rungs) for r in runs)))
     for c in common:
         out += _differs(f"prompt texts at c={c}", runs,

@@ -77,6 +77,20 @@ def test_a_rung_that_never_reached_c_is_flagged_below_c(tmp_path, compare):
     assert "a, c=4: BELOW_C, peak 2 in flight: the rung never had c requests in flight" in footnote(out, output[4][0])
 
 
+def test_open_loop_runs_are_keyed_by_rate_and_never_mixed_with_closed_loop(tmp_path, compare):
+    rate_workload = {**WORKLOAD, "load": {"request_rate": [1.0, 2.5], "burstiness": 1.0, "max_concurrency": None}}
+    rungs = [ok(1, 100.0), ok(2, 150.0)]
+    for rung, rate in zip(rungs, (1.0, 2.5)):
+        object.__setattr__(rung, "request_rate", rate)
+    a = write_run(tmp_path, "a", rungs, workload=rate_workload)
+    code, out, _ = compare(a)
+    assert code == 0 and "| metric | rate (req/s) | a |" in out
+    assert [line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| output (")] == ["1", "2.5"]
+    closed = write_run(tmp_path, "b", [ok(1, 100.0)], workload={**WORKLOAD, "load": {"concurrency": [1]}})
+    code, _, err = compare(a, closed)
+    assert code == 2 and "load: a = request rate, b = concurrency" in err
+
+
 def test_formulas_are_footnoted_and_the_percentile_is_stated(tmp_path, compare):
     a = write_run(tmp_path, "a", [ok(1, 100.0, ttft=100.0)])
     code, out, _ = compare(a, "--percentile", "90")
