@@ -31,7 +31,7 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m "slow and not gpu"
 
-# The main job: the embedded SmolLM2 laddered on refengine (spec off, self-draft, eagle) and llama.cpp,
+# The main job: the embedded SmolLM2 laddered on ShareGPT prompts on refengine (spec off, ngram, eagle) and llama.cpp,
 # then `ladder compare` into reports/demo.md and reports/demo/*.png.
 demo: install
 	$(VENV)/bin/refengine generate --model smollm2 --chat --max-tokens 48 --fast \

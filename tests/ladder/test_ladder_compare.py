@@ -188,3 +188,14 @@ def test_runs_sharing_a_label_are_told_apart_by_directory(tmp_path, compare):
     (tmp_path / "y" / "run").rename(tmp_path / "y" / "second")
     code, out, _ = compare(a.parent / "first", b.parent / "second")
     assert code == 0 and "| metric | c | first | second |" in out
+
+
+def test_plots_of_an_open_loop_run_skip_rate_inf_and_say_rate(tmp_path, compare):
+    rate_workload = {**WORKLOAD, "load": {"request_rate": [1.0, 2.0, float("inf")]}}
+    rungs = [ok(1, 100.0), ok(2, 150.0), ok(4, 160.0)]
+    for rung, rate in zip(rungs, (1.0, 2.0, float("inf"))):
+        object.__setattr__(rung, "request_rate", rate)
+    a = write_run(tmp_path, "a", rungs, workload=rate_workload)
+    code, out, _ = compare(a, "--out", tmp_path / "r.md", "--plots", tmp_path / "p")
+    assert code == 0 and (tmp_path / "p" / "throughput.png").stat().st_size > 10_000
+    assert "| output (tok/s)[^1] | inf | 160.0 |" in (tmp_path / "r.md").read_text()
