@@ -69,6 +69,18 @@ def _carries_output(choice: dict, chat: bool) -> bool:
                 or delta.get("tool_calls") or delta.get("function_call"))
 
 
+def token_ids(choice: dict) -> list[int] | None:
+    """The ids a chunk's choice carries: choices[].token_ids (return_token_ids), else logprob tokens spelled
+    "token_id:N" (return_tokens_as_token_ids); None when it carries neither."""
+    if isinstance(choice.get("token_ids"), list):
+        return choice["token_ids"]
+    logprobs = choice.get("logprobs") or {}
+    tokens = [e.get("token") for e in logprobs.get("content") or ()] or logprobs.get("tokens") or []
+    if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    return None
+
+
 def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
     rec.num_events += 1
     if data == b"[DONE]":
@@ -82,12 +94,15 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         rec.prompt_tokens = usage.get("prompt_tokens")
     choices = obj.get("choices")
     if choices:
-        if _carries_output(choices[0], chat):
+        choice = choices[0]
+        rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
+        if rec.token_ids is not None and (ids := token_ids(choice)) is not None:
+            rec.token_ids += ids
+        if _carries_output(choice, chat):
             rec.chunk_times.append(now)
             if counted:
                 rec.chunk_usage.append(rec.completion_tokens)
-            if rec.output_text is not None:  # --save-text
-                choice = choices[0]
+            if rec.output_text is not None:  # --save-text, ladder identity
                 rec.output_text += (choice.get("text") if not chat else
                                     (choice.get("delta") or {}).get("content")) or ""
     elif "error" in obj:

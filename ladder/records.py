@@ -26,6 +26,8 @@ class RequestRecord:
     error: str | None = None  # "kind: detail", set by the client
     prompt: list[tuple[str, str]] | None = None  # --save-text: the messages as sent, nonce included
     output_text: str | None = None  # --save-text: the content the stream carried
+    token_ids: list[int] | None = None  # collected only when a list is given (ladder identity)
+    finish_reason: str | None = None  # the last one the stream carried
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

@@ -94,3 +94,10 @@ def test_a_divergence_on_an_eos_token_says_so(fake_server, identity):
     # the default is --no-ignore-eos; with ignore_eos the scripted server does not stop
     code, out, _ = identity("--a", a, "--b", b, "--c", "1", "--prompts", "1", "--max-tokens", "8", "--ignore-eos")
     assert code == 0
+
+
+def test_a_failed_request_is_an_error_verdict_not_a_divergence(fake_server, identity):
+    a, b = fake_server(fail_at=[0]), fake_server()
+    code, out, _ = identity("--a", a, "--b", b, "--c", "1", "--prompts", "2", "--max-tokens", "4")
+    assert code == 1
+    assert "c=1 #0  ERROR  A: http_error: HTTP 500: " in out and "c=1 #1  identical  (4 tokens)" in out
