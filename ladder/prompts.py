@@ -7,7 +7,6 @@ says how many words make `input_len` tokens. `--tokenizer` sizes each prompt's t
 way --input-len is the server's prompt_tokens.
 """
 
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,7 +124,3 @@ def rung_prompts(seed: int, concurrency: int, phase: str, count: int, sizer: Siz
     prompts depend neither on the other rungs nor on the warmup count."""
     rng = random.Random(f"ladder:{seed}:{concurrency}:{phase}")
     return [sizer(rng) for _ in range(count)]
-
-
-def prompt_hash(texts: list[str]) -> str:
-    return hashlib.sha256("\0".join(texts).encode()).hexdigest()

@@ -1,9 +1,13 @@
-"""The ladder: one rung per concurrency, in order. A rung with any failed request is VOID; once the engine
-is dead, the rung in flight is VOID(engine_dead) and every later rung NOT_RUN.
+"""The ladder: one rung per concurrency (closed loop) or per request rate (open loop), in order. A rung with
+any failed request is VOID; once the engine is dead, the rung in flight is VOID(engine_dead) and every later
+rung NOT_RUN.
 
 Engine death is any of: the --serve-cmd process exited; no chunk from any in-flight request for
---stall-timeout; /health unreachable or 5xx; a 1-token canary completion failing. The last two are checked
-between rungs and whenever a request fails.
+--stall-timeout; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
+checked between rungs and whenever a request fails.
+
+A rung's warmup always runs closed loop (at c, or at --max-concurrency in open loop): it only has to warm
+the engine; the measured phase follows the rung's load.
 """
 
 import asyncio
