@@ -154,8 +154,10 @@ class Ladder:
             due = arrivals.due_times(len(bodies), load, cfg.burstiness, seed=hash_seed(cfg.seed, load))
             return asyncio.create_task(run_open_loop(self.ep.target, bodies, records, due, cfg.max_concurrency,
                                                      progress, cfg.timeout_s, on_done, cfg.max_duration_s))
+        # NOTE: --max-duration bounds the measured phase only: an unsent warmup request would read as failed.
+        stop_after_s = cfg.max_duration_s if phase == "measured" else None
         return asyncio.create_task(run_phase(self.ep.target, bodies, records, cfg.concurrency_of(load), progress,
-                                             cfg.timeout_s, on_done, cfg.max_duration_s))
+                                             cfg.timeout_s, on_done, stop_after_s))
 
     async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes]
                      ) -> tuple[list[RequestRecord], str | None, Progress]:
@@ -198,8 +200,9 @@ class Ladder:
             audit = audit_probe.stop(measured)
             spec = spec_acceptance(before, await self.ep.counters())
         # NOTE: with --max-duration, requests the clock cut off were never sent: not part of the rung.
-        unsent = [r for r in measured if not r.t_send and r.error is None] if dead is None else []
-        measured = [r for r in measured if r not in unsent]
+        sent = [r for r in measured if r.t_send or r.error is not None]
+        num_unsent = len(measured) - len(sent)
+        measured = sent
         records += measured
         failures = [f for r in records if (f := self._failure(r)) is not None]
         phases = [r.phase for r in records if self._failure(r) is not None]
@@ -212,7 +215,7 @@ class Ladder:
         late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
                 if cfg.open_loop else None)
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
-                      num_measured=len(measured), num_unsent=len(unsent), peak_in_flight=progress.peak_in_flight,
+                      num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
                       lateness=late), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
@@ -235,7 +238,6 @@ class Ladder:
                 self.warnings.append(warning)
                 self.display.note(f"warning: {warning}")
         return rungs, dead
-
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
