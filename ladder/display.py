@@ -15,6 +15,7 @@ from ladder.records import RequestRecord, output_tokens
 from ladder.rung import RungOk, RungResult, RungVoid
 
 PLAIN_EVERY_S = 10.0
+PLAIN_WIDTH = 160  # columns of the console off a terminal
 END_PERCENTILES = ("p50", "p90", "p99")
 
 
@@ -65,6 +66,8 @@ class Display:
     def __init__(self, console: Console | None = None, explain: bool = False,
                  clock: Callable[[], float] = perf_counter):
         self.console = console or Console(highlight=False, soft_wrap=True)
+        if console is None and not self.console.is_terminal:
+            self.console.width = PLAIN_WIDTH  # a log is read later: nothing limits its width, keep tables whole
         self.explain = explain
         self.clock = clock
         self._progress: Progress | None = None
@@ -132,8 +135,7 @@ class Display:
 
     def finish(self) -> None:
         """The end table, then the metric definitions when --explain asked for them."""
-        # NOTE: off a terminal nothing limits the width, and a log is read later: print the table whole.
-        self.console.print(end_table(self._rungs), width=None if self.console.is_terminal else 160)
+        self.console.print(end_table(self._rungs))
         if self.explain:
             self.console.print("Definitions:")
             for name, formula in DEFINITIONS.items():
