@@ -24,6 +24,7 @@ Script keys (all optional):
   overload_at       load serials answered 429 (the server sheds load)
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
   stop_after        finish with finish_reason "stop" after this many tokens (an EOS), unless ignore_eos
+  tls               [certfile, keyfile]: serve HTTPS with this certificate
   canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
   plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
   die_after         after this many load requests the engine dies ...
@@ -38,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 
 TOKEN_TEXTS = ["é", "日本", " w", "ö", "€"]  # multi-byte UTF-8 on purpose
@@ -227,7 +229,11 @@ async def emit_raw(writer, data: bytes) -> None:
 
 async def main(port: int, script: dict) -> None:
     fake = FakeServer(script)
-    server = await asyncio.start_server(fake.handle, "127.0.0.1", port)
+    context = None
+    if script.get("tls"):
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*script["tls"])
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", port, ssl=context)
     print("ready", server.sockets[0].getsockname()[1], flush=True)
     async with server:
         await server.serve_forever()

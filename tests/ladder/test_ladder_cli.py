@@ -1,6 +1,7 @@
 """Bad input gets one line on stderr and exit code 2, never a traceback."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -70,6 +71,19 @@ def test_headers_are_sent_and_redacted_in_files(fake_server, ladder):
     text = (run / "manifest.json").read_text()
     assert "sekrit" not in text and "blue" not in text and "other" not in text
     assert json.loads(text)["flags"]["headers"] == {"Authorization": "<set>", "X-Team": "<set>"}
+
+
+def test_insecure_accepts_a_self_signed_certificate(fake_server, ladder, tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    url = fake_server(tls=[str(cert), str(key)]).replace("http://", "https://")
+    args = ("--base-url", url, "--c", "1", "--input-len", "32", "--output-len", "4", "--prompts-per-rung", "1")
+    err = one_line_error(*ladder(*args)[:3])
+    assert "cannot reach" in err and "certificate" in err.lower()
+    assert ladder(*args, "--insecure")[0] == 0
 
 
 def test_version(capsys):
