@@ -85,9 +85,9 @@ class Display:
     def start(self, num_rungs: int) -> None:
         self._num_rungs = num_rungs
 
-    def phase_start(self, load: float, phase: str, total: int) -> None:
-        label = "rate" if isinstance(load, float) else "c"
-        self._phase = f"rung {len(self._rungs) + 1}/{self._num_rungs or '?'} {label}={load:g} {phase}"
+    def phase_start(self, rung: str, phase: str, total: int) -> None:
+        """rung: how the rung is named, e.g. "c=4" or "rate=2"."""
+        self._phase = f"rung {len(self._rungs) + 1}/{self._num_rungs or '?'} {rung} {phase}"
         self._done = self._failed = self._tokens = 0
         self._total = total
         self._ttfts = []

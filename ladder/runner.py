@@ -174,7 +174,7 @@ class Ladder:
             self.display.request_done(rec, failed)
             return failed
 
-        self.display.phase_start(load, phase, len(bodies))
+        self.display.phase_start(f"rate={load:g}" if self.config.open_loop else f"c={load}", phase, len(bodies))
         task = self._launch(load, phase, bodies, records, progress, on_done)
         try:
             dead = await self._watch(task, progress)

@@ -52,7 +52,7 @@ def test_live_display_on_a_terminal_and_plain_lines_elsewhere():
         display = Display(Console(file=buf, force_terminal=terminal, width=200), explain=True,
                           clock=lambda now=now: now[0])
         display.start(2)
-        display.phase_start(4, "measured", 3)
+        display.phase_start("c=4", "measured", 3)
         for i, t in enumerate((1.0, 12.0, 13.0)):  # 12 s in: one plain line is due off a terminal
             now[0] = t
             rec = RequestRecord(4, "measured", i, t_send=t - 0.5, chunk_times=[t - 0.25, t], completion_tokens=2,
