@@ -626,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in result["verdicts"]:
         print(f"{'ok    ' if v['ok'] else 'FAILED'} {v['check']}: {v['detail']}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))
     if args.out:
         command = "python benchmarks/soak.py " + shlex.join(argv if argv is not None else sys.argv[1:])
