@@ -41,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parent.parent
 MAX_OUTPUT_TOKENS = 256
 CHAT_TEMPLATE_TOKENS = 64  # room left for the chat template around the prompt
+MIN_WINDOW_REQUESTS = 20  # finished requests a window needs for its p99 TPOT to be compared
 WORDS = (
     "time person year way day thing man world life hand part child eye woman place work week case point "
     "government company number group problem fact river light story garden engine question answer market"
@@ -417,18 +418,26 @@ def verdicts(config: SoakConfig, tally: Tally, final: dict[str, float], samples:
     if config.counts_only:
         return out
     first = [s for s in samples if s["t"] <= config.window_s]
-    after_first = [s for s in samples if s["t"] >= config.window_s]
-    if first and after_first:
+    name = "RSS grows at most 10% after the first window"
+    if not first or samples[-1]["t"] < config.window_s:
+        out.append(check(name, False, "the run was shorter than one window: nothing to compare"))
+    else:
         base, last = first[-1]["rss_mib"], samples[-1]["rss_mib"]
-        out.append(check("RSS grows at most 10% after the first window", last <= 1.10 * base,
+        out.append(check(name, last <= 1.10 * base,
                          f"{base:.0f} MiB at {first[-1]['t']:.0f} s, {last:.0f} MiB at the end ({last / base - 1:+.1%})"))
     end = max((t.end for t in timings), default=0)
     early = [t.tpot for t in timings if t.tpot is not None and t.end <= config.window_s]
     late = [t.tpot for t in timings if t.tpot is not None and t.end >= end - config.window_s]
-    if early and late:
+    name = "p99 TPOT drifts up at most 20% (first window to last)"
+    if min(len(early), len(late)) < MIN_WINDOW_REQUESTS:
+        # Too few requests for a p99 to mean anything: the check cannot pass, so it fails, saying why.
+        out.append(check(name, False, f"too few requests to judge: {len(early)} finished in the first "
+                                      f"window, {len(late)} in the last; {MIN_WINDOW_REQUESTS} needed in each"))
+    else:
         p_early, p_late = percentile(early, 0.99), percentile(late, 0.99)
-        out.append(check("p99 TPOT drifts up at most 20% (first window to last)", p_late <= 1.20 * p_early,
-                         f"{fmt_ms(p_early)} -> {fmt_ms(p_late)} ({p_late / p_early - 1:+.1%})"))
+        out.append(check(name, p_late <= 1.20 * p_early,
+                         f"{fmt_ms(p_early)} -> {fmt_ms(p_late)} ({p_late / p_early - 1:+.1%}) over "
+                         f"{len(early)} and {len(late)} requests"))
     return out
 
 
