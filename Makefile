@@ -64,7 +64,7 @@ bench-client: install
 SOAK_DURATION ?= 1800
 SOAK_CONCURRENCY ?= 32
 soak: install
-	$(PY) benchmarks/soak.py --model smollm2 --concurrency $(SOAK_CONCURRENCY) --duration $(SOAK_DURATION) \
+	$(PY) -m benchmarks.soak --model smollm2 --concurrency $(SOAK_CONCURRENCY) --duration $(SOAK_DURATION) \
 		--out reports/soak.md --json reports/soak/soak.json
 
 # Named invariant mutations. They mutate files in place: run on a tree nobody else is editing.

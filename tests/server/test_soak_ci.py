@@ -1,4 +1,4 @@
-"""The soak harness (benchmarks/soak.py) cut to CI size: 60 s of its mixed, hostile load on
+"""The soak harness (benchmarks/soak/) cut to CI size: 60 s of its mixed, hostile load on
 `refengine serve --model tiny-qwen3` with eagle (async scheduling). Counts only: no 5xx, no leaked KV
 block, /metrics agreeing with the client, every variant of the mix seen, a clean exit on SIGTERM.
 Timing and memory thresholds need the long run (`make soak`)."""
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_minute_of_mixed_load_leaves_no_5xx_no_leak_and_metrics_equal_to_client_counts(tmp_path):
@@ -18,7 +18,9 @@ def test_a_minute_of_mixed_load_leaves_no_5xx_no_leak_and_metrics_equal_to_clien
         "--duration", "60", "--sample-every", "15", "--burst-every", "15",
         "--max-num-seqs", "4", "--max-waiting-requests", "4", "--counts-only", "--json", str(out),
     ]  # fmt: skip
-    done = subprocess.run([sys.executable, str(SOAK), *args], capture_output=True, text=True, timeout=400)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.soak", *args], cwd=REPO, capture_output=True, text=True, timeout=400
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     failed = [v for v in result["verdicts"] if not v["ok"]]
