@@ -5,6 +5,7 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 import httpx
@@ -127,7 +128,7 @@ class Recorder:
         else:
             self.tally.malformed[str(response.status_code)] += 1
 
-    async def guarded(self, work) -> None:  # noqa: ANN001 - a coroutine
+    async def guarded(self, work: Coroutine) -> None:
         try:
             await work
         except httpx.TransportError as e:

@@ -36,7 +36,7 @@ class _Connection(h11.Connection):
 
     refusal: h11.RemoteProtocolError | None = None
 
-    def next_event(self):  # noqa: ANN201 - h11's own return type
+    def next_event(self):
         try:
             return super().next_event()
         except h11.RemoteProtocolError as e:
@@ -45,7 +45,7 @@ class _Connection(h11.Connection):
 
 
 class OpenAIErrorH11Protocol(H11Protocol):
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - uvicorn's signature
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.conn = _Connection(h11.SERVER, MAX_HEADER_BYTES)
         self.refused = False

@@ -63,9 +63,10 @@ async def test_past_the_waiting_bound_new_requests_get_429_and_accepted_ones_com
 
 
 async def test_a_request_past_its_deadline_is_aborted_with_a_clear_error_and_frees_its_kv():
-    # No step of this engine takes under a millisecond, so 230 tokens never fit in 50 ms.
+    # No step of this engine takes under a millisecond: 230 tokens never fit in 50 ms, nor 1000 in 1.5 s,
+    # while the first of them comes well within 1.5 s.
     endless = {"max_tokens": 230, "ignore_eos": True}
-    with serve_real(tiny_engine(), request_timeout=30) as url:
+    with serve_real(tiny_engine(max_model_len=1024), request_timeout=30) as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             whole = await client.post("/v1/completions", json={"prompt": "a", "timeout": 0.05, **endless})
             assert whole.status_code == 408, whole.text
@@ -75,10 +76,11 @@ async def test_a_request_past_its_deadline_is_aborted_with_a_clear_error_and_fre
 
             body = {
                 "messages": [{"role": "user", "content": "b"}],
-                "timeout": 0.05,
+                "timeout": 1.5,
                 "stream": True,
                 "stream_options": {"include_usage": True},
-                **endless,
+                "max_tokens": 1000,
+                "ignore_eos": True,
             }
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 assert response.status_code == 200
@@ -86,11 +88,11 @@ async def test_a_request_past_its_deadline_is_aborted_with_a_clear_error_and_fre
             assert done
             assert events[-1]["error"]["code"] == "request_timeout"
             usage = events[-2]["usage"]
-            assert usage["completion_tokens"] < 230
+            assert 0 < usage["completion_tokens"] < 1000
             assert events[-3]["choices"][0]["finish_reason"] == "abort"
             m = wait_for_idle_pool(url)
             assert m["refengine:request_aborted_total[reason=timeout]"] == 2
-            assert m["vllm:generation_tokens_total"] < 2 * 230
+            assert m["vllm:generation_tokens_total"] < 230 + 1000
 
 
 async def test_the_server_request_timeout_caps_every_request():
