@@ -79,7 +79,7 @@ def report(config: SoakConfig, command: str, ctx: str, result: dict, plot_paths:
     return f"""# Soak: `refengine serve` under a long mixed load
 
 Written by `make soak` (`python -m benchmarks.soak`, in `benchmarks/soak/`). Verdict: **{'PASSED' if ok else 'FAILED'}**
-({'counts only; no RSS or TPOT thresholds' if config.counts_only else 'every check'}).
+({'counts only; no RSS or TPOT thresholds' if config.counts_only else 'all checks, RSS and TPOT thresholds included'}).
 
 ```
 {command}
