@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow demo lint oracle bench bench-client mutations mutmut clean
+.PHONY: install test test-slow demo lint oracle bench bench-client soak mutations mutmut clean
 
 install: $(STAMP)
 
@@ -57,6 +57,15 @@ bench: install
 # A benchmark, not a test: client CPU per SSE event at c = 1, 8, 32, ladder's aiohttp client beside httpx.
 bench-client: install
 	$(PY) tests/ladder/bench_client.py --out reports/client-overhead.md
+
+# The soak (not in CI; CI runs a 60 s slice of it): `refengine serve` on the embedded SmolLM2 with eagle and
+# async scheduling under mixed, hostile load at c=32, checked for 5xx, leaked KV blocks, RSS growth, p99 TPOT
+# drift and /metrics against the client's counts; into reports/soak.md with plots in reports/soak/.
+SOAK_DURATION ?= 1800
+SOAK_CONCURRENCY ?= 32
+soak: install
+	$(PY) -m benchmarks.soak --model smollm2 --concurrency $(SOAK_CONCURRENCY) --duration $(SOAK_DURATION) \
+		--out reports/soak.md --json reports/soak/soak.json
 
 # Named invariant mutations. They mutate files in place: run on a tree nobody else is editing.
 mutations: install
