@@ -7,6 +7,8 @@ row never reads another request's state.
 A step is split in two, as in vLLM: `execute_model` runs the forward and keeps the logits;
 `sample_tokens` verifies drafts and samples. The engine's deferred branch runs other work between
 the two (it applies the previous frame's output and validates drafts against constraints).
+
+Invariant numbers refer to docs/invariants.md.
 """
 
 from collections.abc import Mapping

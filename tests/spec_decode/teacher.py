@@ -11,6 +11,8 @@ hidden/context rows bitwise equal to the target's rows there. A seam fed a wrong
 wrong position or slot proposes garbage, which shows up as lost acceptance.
 
 CorruptingProposer wraps any drafter and breaks chosen draft indices, so acceptance is scripted.
+
+Invariant numbers refer to docs/invariants.md.
 """
 
 from collections.abc import Iterable, Sequence
