@@ -8,7 +8,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput, StepRecord
 from refengine.core.scheduler import Scheduler
 from refengine.request import Request, RequestStatus
 from refengine.worker.model_runner import ModelRunner
@@ -97,6 +97,9 @@ class EngineCore:
         # ids reach it out of band only in sync mode (test_async_scheduler_ships_only_placeholders).
         if not self.scheduler.async_scheduling():
             self.scheduler.update_draft_token_ids(self.runner.take_draft_token_ids())
+
+    def take_step_records(self, req_id: str) -> list[StepRecord]:
+        return self.runner.take_step_records(req_id)
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

@@ -79,8 +79,6 @@ class LLM:
                 result.text += delta.text
                 if delta.finished:
                     result.finish_reason = delta.finish_reason
-                    records = core.runner.step_records
-                    if records is not None:
-                        result.steps = records.pop(req_id, [])
+                    result.steps = core.take_step_records(req_id)
                     self.engine.stop_checker.forget(req_id)
         return list(results.values())

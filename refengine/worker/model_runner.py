@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from refengine.engine.outputs import StepRecord
+from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, StepRecord, TokenLogprobs
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.cuda_graphs import CudaGraphs
 from refengine.model.kv_cache import KVCache
@@ -321,6 +320,10 @@ class ModelRunner:
             block_ids=row.state.block_ids,
             propose=propose,
         )
+
+    def take_step_records(self, req_id: str) -> list[StepRecord]:
+        """A finished request's per-step drafts and acceptance (empty unless built with record_steps)."""
+        return [] if self.step_records is None else self.step_records.pop(req_id, [])
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         """Sync scheduling only: the drafts proposed after this step, for the scheduler to schedule."""
