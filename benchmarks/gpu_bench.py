@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refengine.engine.llm import LLM  # noqa: E402
 from refengine.model import attention, triton_ops  # noqa: E402
-from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
 from refengine.model.config import Numerics  # noqa: E402
-from refengine.model.cuda_graphs import CudaGraphs  # noqa: E402
 from refengine.model.kv_cache import KVCache  # noqa: E402
 from refengine.model.shapes import build_random_model, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
+from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
+from refengine.worker.cuda_graphs import CudaGraphs  # noqa: E402
 
 BANDWIDTH = 4.21e12  # bytes/s, the copy bandwidth for this H200 type
 PROMPT_LEN = 1024
@@ -141,7 +141,7 @@ def step_inputs(num_seqs: int, q: int, context: int, blocks_per_seq: int, vocab:
     ids = torch.randint(0, vocab, (num_seqs * q,))
     positions = torch.tensor([p for _ in range(num_seqs) for p in range(context - q, context)])
     block_ids = [list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq)) for s in range(num_seqs)]
-    meta = AttentionMetadata.build([context - q] * num_seqs, [q] * num_seqs, block_ids, BLOCK)
+    meta = build_attention_metadata([context - q] * num_seqs, [q] * num_seqs, block_ids, BLOCK)
     return ids, positions, meta
 
 
@@ -504,7 +504,7 @@ def hf_peer(bench: Bench) -> None:
     with torch.inference_mode():
         hf_logits = hf(prompt.to(DEV)).logits[0, -1].float()
         cache = KVCache.allocate(cfg, 4, BLOCK, dtype=torch.bfloat16, device=DEV)
-        meta = AttentionMetadata.build([0], [32], [[0, 1]], BLOCK)
+        meta = build_attention_metadata([0], [32], [[0, 1]], BLOCK)
         out = loaded.model(prompt[0].to(DEV), torch.arange(32).to(DEV), meta.to(DEV), cache)
         ours = loaded.model.compute_logits(out.hidden_states[-1:])[0]
     info["logits_rel_diff"] = float((hf_logits - ours).norm() / hf_logits.norm())

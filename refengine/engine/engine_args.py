@@ -12,14 +12,13 @@ from refengine.core.scheduler import Scheduler
 from refengine.engine.engine_core import EngineCore
 from refengine.engine.stop_strings import StopStringChecker
 from refengine.model import attention
-from refengine.model.cuda_graphs import CudaGraphs
 from refengine.model.device import move_to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel, load_model
-from refengine.request import Request
-from refengine.sample.sampler import banned_next_tokens
+from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
 from refengine.spec_decode.registry import KVLayout, build_drafter
+from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("refengine")
@@ -60,17 +59,6 @@ class Engine:
     config: EngineConfig
     async_resolution: AsyncResolution
     stop_checker: StopStringChecker
-
-
-def valid_draft_prefix(request: Request, drafts: list[int]) -> int:
-    """How many leading drafts survive the request's bad_words, given its committed history: the
-    constraint this engine validates drafts against, as a grammar would."""
-    history = list(request.all_token_ids)
-    for j, draft in enumerate(drafts):
-        if draft in banned_next_tokens(history, request.sampling_params.bad_words_token_ids):
-            return j
-        history.append(draft)
-    return len(drafts)
 
 
 def build_engine(args: EngineArgs) -> Engine:

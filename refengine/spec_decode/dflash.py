@@ -29,6 +29,7 @@ from refengine.spec_decode.context import ContextLengths
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.spec_decode.target_view import TargetView
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -160,7 +161,7 @@ class DFlashProposer:
         self.network.store_context(
             self.network.combine(torch.cat([features[d.rows] for d in requests])),
             torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)]),
-            AttentionMetadata.build(
+            build_attention_metadata(
                 [d.first_position for d in requests],
                 [d.num_valid_rows for d in requests],
                 [d.block_ids for d in requests],
@@ -176,7 +177,7 @@ class DFlashProposer:
         ids = [t for d in proposing for t in [d.token_ids[d.last_position + 1]] + [mask] * wanted[d.req_id]]
         starts = [d.last_position + 1 for d in proposing]
         sizes = [wanted[d.req_id] + 1 for d in proposing]
-        meta = AttentionMetadata.build(
+        meta = build_attention_metadata(
             starts, sizes, [d.block_ids for d in proposing], self.block_size, causal=False
         )
         positions = [s + i for s, n in zip(starts, sizes, strict=True) for i in range(n)]

@@ -15,6 +15,7 @@ from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import Transformer
 from refengine.spec_decode.context import ContextLengths
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 class TokenDraftNetwork(Protocol):
@@ -125,7 +126,7 @@ class DraftModelProposer:
     ) -> list[int]:
         """One batched call, request b's rows at positions starts[b]..; the token sampled at each
         request's last row."""
-        meta = AttentionMetadata.build(starts, [len(row) for row in ids], block_ids, self.block_size)
+        meta = build_attention_metadata(starts, [len(row) for row in ids], block_ids, self.block_size)
         input_ids = torch.tensor([t for row in ids for t in row], dtype=torch.long)
         positions = torch.tensor(
             [s + i for s, row in zip(starts, ids, strict=True) for i in range(len(row))], dtype=torch.long

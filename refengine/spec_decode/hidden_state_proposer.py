@@ -16,6 +16,7 @@ import torch
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.spec_decode.context import ContextLengths
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 class HiddenDraftNetwork(Protocol):
@@ -73,7 +74,7 @@ class HiddenStateProposer:
         features = torch.cat([source[d.rows] for d in requests])
         ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
         positions = [p for d in requests for p in range(d.first_position, d.last_position + 1)]
-        meta = AttentionMetadata.build(
+        meta = build_attention_metadata(
             [d.first_position for d in requests],
             [d.num_valid_rows for d in requests],
             [d.block_ids for d in requests],
@@ -108,7 +109,7 @@ class HiddenStateProposer:
                 torch.tensor([drafts[d.req_id][-1] for d in proposing], dtype=torch.long),
                 rows[keep],
                 torch.tensor(starts, dtype=torch.long),
-                AttentionMetadata.build(
+                build_attention_metadata(
                     starts, [1] * len(proposing), [d.block_ids for d in proposing], self.block_size
                 ),
             )

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, StepRecord, TokenLogprobs
-from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.cuda_graphs import CudaGraphs
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample import rng
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, assemble, num_accepted_greedy, verify
 from refengine.sample.sampler import apply_constraints, sample
 from refengine.spec_decode.proposer import DraftBatch, DraftInput, Proposer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.request_state import CachedRequestState
 
 
@@ -171,7 +171,7 @@ class ModelRunner:
         if not rows:
             self._executed = ExecutedBatch((), torch.empty(0), None)
             return
-        meta = AttentionMetadata.build(
+        meta = build_attention_metadata(
             [r.num_computed_tokens for r in rows],
             [r.num_scheduled_tokens for r in rows],
             [r.state.block_ids for r in rows],

@@ -17,6 +17,7 @@ from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
 from refengine.model.config import Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
+from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -51,7 +52,7 @@ def make_case(
     q = torch.randn(tokens, num_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
     k = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
     v = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
-    meta = AttentionMetadata.build(computed, new, block_ids, block_size, causal=causal)
+    meta = build_attention_metadata(computed, new, block_ids, block_size, causal=causal)
     return q, k, v, cache, meta
 
 
@@ -123,7 +124,7 @@ def test_batch_invariant_rows(split_keys, monkeypatch):
     monkeypatch.setattr(kernels, "INVARIANT_SPLIT_KEYS", split_keys)
     q, k, v, cache, meta = make_case([70, 5], [3, 2], seed=1)
     together = kernels.triton_paged_attention(q, k, v, clone_cache(cache), meta, 0.25, Numerics.BATCH_INVARIANT)
-    alone_meta = AttentionMetadata.build([70], [3], [meta.block_tables[0].tolist()[: -(-73 // 4)]], 4)
+    alone_meta = build_attention_metadata([70], [3], [meta.block_tables[0].tolist()[: -(-73 // 4)]], 4)
     alone = kernels.triton_paged_attention(
         q[:3], k[:3], v[:3], clone_cache(cache), alone_meta, 0.25, Numerics.BATCH_INVARIANT
     )

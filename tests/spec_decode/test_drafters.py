@@ -4,11 +4,12 @@ lossless shortfall), nothing for a prefill chunk, and the context continuity che
 import pytest
 import torch
 
-from refengine.model import AttentionMetadata, KVCache
+from refengine.model import KVCache
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.context import ContextLengths
 from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput
 from refengine.spec_decode.registry import KVLayout, build_drafter
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 4
 TOKENS = [11, 42, 7, 99, 150, 3, 77, 21, 64, 5]
@@ -26,7 +27,7 @@ def _batch(
 ) -> DraftBatch:
     """The target's rows for positions first..last of TOKENS, fed as one step of request "r"."""
     num = last - first + 1
-    meta = AttentionMetadata.build([0], [last + 1], [list(block_ids)], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [last + 1], [list(block_ids)], BLOCK_SIZE)
     cache = KVCache.allocate(target.config, 8, BLOCK_SIZE)
     with torch.inference_mode():
         out = target.model(

@@ -4,7 +4,7 @@ mis-shaped tensors, seeded random initialisation, and heads that a trainer can d
 import pytest
 import torch
 
-from refengine.model import AttentionMetadata, KVCache, build_tiny_model
+from refengine.model import KVCache, build_tiny_model
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.dflash import build_target_layer_ids
 from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
@@ -15,6 +15,7 @@ from refengine.spec_decode.head_checkpoint import (
     save_head,
 )
 from refengine.spec_decode.registry import KVLayout, build_drafter, build_head
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 LAYOUT = KVLayout(num_blocks=16, block_size=4)
 HEAD_METHODS = ["eagle", "eagle3", "mtp", "dflash"]
@@ -185,7 +186,7 @@ def test_heads_are_trainable(method):
     for p in head.parameters():
         p.requires_grad_(True)
     ids, positions = torch.tensor([5, 6, 7, 8]), torch.arange(4)
-    meta = AttentionMetadata.build([0], [4], [[0, 1]], LAYOUT.block_size, causal=method != "dflash")
+    meta = build_attention_metadata([0], [4], [[0, 1]], LAYOUT.block_size, causal=method != "dflash")
     with torch.no_grad():
         out = target.model(
             ids, positions, meta, KVCache.allocate(target.config, 16, 4), capture_layers=(0, 1, 2, 3)
@@ -196,7 +197,7 @@ def test_heads_are_trainable(method):
             positions,
             meta,
         )
-        ctx_meta = AttentionMetadata.build([4], [4], [[0, 1]], LAYOUT.block_size, causal=False)
+        ctx_meta = build_attention_metadata([4], [4], [[0, 1]], LAYOUT.block_size, causal=False)
         hidden = head.forward(ids, positions + 4, ctx_meta)
     else:
         layers = head.capture_layers

@@ -9,6 +9,7 @@ from refengine.model import AttentionMetadata, Numerics
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.registry import KVLayout, build_head
 from refengine.train.forward import dflash_blocks, hidden_head_pass, num_kv_layers
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK = 4
 LAYOUT = KVLayout(num_blocks=32, block_size=BLOCK)
@@ -17,7 +18,7 @@ T = 11
 
 
 def _meta(start: int, num: int, causal: bool = True) -> AttentionMetadata:
-    return AttentionMetadata.build([start], [num], [BLOCK_IDS], BLOCK, causal=causal)
+    return build_attention_metadata([start], [num], [BLOCK_IDS], BLOCK, causal=causal)
 
 
 def _features(head, tiny4, tokens):
