@@ -43,7 +43,8 @@ from refengine.engine.llm import LLM  # noqa: E402
 from refengine.model import attention, triton_ops  # noqa: E402
 from refengine.model.config import Numerics  # noqa: E402
 from refengine.model.kv_cache import KVCache  # noqa: E402
-from refengine.model.shapes import build_random_model, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
 from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402

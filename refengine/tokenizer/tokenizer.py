@@ -9,33 +9,15 @@ from pathlib import Path
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
+from refengine.tokenizer.byte_alphabet import CHAR_TO_BYTE
 from refengine.tokenizer.chat_template import ChatMessage, ChatTemplate
 from refengine.tokenizer.errors import TokenizerError
 from refengine.tokenizer.gguf_vocab import GgufVocab, build_backend
 
 
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level spelling: each byte is one printable character; char -> byte."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + shifted)
-            shifted += 1
-    return {char: b for b, char in chars.items()}
-
-
-_CHAR_TO_BYTE = _byte_alphabet()
-
-
 def _byte_of(char: str) -> bytes:
     # A character outside the byte alphabet (rare, in hand-added vocab entries) stands for itself.
-    byte = _CHAR_TO_BYTE.get(char)
+    byte = CHAR_TO_BYTE.get(char)
     return char.encode() if byte is None else bytes((byte,))
 
 
@@ -175,7 +157,7 @@ class Tokenizer:
             )
         if eos_token not in special_tokens:
             raise TokenizerError(f"eos token {eos_token!r} is not among the special tokens")
-        byte_chars = sorted(_CHAR_TO_BYTE, key=_CHAR_TO_BYTE.__getitem__)
+        byte_chars = sorted(CHAR_TO_BYTE, key=CHAR_TO_BYTE.__getitem__)
         specials = [*special_tokens, *(f"<|reserved_{i}|>" for i in range(vocab_size - num_named))]
         backend = Backend(models.BPE(vocab={char: i for i, char in enumerate(byte_chars)}, merges=[]))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

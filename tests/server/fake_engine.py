@@ -28,6 +28,7 @@ from refengine.entrypoints.engine_client import (
     RequestDelta,
     TokenLogprobs,
 )
+from refengine.sample.splitmix import splitmix64
 from refengine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -83,20 +84,12 @@ def _key(prompt_ids: Sequence[int], params: SamplingParams) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: a cheap, well-spread hash of one 64-bit word."""
-    x = (x + 0x9E3779B97F4A7C15) & (2**64 - 1)
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-    return x ^ (x >> 31)
-
-
 def reference_output(prompt_ids: Sequence[int], params: SamplingParams) -> tuple[list[int], str]:
     """The toy model's whole output and finish reason; EOS has a 1-in-40 chance per position."""
     key = _key(prompt_ids, params)
     tokens: list[int] = []
     for i in range(params.max_tokens):
-        r = _mix(key + i)
+        r = splitmix64(key + i)
         may_stop = not params.ignore_eos and i >= params.min_tokens
         if may_stop and r % 40 == 0:
             return [*tokens, EOS], "stop"
