@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from refengine.model import ops
-from refengine.model.config import Llama3RopeScaling, Numerics
+from refengine.model.config import Llama3RopeScaling, ModelConfig, Numerics
 
 
 class Linear(nn.Module):
@@ -55,6 +55,11 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> RotaryEmbedding:
+        """The target's rotary embedding; drafter heads use the same one."""
+        return cls(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

@@ -34,9 +34,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.numerics = numerics
-        rotary = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-        )
+        rotary = RotaryEmbedding.from_config(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(

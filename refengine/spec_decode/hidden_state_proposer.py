@@ -8,13 +8,12 @@ past the committed rows is overwritten next step, when pass 1 starts again at th
 computed position.
 """
 
-from collections.abc import Iterable
 from typing import Protocol
 
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.spec_decode.context import ContextLengths
+from refengine.spec_decode.network_proposer import NetworkProposer
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.worker.attention_metadata_builder import build_attention_metadata
 
@@ -41,7 +40,9 @@ class HiddenDraftNetwork(Protocol):
     def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
 
 
-class HiddenStateProposer:
+class HiddenStateProposer(NetworkProposer):
+    network: HiddenDraftNetwork
+
     def __init__(
         self,
         network: HiddenDraftNetwork,
@@ -52,16 +53,8 @@ class HiddenStateProposer:
         *,
         random_init: bool,
     ) -> None:
-        self.network = network
-        self.k = num_speculative_tokens
-        self.block_size = block_size
-        self.max_positions = max_positions
-        self.random_init = random_init
-        self.context = ContextLengths(method)
-
-    @property
-    def capture_layers(self) -> tuple[int, ...]:
-        return tuple(sorted(set(self.network.capture_layers)))
+        self.method = method  # eagle, eagle3 or mtp
+        super().__init__(network, num_speculative_tokens, block_size, max_positions, random_init=random_init)
 
     def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
         requests = batch.requests
@@ -120,6 +113,3 @@ class HiddenStateProposer:
         position; draft 1 comes from the last committed row."""
         limit = min(len(d.block_ids) * self.block_size, self.max_positions)
         return max(0, min(self.k, limit - d.last_position))
-
-    def remove(self, req_ids: Iterable[str]) -> None:
-        self.context.remove(req_ids)
