@@ -22,7 +22,7 @@ HEAD_METHODS = ["eagle", "eagle3", "mtp", "dflash"]
 
 
 def _save(head, folder, config=None):
-    return save_head(head, config or {}, folder, head.checkpoint_name)
+    return save_head(head, config or {}, folder)
 
 
 def _rewrite(folder, edit):
