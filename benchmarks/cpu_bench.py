@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from refengine.engine.engine_args import EngineArgs, build_engine
+from refengine.engine.arg_utils import EngineArgs
+from refengine.engine.engine_args import build_engine
 from refengine.model.loader import embedded_smollm2_path
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams

@@ -1,7 +1,6 @@
-"""EngineArgs: what a user chooses (CLI flags, LLM kwargs), resolved into a running EngineCore."""
+"""build_engine: EngineArgs (what a user chooses) resolved into a running EngineCore."""
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +8,7 @@ import torch
 from refengine.config import EngineConfig
 from refengine.core.async_scheduler import AsyncScheduler
 from refengine.core.scheduler import Scheduler
+from refengine.engine.arg_utils import DEFAULT_MAX_MODEL_LEN, DTYPE_NAMES, EngineArgs
 from refengine.engine.engine_core import EngineCore
 from refengine.engine.stop_strings import StopStringChecker
 from refengine.model import attention
@@ -16,38 +16,14 @@ from refengine.model.device import move_to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel, load_model
 from refengine.sample.sampler import valid_draft_prefix
-from refengine.spec_decode.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
+from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
 from refengine.spec_decode.registry import KVLayout, build_drafter
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("refengine")
 
-FAULT_ENV_VAR = "REFENGINE_FAULT_AFTER_STEPS"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    model: str | LoadedModel = "smollm2"  # a name or path for load_model, or an already loaded model
-    numerics: str = "batch_invariant"
-    dtype: str = "float32"
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None: min(the model's context, 2048)
-    block_size: int = 16
-    num_blocks: int | None = None  # None: as many as kv_cache_memory_gib holds
-    kv_cache_memory_gib: float = 1.0
-    seed: int = 0
-    speculative_config: SpeculativeConfig | None = None
-    async_scheduling: bool | None = None  # None: REFENGINE_ASYNC_SCHEDULING, else on where compatible
-    fault_after_steps: int | None = None  # None: REFENGINE_FAULT_AFTER_STEPS, else off
-    record_steps: bool = False  # keep each request's per-step drafts and acceptance (the oracle reads them)
-    device: str | None = None  # None: where the loaded model's weights are (the CPU for files)
-    cuda_graphs: bool | None = None  # None: on when the device is a GPU and attention runs in Triton
-    # SYNTHETIC acceptance for speed studies only: drafts accepted at this fixed rate whatever the
-    # target says, so the output is NOT the model's. None: real verification.
-    synthetic_acceptance_rate: float | None = None
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass(frozen=True)
@@ -82,7 +58,7 @@ def build_engine(args: EngineArgs) -> Engine:
             "model's (speed studies only)", args.synthetic_acceptance_rate,
         )
     model_config = loaded.config
-    max_model_len = args.max_model_len or min(model_config.max_position_embeddings, 2048)
+    max_model_len = args.max_model_len or min(model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's context of {model_config.max_position_embeddings}"
@@ -108,9 +84,6 @@ def build_engine(args: EngineArgs) -> Engine:
         scheduler = AsyncScheduler(config, stop_checker=stop_checker, draft_validator=valid_draft_prefix)
     else:
         scheduler = Scheduler(config, stop_checker=stop_checker)
-    fault = args.fault_after_steps
-    if fault is None and os.environ.get(FAULT_ENV_VAR):
-        fault = int(os.environ[FAULT_ENV_VAR])
     kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype], device=device)
     drafter = (
         None
@@ -126,7 +99,7 @@ def build_engine(args: EngineArgs) -> Engine:
         loaded.model,
         kv_cache,
         drafter=drafter,
-        fault_after_steps=fault,
+        fault_after_steps=args.fault_after_steps,
         record_steps=args.record_steps,
         cuda_graphs=graphs,
         synthetic_acceptance_rate=args.synthetic_acceptance_rate,

@@ -3,7 +3,8 @@
 import dataclasses
 from collections.abc import Sequence
 
-from refengine.engine.engine_args import Engine, EngineArgs, build_engine
+from refengine.engine.arg_utils import EngineArgs
+from refengine.engine.engine_args import Engine, build_engine
 from refengine.engine.output_processor import OutputProcessor
 from refengine.engine.outputs import RequestOutput
 from refengine.model.loader import LoadedModel

@@ -46,6 +46,7 @@ class EngineInfo:
     max_num_seqs: int
     block_size: int
     num_blocks: int
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

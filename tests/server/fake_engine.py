@@ -3,7 +3,8 @@
 Like the real front end, it runs its engine loop on its own thread and hands each request's deltas to
 the request's event loop; it admits requests while busy, accounts KV blocks (so a test can see them
 come back after aborts), emits several tokens per step as accepted drafts would, and dies on a fault
-injected after N steps (REFENGINE_FAULT_AFTER_STEPS, as the real runner reads it).
+injected after N steps (--fault-after-steps or REFENGINE_FAULT_AFTER_STEPS reach it as the real
+runner's fault_after_steps does).
 
 The toy model is a pure function of (prompt, sampling params): `reference_output` is the "offline
 LLM.generate" that streams must match.
@@ -12,7 +13,6 @@ LLM.generate" that streams must match.
 import asyncio
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -37,7 +37,6 @@ EOS, IM_START, IM_END = 0, 1, 2
 SPECIALS = {"<|endoftext|>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 BYTE_OFFSET = 3
 VOCAB_SIZE = BYTE_OFFSET + 256
-FAULT_ENV = "REFENGINE_FAULT_AFTER_STEPS"
 
 
 class FakeTokenizer:
@@ -147,10 +146,7 @@ class FakeAsyncLLM:
             block_size=block_size,
             num_blocks=num_blocks,
         )
-        env = os.environ.get(FAULT_ENV)
-        self.fault_after_steps = (
-            fault_after_steps if fault_after_steps is not None else (int(env) if env else None)
-        )
+        self.fault_after_steps = fault_after_steps
         self.k = num_speculative_tokens
         self.step_interval = step_interval
         self.drafter_random_init = drafter_random_init

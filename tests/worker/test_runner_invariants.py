@@ -4,7 +4,8 @@
 import pytest
 
 from refengine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
-from refengine.engine.engine_args import EngineArgs, build_engine
+from refengine.engine.arg_utils import EngineArgs
+from refengine.engine.engine_args import build_engine
 from refengine.sampling_params import SamplingParams
 from refengine.worker.model_runner import RunnerInvariantError
 
