@@ -41,6 +41,8 @@ class EngineArgs:
     record_steps: bool = False  # keep each request's per-step drafts and acceptance (the oracle reads them)
     device: str | None = None  # None: where the loaded model's weights are (the CPU for files)
     cuda_graphs: bool | None = None  # None: on when the device is a GPU and attention runs in Triton
+    attention_backend: str = "auto"  # for CUDA tensors: auto (Triton when installed), triton, reference
+    fused_ops: bool = True  # for CUDA tensors: the fused Triton token-local ops
     # SYNTHETIC acceptance for speed studies only: drafts accepted at this fixed rate whatever the
     # target says, so the output is NOT the model's. None: real verification.
     synthetic_acceptance_rate: float | None = None

@@ -4,6 +4,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from refengine.config import EngineConfig
 from refengine.core.async_scheduler import AsyncScheduler
@@ -12,11 +13,14 @@ from refengine.engine.arg_utils import DEFAULT_MAX_MODEL_LEN, DTYPE_NAMES, Engin
 from refengine.engine.engine_core import EngineCore
 from refengine.engine.stop_strings import StopStringChecker
 from refengine.model import attention
+from refengine.model.config import Kernels
 from refengine.model.device import move_to_device
 from refengine.model.kv_cache import KVCache
+from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel, load_model
 from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
+from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_drafter
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.model_runner import ModelRunner
@@ -40,6 +44,7 @@ class Engine:
 def build_engine(args: EngineArgs) -> Engine:
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    kernels = Kernels(args.attention_backend, args.fused_ops)
     resolution = resolve_async_scheduling(args.async_scheduling, args.speculative_config)
     logger.info("async scheduling %s", resolution.reason)
     loaded = (
@@ -92,6 +97,7 @@ def build_engine(args: EngineArgs) -> Engine:
     )
     if drafter is not None and device.type != "cpu":
         move_to_device(drafter, device)  # drafters are built on the host
+    _choose_kernels(loaded, drafter, kernels)
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
     graphs = _cuda_graphs(args, loaded, kv_cache, config, drafter, device)
@@ -107,9 +113,19 @@ def build_engine(args: EngineArgs) -> Engine:
     return Engine(EngineCore(scheduler, runner), loaded, config, resolution, stop_checker)
 
 
+def _choose_kernels(loaded: LoadedModel, drafter: Proposer | None, kernels: Kernels) -> None:
+    """The kernels this engine asked for, in the target and in the drafter's network (a head module,
+    or a plain holder of a draft model's modules)."""
+    set_kernels(loaded.model, kernels)
+    network = getattr(drafter, "network", None)
+    for module in (network, getattr(network, "model", None)):
+        if isinstance(module, nn.Module):
+            set_kernels(module, kernels)
+
+
 def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, config: EngineConfig, drafter, device):
     """Captured decode (and verify) steps, when the device is a GPU and attention runs in Triton."""
-    usable = device.type == "cuda" and attention.attention_backend(device) == "triton"
+    usable = device.type == "cuda" and attention.attention_implementation(loaded.model.kernels, device) == "triton"
     if args.cuda_graphs is False or not usable:
         if args.cuda_graphs:
             raise ValueError("cuda_graphs needs a CUDA device and the Triton attention backend")

@@ -17,6 +17,7 @@ import uvicorn
 from refengine.engine.arg_utils import DEFAULT_MAX_MODEL_LEN, DTYPE_NAMES, FAULT_ENV_VAR, EngineArgs
 from refengine.entrypoints.app import DEFAULT_MAX_REQUEST_BYTES, ServerConfig, build_app
 from refengine.entrypoints.engine_client import EngineClient
+from refengine.model.config import ATTENTION_BACKENDS
 from refengine.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
@@ -192,6 +193,19 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         help="Numerics mode.",
     )
     @click.option(
+        "--attention-backend",
+        type=click.Choice(ATTENTION_BACKENDS),
+        default=ENGINE_DEFAULTS.attention_backend,
+        show_default=True,
+        help="Attention for CUDA tensors: auto is Triton when installed (the CPU always runs the reference).",
+    )
+    @click.option(
+        "--fused-ops/--no-fused-ops",
+        default=ENGINE_DEFAULTS.fused_ops,
+        show_default=True,
+        help="The fused Triton token-local ops for CUDA tensors.",
+    )
+    @click.option(
         "--max-request-bytes",
         type=click.IntRange(min=1),
         default=SERVE_DEFAULTS.max_request_bytes,
@@ -237,6 +251,8 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         seed: int,
         dtype: str,
         batch_invariant: bool,
+        attention_backend: str,
+        fused_ops: bool,
         max_request_bytes: int,
         fault_after_steps: int | None,
         threads: int | None,
@@ -260,6 +276,8 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
             speculative_config=speculative_config,
             async_scheduling=async_scheduling,
             fault_after_steps=fault_after_steps,
+            attention_backend=attention_backend,
+            fused_ops=fused_ops,
         )
         options = ServeOptions(
             host=host,

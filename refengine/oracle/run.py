@@ -111,8 +111,10 @@ def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
     ]
 
 
-def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -> ArmResult:
-    llm = LLM(model, **engine_kwargs(arm, workload, block_size))
+def run_arm(
+    model: LoadedModel, arm: Arm, workload: Workload, block_size: int, *, attention_backend: str = "auto"
+) -> ArmResult:
+    llm = LLM(model, **engine_kwargs(arm, workload, block_size), attention_backend=attention_backend)
     core = llm.engine.core
     outs = llm.generate([list(p) for p in workload.prompts], sampling_params(workload, arm), batch_queue=arm.batch_queue)
     stats = core.scheduler.spec_decoding_stats

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from refengine.model import attention  # noqa: E402
 from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
-from refengine.model.config import Numerics  # noqa: E402
+from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
 from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
 
@@ -64,14 +64,10 @@ def reference(q, k, v, cache, meta, scale=None):
     """The torch reference (one row at a time), in float64 on the CPU."""
     c64 = LayerKVCache(cache.key.double().cpu(), cache.value.double().cpu())
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    saved = attention.attention_backend()
-    attention.set_attention_backend("reference")
-    try:
-        result = attention.paged_attention(
-            q.double().cpu(), k.double().cpu(), v.double().cpu(), c64, meta, scale, Numerics.BATCH_INVARIANT
-        )
-    finally:
-        attention.set_attention_backend(saved)
+    result = attention.paged_attention(
+        q.double().cpu(), k.double().cpu(), v.double().cpu(), c64, meta, scale, Numerics.BATCH_INVARIANT,
+        Kernels(attention="reference"),
+    )
     return result, c64
 
 
@@ -159,14 +155,9 @@ def test_fused_rms_norm_and_silu_match_the_torch_ops():
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(5, 96, generator=generator).to(DEVICE)
     w = (1 + 0.1 * torch.randn(96, generator=generator)).to(DEVICE)
-    saved = triton_ops._enabled
-    triton_ops.set_fused_ops(False)
-    try:
-        ref_norm = ops.rms_norm(x.cpu(), w.cpu(), 1e-6)
-        gate_up = torch.randn(3, 2 * 1500, generator=generator)
-        ref_silu = ops.silu_and_mul(gate_up)
-    finally:
-        triton_ops.set_fused_ops(saved)
+    ref_norm = ops.rms_norm(x.cpu(), w.cpu(), 1e-6, fused=False)
+    gate_up = torch.randn(3, 2 * 1500, generator=generator)
+    ref_silu = ops.silu_and_mul(gate_up, fused=False)
     assert rel_err(triton_ops.rms_norm(x, w, 1e-6), ref_norm) < 1e-6
     assert rel_err(triton_ops.silu_and_mul(gate_up.to(DEVICE)), ref_silu) < 1e-6
 
