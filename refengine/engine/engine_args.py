@@ -21,7 +21,7 @@ from refengine.model.loader import LoadedModel, load_model
 from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
 from refengine.spec_decode.proposer import Proposer
-from refengine.spec_decode.registry import KVLayout, build_drafter
+from refengine.spec_decode.registry import KVLayout, build_proposer
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.model_runner import ModelRunner
 
@@ -93,7 +93,7 @@ def build_engine(args: EngineArgs) -> Engine:
     drafter = (
         None
         if args.speculative_config is None
-        else build_drafter(args.speculative_config, loaded, KVLayout(num_blocks, args.block_size))
+        else build_proposer(args.speculative_config, loaded, KVLayout(num_blocks, args.block_size))
     )
     if drafter is not None and device.type != "cpu":
         move_to_device(drafter, device)  # drafters are built on the host
