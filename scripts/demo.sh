@@ -45,14 +45,7 @@ run_ladder refengine-eagle "$REFENGINE --speculative-config '$EAGLE'"
 run_ladder llama.cpp "$LLAMACPP"
 wall=$(( $(date +%s) - start ))
 
-NOTES=()
-# Until a trained head ships, refengine randomly initialises the eagle head: say what that run measures.
-if grep -q 'random-init' "$RUNS/refengine-eagle/manifest.json" 2>/dev/null; then
-    NOTES+=(--note "refengine-eagle ran a randomly initialised eagle head (no trained head is shipped yet): \
-its drafts are almost never accepted, so it measures what drafting costs, not what it can save.")
-fi
-
-NOTES+=(--note "The ladder's prompts are seeded random words, unlike the text the eagle head was distilled on, so \
+NOTES=(--note "The ladder's prompts are seeded random words, unlike the text the eagle head was distilled on, so \
 its acceptance here is below the held-out figures in reports/acceptance.md; and on a CPU each draft pass of a \
 135M-parameter target costs a large share of a target step, so neither drafter pays for itself in this demo.")
 

@@ -24,8 +24,9 @@ def test_lookup_by_name_or_loaded_target(tiny_model):
     assert shipped_head_path(tiny_model, "eagle") is None
     assert shipped_head_path("no-such-model", "eagle") is None
     assert shipped_head_path("../smollm2", "eagle") is None
-    # eagle and eagle3 ship today; mtp and dflash heads are still to be trained (see reports/).
-    assert {("smollm2", "eagle"), ("smollm2", "eagle3")} <= set(shipped_heads()) <= {("smollm2", m) for m in METHODS}
+    # Trained eagle, eagle3, mtp and dflash heads ship for the embedded target (reports/acceptance.md).
+    assert set(shipped_heads()) == {("smollm2", m) for m in ("eagle", "eagle3", "mtp", "dflash")}
+    assert set(shipped_heads()) <= {("smollm2", m) for m in METHODS}
 
 
 @pytest.mark.model
