@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 # The testing hook's environment variable; only the command line reads it (click's envvar).
 FAULT_ENV_VAR = "REFENGINE_FAULT_AFTER_STEPS"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-NUMERICS = ("batch_invariant", "fast")
 
 _LIMITS = EngineConfig()
 

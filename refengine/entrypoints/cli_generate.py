@@ -2,18 +2,20 @@
 
 import click
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.sampling_params import SamplingParams
 
 
 @click.command("generate")
-@click.option("--model", default="smollm2", show_default=True,
+@click.option("--model", default=EngineArgs.model, show_default=True,
               help="smollm2 (embedded), tiny-llama or tiny-qwen3, a .gguf file or an HF folder.")
 @click.option("--prompt", required=True, help="The prompt text.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the model's chat template.")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0.0), help="0 is greedy.")
 @click.option("--seed", default=None, type=int, help="Per-request seed for temperature > 0.")
-@click.option("--batch-invariant/--fast", default=True, show_default=True, help="Numerics mode.")
+@click.option("--batch-invariant/--fast", default=EngineArgs.numerics == "batch_invariant", show_default=True,
+              help="Numerics mode.")
 def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, seed: int | None,
                      batch_invariant: bool) -> None:
     """Print the model's continuation of PROMPT."""

@@ -4,6 +4,7 @@ between a method's sync and async arms."""
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import StepRecord
 from refengine.model.loader import LoadedModel
@@ -82,7 +83,9 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         # Forced preemption: a pool that holds one full sequence and a little more.
         "num_blocks": blocks_one_seq + 2 if arm.preempt else blocks_one_seq * workload.concurrency + 8,
         # Chunked prefill: a budget shorter than the prompts, so prefills span several steps.
-        "max_num_batched_tokens": max(2 + workload.num_speculative_tokens, longest // 3) if arm.chunked else 2048,
+        "max_num_batched_tokens": (
+            max(2 + workload.num_speculative_tokens, longest // 3) if arm.chunked else EngineArgs.max_num_batched_tokens
+        ),
         "speculative_config": spec,
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,

@@ -3,8 +3,7 @@ bytes, then the ChatML specials, and every further id decodes to a fixed three-b
 
 import functools
 
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
-from tokenizers import Tokenizer as Backend
+from tokenizers import pre_tokenizers
 
 from refengine.tokenizer.byte_alphabet import CHAR_TO_BYTE
 from refengine.tokenizer.tokenizer import Tokenizer
@@ -28,14 +27,4 @@ def byte_level_tokenizer(vocab_size: int) -> Tokenizer:
     filler = (a + b + c for a in alphabet for b in alphabet for c in alphabet)
     while len(vocab) < vocab_size:
         vocab.setdefault(next(filler), len(vocab))
-    backend = Backend(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS])
-    return Tokenizer(
-        backend,
-        bos_token_id=None,
-        eos_token_ids=(vocab["<|im_end|>"],),
-        add_bos=False,
-        chat_template=_CHATML,
-    )
+    return Tokenizer.from_byte_vocab(vocab, _SPECIAL_TOKENS, "<|im_end|>", _CHATML)

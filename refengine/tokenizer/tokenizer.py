@@ -159,14 +159,22 @@ class Tokenizer:
             raise TokenizerError(f"eos token {eos_token!r} is not among the special tokens")
         byte_chars = sorted(CHAR_TO_BYTE, key=CHAR_TO_BYTE.__getitem__)
         specials = [*special_tokens, *(f"<|reserved_{i}|>" for i in range(vocab_size - num_named))]
-        backend = Backend(models.BPE(vocab={char: i for i, char in enumerate(byte_chars)}, merges=[]))
+        return cls.from_byte_vocab({char: i for i, char in enumerate(byte_chars)}, specials, eos_token, chat_template)
+
+    @classmethod
+    def from_byte_vocab(
+        cls, vocab: dict[str, int], special_tokens: Sequence[str], eos_token: str, chat_template: str | None
+    ) -> Tokenizer:
+        """Merge-free byte-level BPE over `vocab` (byte-spelled entries), with `special_tokens` matched
+        whole (appended after `vocab` unless it holds them already)."""
+        backend = Backend(models.BPE(vocab=vocab, merges=[]))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         backend.decoder = decoders.ByteLevel()
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
         return cls(
             backend,
             bos_token_id=None,
-            eos_token_ids=(256 + list(special_tokens).index(eos_token),),
+            eos_token_ids=(backend.token_to_id(eos_token),),
             add_bos=False,
             chat_template=chat_template,
         )
