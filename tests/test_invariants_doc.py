@@ -59,7 +59,8 @@ def test_no_citation_of_a_text_outside_the_repository():
 @pytest.mark.parametrize("number, entry", sorted(doc_entries().items()))
 def test_each_entry_names_existing_code_tests_and_mutants(number, entry):
     catalogue = tomllib.loads((ROOT / "mutations" / "catalogue.toml").read_text())
-    mutant_ids = {m["id"] for m in catalogue["mutant"]}
+    must_fail = {m["id"]: {t.split("[")[0] for t in m["must_fail"]} for m in catalogue["mutant"]}
+    mutant_ids = set(must_fail)
     tests = TEST_ID.findall(entry)
     assert tests, f"invariant {number} names no test"
     for file, name in tests:
@@ -69,5 +70,9 @@ def test_each_entry_names_existing_code_tests_and_mutants(number, entry):
     (mutants,) = MUTANT_LINE.findall(entry)
     named = [m.strip() for m in mutants.split(",")]
     assert set(named) <= mutant_ids, f"invariant {number}: unknown mutants {set(named) - mutant_ids}"
+    # Each mutant is killed by a test this entry names: the entry, its test and its mutant agree.
+    named_tests = {f"{file}::{name}" for file, name in tests}
+    for mutant in named:
+        assert must_fail[mutant] & named_tests, f"invariant {number}: {mutant} is killed by none of {named_tests}"
     for path in re.findall(r"`(refengine/[\w/]+\.py)`", entry):
         assert (ROOT / path).is_file(), f"invariant {number}: {path} does not exist"
