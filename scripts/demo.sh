@@ -20,8 +20,9 @@ PLOTS=${DEMO_PLOTS:-reports/demo}
 GGUF=$($PY -c "from refengine.model.loader import embedded_smollm2_path; print(embedded_smollm2_path())") || exit 2
 
 WORKLOAD=(--c 1,2,4 --input-len 128 --output-len 64 --prompts-per-concurrency 4 --seed 0 --temperature 0)
-# --fast: refengine's batch-invariant default costs several times more per step on a 2-core CPU, which the
-# 15-minute budget cannot hold; llama.cpp is not batch-invariant either. The banner names the numerics.
+# --fast: refengine's batch-invariant default costs about 2x fast's time per token at c = 1 and 1.2-1.3x at
+# c = 4 to 16 on a 2-core CPU (reports/cpu-bench.md), more than the 15-minute budget leaves room for;
+# llama.cpp is not batch-invariant either. The banner names the numerics.
 # --threads 1: on 2 cores one torch thread decodes faster (TPOT 66 ms against 90 ms with 2 at c = 1), since
 # the server's event loop and engine threads need the other core; llama.cpp keeps its own 2 threads.
 REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs 4 --max-model-len 256 --fast --threads 1"
