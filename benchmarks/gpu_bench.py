@@ -40,14 +40,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refengine.engine.llm import LLM  # noqa: E402
-from refengine.model import attention, triton_ops  # noqa: E402
-from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
-from refengine.model.config import Numerics  # noqa: E402
-from refengine.model.cuda_graphs import CudaGraphs  # noqa: E402
+from refengine.model import attention  # noqa: E402
+from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import KVCache  # noqa: E402
-from refengine.model.shapes import build_random_model, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from refengine.model.layers import set_kernels  # noqa: E402
+from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
+from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
+from refengine.worker.cuda_graphs import CudaGraphs  # noqa: E402
 
 BANDWIDTH = 4.21e12  # bytes/s, the copy bandwidth for this H200 type
 PROMPT_LEN = 1024
@@ -141,7 +143,7 @@ def step_inputs(num_seqs: int, q: int, context: int, blocks_per_seq: int, vocab:
     ids = torch.randint(0, vocab, (num_seqs * q,))
     positions = torch.tensor([p for _ in range(num_seqs) for p in range(context - q, context)])
     block_ids = [list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq)) for s in range(num_seqs)]
-    meta = AttentionMetadata.build([context - q] * num_seqs, [q] * num_seqs, block_ids, BLOCK)
+    meta = build_attention_metadata([context - q] * num_seqs, [q] * num_seqs, block_ids, BLOCK)
     return ids, positions, meta
 
 
@@ -208,15 +210,14 @@ def model_steps(bench: Bench) -> None:
             setups.append(("fast-unfused", Numerics.FAST, False))
         for key, numerics, fused in setups if DEV == "cuda" else ():
             set_numerics(model, numerics)
-            triton_ops.set_fused_ops(fused)
-            attention.set_attention_backend("auto")
+            set_kernels(model, Kernels(fused_ops=fused))
             g = CudaGraphs(model, cache, max_num_seqs=max(batches), max_blocks_per_seq=blocks_per_seq, query_lens=(q,),
                            batch_sizes=list(batches))
             t0 = time.perf_counter()
             try:
                 g.capture()
             finally:
-                triton_ops.set_fused_ops(True)
+                set_kernels(model, Kernels())
             graphs[key] = g
             bench.results.setdefault("capture_s", {})[f"{kind}/{key}"] = round(time.perf_counter() - t0, 1)
         for c in batches:
@@ -233,7 +234,7 @@ def model_steps(bench: Bench) -> None:
                     continue
                 numerics = Numerics.BATCH_INVARIANT if key == "batch_invariant" else Numerics.FAST
                 set_numerics(model, numerics)
-                attention.set_attention_backend("reference" if backend == "reference" else "auto")
+                set_kernels(model, Kernels(attention="reference" if backend == "reference" else "auto"))
                 before = dict(attention.ATTENTION_CALLS)
                 g = graphs.get(key)
                 replays = g.num_replays if g else 0
@@ -259,7 +260,7 @@ def model_steps(bench: Bench) -> None:
         del graphs
         gc.collect()
     set_numerics(model, Numerics.FAST)
-    attention.set_attention_backend("auto")
+    set_kernels(model, Kernels())
     # the step timing context for the report
     bench.results["weight_bytes_per_step"] = weight_bytes_per_step(loaded.config, torch.bfloat16)
     bench.results["kv_bytes_per_token"] = kv_bytes_per_token(loaded.config, torch.bfloat16)
@@ -504,7 +505,7 @@ def hf_peer(bench: Bench) -> None:
     with torch.inference_mode():
         hf_logits = hf(prompt.to(DEV)).logits[0, -1].float()
         cache = KVCache.allocate(cfg, 4, BLOCK, dtype=torch.bfloat16, device=DEV)
-        meta = AttentionMetadata.build([0], [32], [[0, 1]], BLOCK)
+        meta = build_attention_metadata([0], [32], [[0, 1]], BLOCK)
         out = loaded.model(prompt[0].to(DEV), torch.arange(32).to(DEV), meta.to(DEV), cache)
         ours = loaded.model.compute_logits(out.hidden_states[-1:])[0]
     info["logits_rel_diff"] = float((hf_logits - ours).norm() / hf_logits.norm())
@@ -547,44 +548,40 @@ def oracle(bench: Bench, backend: str) -> None:
     Qwen8b.loaded = None
     Qwen8b.cache = None
     empty_cache()
-    attention.set_attention_backend(backend)
-    try:
-        loaded = build_random_model("qwen3-0.6b", seed=0, dtype=torch.float32, numerics=Numerics.BATCH_INVARIANT,
-                                    device=DEV, **OVERRIDES)
-        prompts = text_prompts(loaded.tokenizer, 4)
-        verdicts = []
-        before = dict(attention.ATTENTION_CALLS)
-        t0 = time.perf_counter()
-        for c in (1, 4):
-            for temperature in (0.0, 0.8):
-                workload = Workload(tuple(map(tuple, prompts)), 12, c, temperature, 0, 3)
-                base = run_arm(loaded, Arm("sync", None, False, False, False), workload, BLOCK)
-                workload = Workload(workload.prompts, 12, c, temperature, 0, 3, derive_bad_words(base))
-                arms = [Arm(front, method, False, False, False)
-                        for method in (None, "eagle") for front in ("sync", "async-d1", "async-d2")]
-                results = {arm: run_arm(loaded, arm, workload, BLOCK) for arm in arms}
-                results.setdefault(Arm("sync", None, False, False, False), base)
-                for arm in arms:
-                    if temperature != 0.0 and not arm.async_scheduling:
-                        continue
-                    twin = results.get(arm.sync_twin()) if arm.method is not None else None
-                    reference = results[arm.baseline()] if temperature == 0.0 else results[arm.sync_twin()]
-                    v = judge(results[arm], reference, twin, temperature == 0.0)
-                    verdicts.append({"c": c, "temperature": temperature, "arm": arm.name, "vs": v.reference,
-                                     "ok": v.ok, "divergence": repr(v.divergence), "step_mismatch": v.step_mismatch,
-                                     "drafts": results[arm].num_draft_tokens, "accepted": results[arm].num_accepted_tokens})
-        failures = [v for v in verdicts if not v["ok"]]
-        bench.results[f"oracle_{backend}"] = {
-            "model": "random:qwen3-0.6b float32 batch_invariant on cuda",
-            "covers": "fronts sync / async-d1 / async-d2 x methods none, eagle (random head, k=3) x c=1,4 x greedy and "
-                      "seeded temperature 0.8; 4 text prompts x 12 tokens; no chunked / preempt / bad_words arms",
-            "attention": calls_delta(before), "seconds": round(time.perf_counter() - t0, 1),
-            "arms_compared": len(verdicts), "failures": failures, "verdicts": verdicts,
-        }
-        bench.row(section="oracle", what=f"oracle qwen3-0.6b fp32 batch-invariant, attention={backend}",
-                  attention=calls_delta(before), compared=len(verdicts), mismatches=len(failures))
-    finally:
-        attention.set_attention_backend("auto")
+    loaded = build_random_model("qwen3-0.6b", seed=0, dtype=torch.float32, numerics=Numerics.BATCH_INVARIANT,
+                                device=DEV, **OVERRIDES)
+    prompts = text_prompts(loaded.tokenizer, 4)
+    verdicts = []
+    before = dict(attention.ATTENTION_CALLS)
+    t0 = time.perf_counter()
+    for c in (1, 4):
+        for temperature in (0.0, 0.8):
+            workload = Workload(tuple(map(tuple, prompts)), 12, c, temperature, 0, 3)
+            base = run_arm(loaded, Arm("sync", None, False, False, False), workload, BLOCK, attention_backend=backend)
+            workload = Workload(workload.prompts, 12, c, temperature, 0, 3, derive_bad_words(base))
+            arms = [Arm(front, method, False, False, False)
+                    for method in (None, "eagle") for front in ("sync", "async-d1", "async-d2")]
+            results = {arm: run_arm(loaded, arm, workload, BLOCK, attention_backend=backend) for arm in arms}
+            results.setdefault(Arm("sync", None, False, False, False), base)
+            for arm in arms:
+                if temperature != 0.0 and not arm.async_scheduling:
+                    continue
+                twin = results.get(arm.sync_twin()) if arm.method is not None else None
+                reference = results[arm.baseline()] if temperature == 0.0 else results[arm.sync_twin()]
+                v = judge(results[arm], reference, twin, temperature == 0.0)
+                verdicts.append({"c": c, "temperature": temperature, "arm": arm.name, "vs": v.reference,
+                                 "ok": v.ok, "divergence": repr(v.divergence), "step_mismatch": v.step_mismatch,
+                                 "drafts": results[arm].num_draft_tokens, "accepted": results[arm].num_accepted_tokens})
+    failures = [v for v in verdicts if not v["ok"]]
+    bench.results[f"oracle_{backend}"] = {
+        "model": "random:qwen3-0.6b float32 batch_invariant on cuda",
+        "covers": "fronts sync / async-d1 / async-d2 x methods none, eagle (random head, k=3) x c=1,4 x greedy and "
+                  "seeded temperature 0.8; 4 text prompts x 12 tokens; no chunked / preempt / bad_words arms",
+        "attention": calls_delta(before), "seconds": round(time.perf_counter() - t0, 1),
+        "arms_compared": len(verdicts), "failures": failures, "verdicts": verdicts,
+    }
+    bench.row(section="oracle", what=f"oracle qwen3-0.6b fp32 batch-invariant, attention={backend}",
+              attention=calls_delta(before), compared=len(verdicts), mismatches=len(failures))
 
 
 def print_table(bench: Bench) -> None:

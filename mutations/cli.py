@@ -71,6 +71,7 @@ only_option = click.option("--only", multiple=True, metavar="ID", help="Only thi
 
 
 @click.group()
+@click.version_option(package_name="specladder", prog_name="mutations")
 @click.option(
     "--root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),

@@ -1,50 +1,55 @@
-"""The `refengine` command."""
+"""The `refengine` command. Each subcommand's module is imported only when that subcommand runs, so
+`refengine --help` loads neither torch nor the HTTP server, and `refengine oracle` runs where uvicorn
+is not installed."""
 
+import importlib
 import logging
+import sys
 
 import click
 
-from refengine.entrypoints.cli_serve import serve_command
-from refengine.oracle.command import oracle_command
-from refengine.sampling_params import SamplingParams
-from refengine.train.command import train_drafter_command
+# name -> (module, attribute, the one-line help `refengine --help` lists without importing the module)
+SUBCOMMANDS = {
+    "generate": ("refengine.entrypoints.cli_generate", "generate_command", "Print the model's continuation of PROMPT."),
+    "serve": ("refengine.entrypoints.cli_serve", "serve_command", "Serve MODEL over the OpenAI API."),
+    "oracle": ("refengine.oracle.command", "oracle_command", "The token-identity oracle over the scheduling x drafting matrix."),
+    "train-drafter": ("refengine.train.command", "train_drafter_command", "Train a drafter head by self-distillation."),
+}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in SUBCOMMANDS:
+            return None
+        module, attribute, _ = SUBCOMMANDS[cmd_name]
+        return getattr(importlib.import_module(module), attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SUBCOMMANDS[name][2]) for name in self.list_commands(ctx)])
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            # A missing or unreadable model file is one line, whichever command met it. The error class is
+            # looked up, not imported: the model package loads torch, and a command that never loaded it
+            # cannot have raised it.
+            errors = sys.modules.get("refengine.model.errors")
+            if errors is not None and isinstance(e, errors.ModelLoadError):
+                raise click.ClickException(str(e)) from None
+            raise
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(package_name="specladder", prog_name="refengine")
 @click.option("-v", "--verbose", is_flag=True, help="Log engine decisions (async resolution, head loading).")
 def main(verbose: bool) -> None:
     """A reference engine for async scheduling with speculative decoding."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
-
-
-@main.command()
-@click.option("--model", default="smollm2", show_default=True, help="smollm2 (embedded), a .gguf file or an HF folder.")
-@click.option("--prompt", required=True, help="The prompt text.")
-@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the model's chat template.")
-@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0.0), help="0 is greedy.")
-@click.option("--seed", default=None, type=int, help="Per-request seed for temperature > 0.")
-@click.option("--batch-invariant/--fast", default=True, show_default=True, help="Numerics mode.")
-def generate(model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, seed: int | None,
-             batch_invariant: bool) -> None:
-    """Print the model's continuation of PROMPT."""
-    from refengine.engine.llm import LLM
-    from refengine.tokenizer.chat_template import ChatMessage
-
-    llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1)
-    if chat:
-        prompt = llm.tokenizer.apply_chat_template([ChatMessage("user", prompt)])
-        ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
-    else:
-        ids = llm.tokenizer.encode(prompt)
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    (out,) = llm.generate([ids], params)
-    click.echo(out.text)
-
-
-main.add_command(serve_command)
-main.add_command(oracle_command)
-main.add_command(train_drafter_command)
 
 
 if __name__ == "__main__":

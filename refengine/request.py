@@ -4,9 +4,8 @@ import enum
 from collections.abc import Iterable, Sequence
 
 from refengine.core.spec_decode_stats import SpecDecodingStats
+from refengine.sample.splitmix import MASK64, splitmix64
 from refengine.sampling_params import SamplingParams
-
-_MASK64 = (1 << 64) - 1
 
 
 class FinishReason(enum.StrEnum):
@@ -40,20 +39,12 @@ _FINISH_REASONS = {
 }
 
 
-def _mix64(x: int) -> int:
-    # splitmix64's finalizer: a bijection on 64-bit ints that spreads every input bit.
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def derive_rng_key(seed: int | None, engine_seed: int, arrival_index: int) -> int:
     """The request's 64-bit randomness key: its own seed if it has one, else a mix of the engine seed
     and its arrival index, so that a rerun of the same request sequence draws the same numbers."""
     if seed is not None:
-        return seed & _MASK64
-    return _mix64(_mix64(engine_seed & _MASK64) ^ arrival_index)
+        return seed & MASK64
+    return splitmix64(splitmix64(engine_seed & MASK64) ^ arrival_index)
 
 
 class Request:

@@ -39,8 +39,9 @@ Tokenizer.from_gguf_vocab(read_gguf(Path(sys.argv[1])).vocab).save_hf_folder(Pat
 
 WORKLOAD=(--dataset sharegpt --tokenizer "$RUNS" --max-input-len 128 --output-len 64 --ignore-eos
           --c "${DEMO_C:-1,2,4}" --prompts-per-concurrency "${DEMO_PROMPTS:-4}" --seed 0 --temperature 0)
-# --fast: refengine's batch-invariant default costs several times more per step on a 2-core CPU, which the
-# 15-minute budget cannot hold; llama.cpp is not batch-invariant either. The banner names the numerics.
+# --fast: refengine's batch-invariant default costs about 2x fast's time per token at c = 1 and 1.2-1.3x at
+# c = 4 to 16 on a 2-core CPU (reports/cpu-bench.md), more than the 15-minute budget leaves room for;
+# llama.cpp is not batch-invariant either. The banner names the numerics.
 REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs 4 --max-model-len 256 --fast --threads $THREADS"
 NGRAM='{"method": "ngram", "num_speculative_tokens": 3}'
 EAGLE='{"method": "eagle", "num_speculative_tokens": 3}'

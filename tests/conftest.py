@@ -11,5 +11,11 @@ def tiny_model(request: pytest.FixtureRequest) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def tiny4() -> LoadedModel:
+    """A tiny target deep enough for EAGLE3's default aux layers (2, L // 2, L - 3 need L >= 4)."""
+    return build_tiny_model("qwen3", seed=3, num_hidden_layers=4)
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> LoadedModel:
     return load_model("smollm2")

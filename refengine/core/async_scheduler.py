@@ -1,5 +1,8 @@
 """AsyncScheduler: plans step n+1 while step n is still running, so the scheduler works with output
-placeholders (tokens known to be coming) instead of the tokens themselves."""
+placeholders (tokens known to be coming) instead of the tokens themselves.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 from collections.abc import Callable
 

@@ -34,7 +34,7 @@ class BlockPool:
             raise KVCacheInvariantError(f"asked for {num_blocks} blocks, {len(self._free_queue)} are free")
         block_ids = [self._free_queue.popleft() for _ in range(num_blocks)]
         for block_id in block_ids:
-            # Invariant: a block in the free queue has no owner (test_double_ownership_is_refused).
+            # Invariant 29 (docs/invariants.md): a block in the free queue has no owner (test_double_ownership_is_refused).
             if self._ref_cnt[block_id] != 0:
                 raise KVCacheInvariantError(
                     f"block {block_id} was free with ref_cnt={self._ref_cnt[block_id]}"
@@ -44,7 +44,7 @@ class BlockPool:
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
         for block_id in block_ids:
-            # Invariant: only an owned block can be freed (test_double_free_is_refused).
+            # Invariant 29: only an owned block can be freed (test_double_free_is_refused).
             if self._ref_cnt[block_id] <= 0:
                 raise KVCacheInvariantError(f"block {block_id} freed twice")
             self._ref_cnt[block_id] -= 1

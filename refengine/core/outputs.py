@@ -66,6 +66,17 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step as one request saw it: where its drafts began (the position of the first
+    draft), the drafts it verified and how many were accepted. The oracle compares these between sync
+    and async arms position by position (identical tokens can hide a drafter fed the wrong state)."""
+
+    position: int
+    draft_token_ids: tuple[int, ...]
+    num_accepted: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
     """One row per scheduled request: accepted drafts then one recovered-or-bonus token, or an empty
     list for a prefill chunk that does not reach the end of the known tokens. `logprobs` holds one entry

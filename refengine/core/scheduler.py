@@ -21,7 +21,7 @@ from refengine.request import Request, RequestStatus
 
 
 class SchedulerInvariantError(RuntimeError):
-    """The scheduler's counters contradict an engine invariant (numbered as in the design note)."""
+    """The scheduler's counters contradict an engine invariant (numbered as in docs/invariants.md)."""
 
 
 class Scheduler:

@@ -18,7 +18,8 @@ import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from refengine.engine.engine_args import Engine, EngineArgs, build_engine
+from refengine.engine.arg_utils import EngineArgs
+from refengine.engine.engine_args import Engine, build_engine
 from refengine.engine.llm import tokenize_bad_words
 from refengine.engine.output_processor import OutputProcessor
 from refengine.engine.outputs import (
@@ -73,6 +74,7 @@ class AsyncLLM:
             max_num_seqs=engine.config.max_num_seqs,
             block_size=engine.config.block_size,
             num_blocks=engine.config.num_blocks,
+            device=str(engine.core.runner.device),
         )
         drafter = engine.core.runner.drafter
         self._drafter_random_init = drafter is not None and drafter.random_init

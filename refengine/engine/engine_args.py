@@ -1,54 +1,33 @@
-"""EngineArgs: what a user chooses (CLI flags, LLM kwargs), resolved into a running EngineCore."""
+"""build_engine: EngineArgs (what a user chooses) resolved into a running EngineCore."""
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from refengine.config import EngineConfig
 from refengine.core.async_scheduler import AsyncScheduler
 from refengine.core.scheduler import Scheduler
+from refengine.engine.arg_utils import DEFAULT_MAX_MODEL_LEN, DTYPE_NAMES, EngineArgs
 from refengine.engine.engine_core import EngineCore
 from refengine.engine.stop_strings import StopStringChecker
 from refengine.model import attention
-from refengine.model.cuda_graphs import CudaGraphs
+from refengine.model.config import Kernels
 from refengine.model.device import move_to_device
 from refengine.model.kv_cache import KVCache
+from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel, load_model
-from refengine.request import Request
-from refengine.sample.sampler import banned_next_tokens
-from refengine.spec_decode.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
-from refengine.spec_decode.registry import KVLayout, build_drafter
+from refengine.sample.sampler import valid_draft_prefix
+from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
+from refengine.spec_decode.proposer import Proposer
+from refengine.spec_decode.registry import KVLayout, build_proposer
+from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("refengine")
 
-FAULT_ENV_VAR = "REFENGINE_FAULT_AFTER_STEPS"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    model: str | LoadedModel = "smollm2"  # a name or path for load_model, or an already loaded model
-    numerics: str = "batch_invariant"
-    dtype: str = "float32"
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None: min(the model's context, 2048)
-    block_size: int = 16
-    num_blocks: int | None = None  # None: as many as kv_cache_memory_gib holds
-    kv_cache_memory_gib: float = 1.0
-    seed: int = 0
-    speculative_config: SpeculativeConfig | None = None
-    async_scheduling: bool | None = None  # None: REFENGINE_ASYNC_SCHEDULING, else on where compatible
-    fault_after_steps: int | None = None  # None: REFENGINE_FAULT_AFTER_STEPS, else off
-    record_steps: bool = False  # keep each request's per-step drafts and acceptance (the oracle reads them)
-    device: str | None = None  # None: where the loaded model's weights are (the CPU for files)
-    cuda_graphs: bool | None = None  # None: on when the device is a GPU and attention runs in Triton
-    # SYNTHETIC acceptance for speed studies only: drafts accepted at this fixed rate whatever the
-    # target says, so the output is NOT the model's. None: real verification.
-    synthetic_acceptance_rate: float | None = None
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass(frozen=True)
@@ -62,20 +41,10 @@ class Engine:
     stop_checker: StopStringChecker
 
 
-def valid_draft_prefix(request: Request, drafts: list[int]) -> int:
-    """How many leading drafts survive the request's bad_words, given its committed history: the
-    constraint this engine validates drafts against, as a grammar would."""
-    history = list(request.all_token_ids)
-    for j, draft in enumerate(drafts):
-        if draft in banned_next_tokens(history, request.sampling_params.bad_words_token_ids):
-            return j
-        history.append(draft)
-    return len(drafts)
-
-
 def build_engine(args: EngineArgs) -> Engine:
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    kernels = Kernels(args.attention_backend, args.fused_ops)
     resolution = resolve_async_scheduling(args.async_scheduling, args.speculative_config)
     logger.info("async scheduling %s", resolution.reason)
     loaded = (
@@ -94,7 +63,7 @@ def build_engine(args: EngineArgs) -> Engine:
             "model's (speed studies only)", args.synthetic_acceptance_rate,
         )
     model_config = loaded.config
-    max_model_len = args.max_model_len or min(model_config.max_position_embeddings, 2048)
+    max_model_len = args.max_model_len or min(model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's context of {model_config.max_position_embeddings}"
@@ -120,17 +89,15 @@ def build_engine(args: EngineArgs) -> Engine:
         scheduler = AsyncScheduler(config, stop_checker=stop_checker, draft_validator=valid_draft_prefix)
     else:
         scheduler = Scheduler(config, stop_checker=stop_checker)
-    fault = args.fault_after_steps
-    if fault is None and os.environ.get(FAULT_ENV_VAR):
-        fault = int(os.environ[FAULT_ENV_VAR])
     kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype], device=device)
     drafter = (
         None
         if args.speculative_config is None
-        else build_drafter(args.speculative_config, loaded, KVLayout(num_blocks, args.block_size))
+        else build_proposer(args.speculative_config, loaded, KVLayout(num_blocks, args.block_size))
     )
     if drafter is not None and device.type != "cpu":
         move_to_device(drafter, device)  # drafters are built on the host
+    _choose_kernels(loaded, drafter, kernels)
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
     graphs = _cuda_graphs(args, loaded, kv_cache, config, drafter, device)
@@ -138,7 +105,7 @@ def build_engine(args: EngineArgs) -> Engine:
         loaded.model,
         kv_cache,
         drafter=drafter,
-        fault_after_steps=fault,
+        fault_after_steps=args.fault_after_steps,
         record_steps=args.record_steps,
         cuda_graphs=graphs,
         synthetic_acceptance_rate=args.synthetic_acceptance_rate,
@@ -146,9 +113,19 @@ def build_engine(args: EngineArgs) -> Engine:
     return Engine(EngineCore(scheduler, runner), loaded, config, resolution, stop_checker)
 
 
+def _choose_kernels(loaded: LoadedModel, drafter: Proposer | None, kernels: Kernels) -> None:
+    """The kernels this engine asked for, in the target and in the drafter's network (a head module,
+    or a plain holder of a draft model's modules)."""
+    set_kernels(loaded.model, kernels)
+    network = getattr(drafter, "network", None)
+    for module in (network, getattr(network, "model", None)):
+        if isinstance(module, nn.Module):
+            set_kernels(module, kernels)
+
+
 def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, config: EngineConfig, drafter, device):
     """Captured decode (and verify) steps, when the device is a GPU and attention runs in Triton."""
-    usable = device.type == "cuda" and attention.attention_backend(device) == "triton"
+    usable = device.type == "cuda" and attention.attention_implementation(loaded.model.kernels, device) == "triton"
     if args.cuda_graphs is False or not usable:
         if args.cuda_graphs:
             raise ValueError("cuda_graphs needs a CUDA device and the Triton attention backend")

@@ -1,11 +1,14 @@
 """EngineCore: the step loop. schedule -> execute -> update, at depth 1 (`step`) or with a depth-2
-batch queue (`step_with_batch_queue`) under async scheduling."""
+batch queue (`step_with_batch_queue`) under async scheduling.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput, StepRecord
 from refengine.core.scheduler import Scheduler
 from refengine.request import Request, RequestStatus
 from refengine.worker.model_runner import ModelRunner
@@ -26,6 +29,8 @@ class EngineCore:
         # Invariant 14: a batch queue exists only under async scheduling, two frames deep.
         self.max_concurrent_batches = 2 if scheduler.async_scheduling() else 1
         self.batch_queue: deque[_Frame] = deque()
+        # Steps that took the deferred branch (invariant 16), so a test can show it ran.
+        self.num_deferred_steps = 0
         # One worker thread keeps frames in order on the runner while the engine thread schedules the
         # next one: that is the host work depth 2 hides.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refengine-runner")
@@ -62,10 +67,11 @@ class EngineCore:
             so = self.scheduler.schedule()
             if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
                 if so.pending_constrained_output:
+                    self.num_deferred_steps += 1
                     deferred = so
                     launched = self._worker.submit(self.runner.execute_model, so)
                 else:
-                    # Invariant 14: FIFO, push left and pop right (test_batch_queue_is_fifo).
+                    # Invariant 14: FIFO, push left and pop right (test_sync_async_depth1_depth2_identical).
                     self.batch_queue.appendleft(_Frame(so, self._worker.submit(self._execute, so)))
                     if len(self.batch_queue) < self.max_concurrent_batches:
                         return None
@@ -91,6 +97,9 @@ class EngineCore:
         # ids reach it out of band only in sync mode (test_async_scheduler_ships_only_placeholders).
         if not self.scheduler.async_scheduling():
             self.scheduler.update_draft_token_ids(self.runner.take_draft_token_ids())
+
+    def take_step_records(self, req_id: str) -> list[StepRecord]:
+        return self.runner.take_step_records(req_id)
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

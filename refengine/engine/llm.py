@@ -3,7 +3,8 @@
 import dataclasses
 from collections.abc import Sequence
 
-from refengine.engine.engine_args import Engine, EngineArgs, build_engine
+from refengine.engine.arg_utils import EngineArgs
+from refengine.engine.engine_args import Engine, build_engine
 from refengine.engine.output_processor import OutputProcessor
 from refengine.engine.outputs import RequestOutput
 from refengine.model.loader import LoadedModel
@@ -79,8 +80,6 @@ class LLM:
                 result.text += delta.text
                 if delta.finished:
                     result.finish_reason = delta.finish_reason
-                    records = core.runner.step_records
-                    if records is not None:
-                        result.steps = records.pop(req_id, [])
+                    result.steps = core.take_step_records(req_id)
                     self.engine.stop_checker.forget(req_id)
         return list(results.values())

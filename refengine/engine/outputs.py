@@ -3,21 +3,10 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
-from refengine.core.outputs import TokenLogprobs
+from refengine.core.outputs import StepRecord, TokenLogprobs
 from refengine.sampling_params import SamplingParams
 
-__all__ = ["TokenLogprobs"]
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One engine step as one request saw it: where its drafts began (the position of the first
-    draft), the drafts it verified and how many were accepted. The oracle compares these between sync
-    and async arms position by position (identical tokens can hide a drafter fed the wrong state)."""
-
-    position: int
-    draft_token_ids: tuple[int, ...]
-    num_accepted: int
+__all__ = ["StepRecord", "TokenLogprobs"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +46,7 @@ class EngineInfo:
     max_num_seqs: int
     block_size: int
     num_blocks: int
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ around any engine factory, so tests can run the real command line over a fake en
 
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
 import click
 
+from refengine.engine.arg_utils import DEFAULT_MAX_MODEL_LEN, DTYPE_NAMES, FAULT_ENV_VAR, EngineArgs
 from refengine.entrypoints.app import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_WAITING_REQUESTS,
@@ -20,45 +22,38 @@ from refengine.entrypoints.app import (
 )
 from refengine.entrypoints.engine_client import EngineClient
 from refengine.entrypoints.http_server import make_server
+from refengine.model.config import ATTENTION_BACKENDS
 from refengine.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
-FAULT_ENV_VAR = "REFENGINE_FAULT_AFTER_STEPS"
 # Seconds requests in flight get to finish on SIGTERM/SIGINT before they are aborted.
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """Everything `refengine serve` was told; engine fields left None take the engine's defaults."""
+    """What `refengine serve` needs besides the engine's own arguments (EngineArgs)."""
 
-    model: str
-    host: str
-    port: int
-    served_model_name: str | None
-    api_key: str | None
-    max_request_bytes: int
-    log_level: str
-    numerics: str
-    dtype: str
-    seed: int
-    speculative_config: SpeculativeConfig | None
-    async_scheduling: bool | None
-    max_num_seqs: int | None
-    max_model_len: int | None
-    max_num_batched_tokens: int | None
-    num_blocks: int | None
-    kv_cache_memory_gib: float | None
-    block_size: int | None
-    fault_after_steps: int | None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None  # the model id clients send; None: the --model value
+    api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    log_level: str = "info"
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS
     request_timeout: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
 
 
-EngineFactory = Callable[[ServeOptions], EngineClient]
+# The flags' defaults come from these two, so `refengine serve --help` shows what the engine uses.
+ENGINE_DEFAULTS = EngineArgs()
+SERVE_DEFAULTS = ServeOptions()
+
+EngineFactory = Callable[[EngineArgs, ServeOptions], EngineClient]
+# Where a flag's value came from when the user gave it (not its default).
+_GIVEN = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
 
 
 def _parse_speculative_config(
@@ -72,10 +67,41 @@ def _parse_speculative_config(
         raise click.BadParameter(str(e)) from None
 
 
-def run_server(engine: EngineClient, options: ServeOptions) -> None:
-    """Serves until SIGINT/SIGTERM, then shuts the engine down."""
+def bind(host: str, port: int) -> socket.socket:
+    """Take the address before the model loads, so a busy port fails at once, in one line; uvicorn
+    then serves on this very socket (no window in which another process could take the port)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def banner(engine: EngineClient, sock: socket.socket) -> str:
+    """One line that says what is serving: model, format and dtype, numerics, speculation, async
+    scheduling, KV pool, device, and the address."""
+    info = engine.engine_info
+    host, port = sock.getsockname()[:2]
+    spec = "off" if info.spec_method is None else f"{info.spec_method} k={info.num_speculative_tokens}"
+    return (
+        f"refengine serve: model {engine.model_name} ({info.weight_format} weights, dtype {info.dtype}), numerics "
+        f"{info.numerics}, spec {spec}, async {'on' if info.async_scheduling else 'off'} "
+        f"({info.async_scheduling_source}), KV {info.num_blocks} blocks of {info.block_size}, device "
+        f"{info.device}, http://{host}:{port}"
+    )
+
+
+def run_server(engine: EngineClient, options: ServeOptions, sock: socket.socket) -> None:
+    """Serves on `sock` until SIGINT/SIGTERM, then shuts the engine down."""
     config = ServerConfig(
-        served_model_name=options.served_model_name or options.model,
+        served_model_name=options.served_model_name or engine.model_name,
         api_key=options.api_key,
         max_request_bytes=options.max_request_bytes,
         max_waiting_requests=options.max_waiting_requests,
@@ -86,7 +112,7 @@ def run_server(engine: EngineClient, options: ServeOptions) -> None:
         app,
         app.state.openai_server,
         host=options.host,
-        port=options.port,
+        port=sock.getsockname()[1],  # what uvicorn's startup line reports
         log_level=options.log_level,
         shutdown_grace=options.shutdown_grace,
     )
@@ -95,7 +121,7 @@ def run_server(engine: EngineClient, options: ServeOptions) -> None:
     # exits 0 after shutting the engine down (rather than "Aborted!" or death by SIGTERM).
     previous = {sig: signal.signal(sig, _absorb) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -108,32 +134,15 @@ def _absorb(signum: int, frame: FrameType | None) -> None:
     logger.info("stopped by signal %d", signum)
 
 
-def build_async_llm(options: ServeOptions) -> EngineClient:
-    """The real engine. Imported here so that `refengine --help` does not load torch."""
+def build_async_llm(args: EngineArgs, options: ServeOptions) -> EngineClient:
+    """The real engine. Imported here so that the command line does not load torch before it must."""
     from refengine.engine.async_llm import AsyncLLM
-    from refengine.engine.engine_args import EngineArgs
     from refengine.model.errors import ModelLoadError
 
     if options.threads is not None:
         import torch
 
         torch.set_num_threads(options.threads)
-    defaults = EngineArgs()
-    args = EngineArgs(
-        model=options.model,
-        numerics=options.numerics,
-        dtype=options.dtype,
-        max_num_seqs=options.max_num_seqs or defaults.max_num_seqs,
-        max_num_batched_tokens=options.max_num_batched_tokens or defaults.max_num_batched_tokens,
-        max_model_len=options.max_model_len,
-        block_size=options.block_size or defaults.block_size,
-        num_blocks=options.num_blocks,
-        kv_cache_memory_gib=options.kv_cache_memory_gib or defaults.kv_cache_memory_gib,
-        seed=options.seed,
-        speculative_config=options.speculative_config,
-        async_scheduling=options.async_scheduling,
-        fault_after_steps=options.fault_after_steps,
-    )
     try:
         return AsyncLLM(args)
     except ModelLoadError as e:  # a missing or unreadable model: say which, without a traceback
@@ -144,12 +153,12 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
     @click.command("serve")
     @click.option(
         "--model",
-        default="smollm2",
+        default=ENGINE_DEFAULTS.model,
         show_default=True,
         help="smollm2 (embedded), tiny-llama or tiny-qwen3 (seeded random 8-layer test models), random:SHAPE, a .gguf file or an HF folder.",
     )
-    @click.option("--host", default="127.0.0.1", show_default=True)
-    @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+    @click.option("--host", default=SERVE_DEFAULTS.host, show_default=True)
+    @click.option("--port", default=SERVE_DEFAULTS.port, show_default=True, type=click.IntRange(0, 65535))
     @click.option("--served-model-name", default=None, help="The model id clients send (default: --model).")
     @click.option(
         "--api-key",
@@ -168,26 +177,49 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         default=None,
         help="Default: REFENGINE_ASYNC_SCHEDULING, else on wherever the speculative method allows it.",
     )
-    @click.option("--max-num-seqs", type=click.IntRange(min=1), default=None)
-    @click.option("--max-model-len", type=click.IntRange(min=2), default=None)
-    @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None)
+    @click.option("--max-num-seqs", type=click.IntRange(min=1), default=ENGINE_DEFAULTS.max_num_seqs, show_default=True)
+    @click.option(
+        "--max-model-len", type=click.IntRange(min=2), default=None,
+        help=f"Default: the model's context, at most {DEFAULT_MAX_MODEL_LEN}.",
+    )
+    @click.option(
+        "--max-num-batched-tokens", type=click.IntRange(min=1), default=ENGINE_DEFAULTS.max_num_batched_tokens,
+        show_default=True,
+    )
     @click.option("--num-blocks", type=click.IntRange(min=1), default=None, help="KV pool size in blocks.")
     @click.option(
         "--kv-cache-memory-gib",
         type=click.FloatRange(min=0, min_open=True),
-        default=None,
+        default=ENGINE_DEFAULTS.kv_cache_memory_gib,
+        show_default=True,
         help="KV pool size as a memory budget (used when --num-blocks is not given).",
     )
-    @click.option("--block-size", type=click.IntRange(min=1), default=None)
-    @click.option("--seed", type=int, default=0, show_default=True)
+    @click.option("--block-size", type=click.IntRange(min=1), default=ENGINE_DEFAULTS.block_size, show_default=True)
+    @click.option("--seed", type=int, default=ENGINE_DEFAULTS.seed, show_default=True)
+    @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default=ENGINE_DEFAULTS.dtype, show_default=True)
     @click.option(
-        "--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True
+        "--batch-invariant/--fast",
+        default=ENGINE_DEFAULTS.numerics == "batch_invariant",
+        show_default=True,
+        help="Numerics mode.",
     )
-    @click.option("--batch-invariant/--fast", default=True, show_default=True, help="Numerics mode.")
+    @click.option(
+        "--attention-backend",
+        type=click.Choice(ATTENTION_BACKENDS),
+        default=ENGINE_DEFAULTS.attention_backend,
+        show_default=True,
+        help="Attention for CUDA tensors: auto is Triton when installed (the CPU always runs the reference).",
+    )
+    @click.option(
+        "--fused-ops/--no-fused-ops",
+        default=ENGINE_DEFAULTS.fused_ops,
+        show_default=True,
+        help="The fused Triton token-local ops for CUDA tensors.",
+    )
     @click.option(
         "--max-request-bytes",
         type=click.IntRange(min=1),
-        default=DEFAULT_MAX_REQUEST_BYTES,
+        default=SERVE_DEFAULTS.max_request_bytes,
         show_default=True,
         help="Larger request bodies get 413.",
     )
@@ -195,6 +227,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         "--fault-after-steps",
         type=click.IntRange(min=0),
         default=None,
+        envvar=FAULT_ENV_VAR,
         help=f"Testing: make the runner raise after N steps (default: {FAULT_ENV_VAR}, else off).",
     )
     @click.option(
@@ -207,7 +240,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
     @click.option(
         "--max-waiting-requests",
         type=click.IntRange(min=0),
-        default=DEFAULT_MAX_WAITING_REQUESTS,
+        default=SERVE_DEFAULTS.max_waiting_requests,
         show_default=True,
         help="Requests that may wait behind the running batch (--max-num-seqs); past that, 429 with "
         "Retry-After.",
@@ -222,7 +255,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
     @click.option(
         "--shutdown-grace",
         type=click.FloatRange(min=0),
-        default=DEFAULT_SHUTDOWN_GRACE_S,
+        default=SERVE_DEFAULTS.shutdown_grace,
         show_default=True,
         help="On SIGTERM/SIGINT, seconds requests in flight get to finish (new ones get 503) before "
         "the rest are aborted.",
@@ -230,10 +263,12 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
     @click.option(
         "--log-level",
         type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-        default="info",
+        default=SERVE_DEFAULTS.log_level,
         show_default=True,
     )
+    @click.pass_context
     def serve(
+        ctx: click.Context,
         model: str,
         host: str,
         port: int,
@@ -241,15 +276,17 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         api_key: str | None,
         speculative_config: SpeculativeConfig | None,
         async_scheduling: bool | None,
-        max_num_seqs: int | None,
+        max_num_seqs: int,
         max_model_len: int | None,
-        max_num_batched_tokens: int | None,
+        max_num_batched_tokens: int,
         num_blocks: int | None,
-        kv_cache_memory_gib: float | None,
-        block_size: int | None,
+        kv_cache_memory_gib: float,
+        block_size: int,
         seed: int,
         dtype: str,
         batch_invariant: bool,
+        attention_backend: str,
+        fused_ops: bool,
         max_request_bytes: int,
         fault_after_steps: int | None,
         threads: int | None,
@@ -260,38 +297,45 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
     ) -> None:
         """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models,
         /health, /metrics)."""
-        if num_blocks is not None and kv_cache_memory_gib is not None:
+        if num_blocks is not None and ctx.get_parameter_source("kv_cache_memory_gib") in _GIVEN:
             raise click.UsageError("give --num-blocks or --kv-cache-memory-gib, not both")
-        options = ServeOptions(
+        args = EngineArgs(
             model=model,
+            numerics="batch_invariant" if batch_invariant else "fast",
+            dtype=dtype,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_cache_memory_gib=kv_cache_memory_gib,
+            seed=seed,
+            speculative_config=speculative_config,
+            async_scheduling=async_scheduling,
+            fault_after_steps=fault_after_steps,
+            attention_backend=attention_backend,
+            fused_ops=fused_ops,
+        )
+        options = ServeOptions(
             host=host,
             port=port,
             served_model_name=served_model_name,
             api_key=api_key,
             max_request_bytes=max_request_bytes,
             log_level=log_level,
-            numerics="batch_invariant" if batch_invariant else "fast",
-            dtype=dtype,
-            seed=seed,
-            speculative_config=speculative_config,
-            async_scheduling=async_scheduling,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens,
-            num_blocks=num_blocks,
-            kv_cache_memory_gib=kv_cache_memory_gib,
-            block_size=block_size,
-            fault_after_steps=fault_after_steps,
             threads=threads,
             max_waiting_requests=max_waiting_requests,
             request_timeout=request_timeout,
             shutdown_grace=shutdown_grace,
         )
+        sock = bind(host, port)
         try:
-            engine = engine_factory(options)
+            engine = engine_factory(args, options)
         except ValueError as e:  # a configuration the engine refuses, with its reason
+            sock.close()
             raise click.ClickException(str(e)) from None
-        run_server(engine, options)
+        click.echo(banner(engine, sock), err=True)
+        run_server(engine, options, sock)
 
     return serve
 

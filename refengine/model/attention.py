@@ -7,42 +7,28 @@ replace this one function.
 from __future__ import annotations
 
 import collections
-import os
 
 import torch
 import torch.nn.functional as F
 
 from refengine.model import triton_attention
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.config import Numerics
+from refengine.model.config import DEFAULT_KERNELS, Kernels, Numerics
 from refengine.model.errors import ModelInputError
 from refengine.model.kv_cache import LayerKVCache
 
-BACKEND_ENV_VAR = "REFENGINE_ATTENTION"
-BACKENDS = ("auto", "triton", "reference")
 # How often each implementation ran, counted when Python runs the op (a CUDA graph's replays run
 # what its capture counted, without passing through here).
 ATTENTION_CALLS: collections.Counter[str] = collections.Counter()
-_backend = os.environ.get(BACKEND_ENV_VAR) or "auto"
 
 
-def set_attention_backend(name: str) -> None:
-    """auto: the Triton kernels for CUDA tensors when triton is installed, else the reference;
-    triton / reference: always that one."""
-    global _backend
-    if name not in BACKENDS:
-        raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
-    _backend = name
-
-
-def attention_backend(device: torch.device | str | None = None) -> str:
-    """The setting, or with a device, the implementation that tensors on it run: triton or reference."""
-    if device is None:
-        return _backend
-    if _backend == "auto":
+def attention_implementation(kernels: Kernels, device: torch.device | str) -> str:
+    """What tensors on `device` run under `kernels.attention`: triton or reference. auto: the Triton
+    kernels for CUDA tensors when triton is installed, else the reference."""
+    if kernels.attention == "auto":
         usable = torch.device(device).type == "cuda" and triton_attention.triton_available()
         return "triton" if usable else "reference"
-    return _backend
+    return kernels.attention
 
 
 def paged_attention(
@@ -53,13 +39,14 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     numerics: Numerics,
+    kernels: Kernels = DEFAULT_KERNELS,
 ) -> torch.Tensor:
     """`q[T, Hq, D]`, `k`/`v[T, Hkv, D]` -> `out[T, Hq, D]`.
 
     Keys are always read back from the cache, so a token sees the same stored values whether its
     neighbours arrived in this step or an earlier one.
     """
-    if attention_backend(q.device) == "triton":
+    if attention_implementation(kernels, q.device) == "triton":
         ATTENTION_CALLS["triton"] += 1
         return triton_attention.triton_paged_attention(q, k, v, cache, meta, scale, numerics)
     ATTENTION_CALLS["reference"] += 1

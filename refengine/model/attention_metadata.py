@@ -1,13 +1,11 @@
-"""What one forward step tells the attention op about its sequences (passed explicitly, no global)."""
+"""What one forward step tells the attention op about its sequences (passed explicitly, no global).
+The runner and the drafters build it with refengine.worker.attention_metadata_builder."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from refengine.model.errors import ModelInputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,40 +44,4 @@ class AttentionMetadata:
             block_tables=self.block_tables.pin_memory(),
             slot_mapping=self.slot_mapping.pin_memory(),
             causal=self.causal,
-        )
-
-    @classmethod
-    def build(
-        cls,
-        num_computed_tokens: Sequence[int],
-        num_new_tokens: Sequence[int],
-        block_ids: Sequence[Sequence[int]],
-        block_size: int,
-        causal: bool = True,
-    ) -> AttentionMetadata:
-        """Metadata for sequences whose first `num_computed_tokens[b]` tokens are already cached."""
-        if not len(num_computed_tokens) == len(num_new_tokens) == len(block_ids):
-            raise ModelInputError("one num_computed_tokens, num_new_tokens and block_ids entry per sequence")
-        starts = [0]
-        slots: list[int] = []
-        for computed, new, blocks in zip(num_computed_tokens, num_new_tokens, block_ids, strict=True):
-            if -(-(computed + new) // block_size) > len(blocks):
-                raise ModelInputError(
-                    f"{computed + new} tokens do not fit in {len(blocks)} blocks of {block_size}"
-                )
-            starts.append(starts[-1] + new)
-            for position in range(computed, computed + new):
-                slots.append(blocks[position // block_size] * block_size + position % block_size)
-        max_blocks = max((len(blocks) for blocks in block_ids), default=0)
-        # One tensor from padded rows (a tensor per row costs more than the rows themselves).
-        padded = [[*blocks, *([-1] * (max_blocks - len(blocks)))] for blocks in block_ids]
-        table = torch.tensor(padded, dtype=torch.int64).reshape(len(block_ids), max_blocks)
-        return cls(
-            query_start_loc=torch.tensor(starts, dtype=torch.int64),
-            seq_lens=torch.tensor(
-                [c + n for c, n in zip(num_computed_tokens, num_new_tokens, strict=True)], dtype=torch.int64
-            ),
-            block_tables=table,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            causal=causal,
         )

@@ -19,6 +19,31 @@ class Numerics(enum.StrEnum):
     FAST = "fast"
 
 
+ATTENTION_BACKENDS = ("auto", "triton", "reference")
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """Which implementations run for CUDA tensors; the CPU always runs the reference torch ops. An
+    engine argument, held by the modules that choose (set_kernels), never a process-wide switch.
+
+    attention: auto (the Triton kernels when triton is installed), triton, or reference.
+    fused_ops: the fused Triton token-local ops of triton_ops.py (RMSNorm, q/k norm with the rotary
+    embedding, SiLU-and-multiply, residual add with the next norm)."""
+
+    attention: str = "auto"
+    fused_ops: bool = True
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}"
+            )
+
+
+DEFAULT_KERNELS = Kernels()
+
+
 class Arch(enum.StrEnum):
     LLAMA = "llama"
     QWEN3 = "qwen3"

@@ -8,13 +8,15 @@ from torch import nn
 from refengine.model import triton_ops
 from refengine.model.attention import paged_attention
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.config import ModelConfig, Numerics
+from refengine.model.config import DEFAULT_KERNELS, Kernels, ModelConfig, Numerics
 from refengine.model.kv_cache import LayerKVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
 from refengine.model.ops import silu_and_mul
 
 
 class Attention(nn.Module):
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
+
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, numerics: Numerics, dtype: torch.dtype):
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -37,7 +39,7 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if triton_ops.use_fused(q) and self.head_dim in (32, 64, 128, 256):
+        if triton_ops.use_fused(q, self.kernels.fused_ops) and self.head_dim in (32, 64, 128, 256):
             # q/k head norms and the rotary embedding in one launch each (triton_ops.py)
             positions = positions.to(q.device)
             rotary = self.rotary
@@ -49,18 +51,20 @@ class Attention(nn.Module):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics)
+        out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics, self.kernels)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
 
 class MLP(nn.Module):
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
+
     def __init__(self, config: ModelConfig, numerics: Numerics, dtype: torch.dtype):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, numerics, dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, numerics, dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden), fused=self.kernels.fused_ops))
 
 
 class DecoderLayer(nn.Module):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from refengine.model import ops
-from refengine.model.config import Llama3RopeScaling, Numerics
+from refengine.model.config import DEFAULT_KERNELS, Kernels, Llama3RopeScaling, ModelConfig, Numerics
 
 
 class Linear(nn.Module):
@@ -24,13 +24,15 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
+
     def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
+        return ops.rms_norm(x, self.weight, self.eps, fused=self.kernels.fused_ops)
 
 
 class RotaryEmbedding(nn.Module):
@@ -55,6 +57,11 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> RotaryEmbedding:
+        """The target's rotary embedding; drafter heads use the same one."""
+        return cls(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
@@ -85,3 +92,10 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
     in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(in_band, blended, scaled)
+
+
+def set_kernels(module: nn.Module, kernels: Kernels) -> None:
+    """Choose the kernels of every submodule that chooses (those with a `kernels` attribute)."""
+    for sub in module.modules():
+        if hasattr(sub, "kernels"):
+            sub.kernels = kernels

@@ -45,9 +45,10 @@ def _tiled_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out[:num_rows]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS-normalise the last dim in float32, then scale (Llama's order: cast back before the weight)."""
-    if triton_ops.use_fused(x):  # one launch on a GPU (triton_ops.py)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, fused: bool = True) -> torch.Tensor:
+    """RMS-normalise the last dim in float32, then scale (Llama's order: cast back before the weight).
+    `fused`: the Triton kernel for CUDA tensors (Kernels.fused_ops)."""
+    if triton_ops.use_fused(x, fused):  # one launch on a GPU (triton_ops.py)
         return triton_ops.rms_norm(x, weight, eps)
     x32 = x.float()
     mean_square = x32.pow(2).mean(-1, keepdim=True)
@@ -55,9 +56,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * normed.to(x.dtype)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
     """`silu(gate) * up` for `gate_up = [gate | up]` along the last dim."""
-    if triton_ops.use_fused(gate_up):
+    if triton_ops.use_fused(gate_up, fused):
         return triton_ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return gate / (1.0 + torch.exp(-gate)) * up

@@ -3,33 +3,24 @@
 `load_model("random:qwen3-8b")` builds one (a bare `qwen3-8b` is refused there, naming the prefix). The weights are generated
 directly on the target device (a CUDA generator when the device is a GPU), so an 8B model is ready in
 about a second; they depend on (shape, seed, dtype, device type). The tokenizer is byte-level over the
-model's whole vocabulary: ids 0-255 are bytes, then the ChatML specials, and every further id decodes
-to a fixed three-byte filler. These models exist to time the engine, not to read its output.
+model's whole vocabulary (refengine.tokenizer.byte_level). These models exist to time the engine, not
+to read its output; the bytes they cost per step are in refengine.model.roofline.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import torch
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
-from tokenizers import Tokenizer as Backend
 
 from refengine.model.config import Arch, ModelConfig, Numerics
 from refengine.model.errors import ModelLoadError
 from refengine.model.loader import LoadedModel, ModelSource
 from refengine.model.transformer import Transformer
-from refengine.tokenizer import Tokenizer
+from refengine.tokenizer.byte_level import byte_level_tokenizer
 
 RANDOM_PREFIX = "random:"
-_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-_CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 SHAPES: dict[str, ModelConfig] = {
     # Qwen/Qwen3-8B config.json
     "qwen3-8b": ModelConfig(
@@ -66,66 +57,6 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def weight_bytes_per_step(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of weights one decode step reads: every projection, the norms and the lm_head (the
-    embedding when tied); the input embedding is not counted, since only the batch's rows are read."""
-    per_layer = (
-        config.hidden_size * (config.q_size + 2 * config.kv_size)  # qkv_proj
-        + config.q_size * config.hidden_size  # o_proj
-        + config.hidden_size * 2 * config.intermediate_size  # gate_up_proj
-        + config.intermediate_size * config.hidden_size  # down_proj
-        + 2 * config.hidden_size  # the two layer norms
-        + (2 * config.head_dim if config.qk_norm else 0)
-    )
-    total = config.num_hidden_layers * per_layer + config.hidden_size + config.vocab_size * config.hidden_size
-    return total * dtype.itemsize
-
-
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of K and V one cached token holds over all layers (what attention reads per key)."""
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype.itemsize
-
-
-@functools.cache
-def _tokenizer(vocab_size: int) -> Tokenizer:
-    """Byte-level, no merges, over exactly `vocab_size` ids (fillers as plain vocabulary entries, so
-    building it takes milliseconds where thousands of added tokens would take seconds)."""
-    alphabet = list(pre_tokenizers.ByteLevel.alphabet())
-    alphabet.sort(key=lambda ch: _BYTE_ORDER.get(ch, 1 << 20))
-    vocab = {ch: i for i, ch in enumerate(alphabet[:256])}
-    for special in _SPECIAL_TOKENS:
-        vocab[special] = len(vocab)
-    filler = (a + b + c for a in alphabet for b in alphabet for c in alphabet)
-    while len(vocab) < vocab_size:
-        vocab.setdefault(next(filler), len(vocab))
-    backend = Backend(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS])
-    return Tokenizer(
-        backend,
-        bos_token_id=None,
-        eos_token_ids=(vocab["<|im_end|>"],),
-        add_bos=False,
-        chat_template=_CHATML,
-    )
-
-
-def _byte_order() -> dict[str, int]:
-    """GPT-2's byte-level character for each byte value: char -> byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + shifted)
-            shifted += 1
-    return {char: b for b, char in chars.items()}
-
-
-_BYTE_ORDER = _byte_order()
-
-
 def build_random_model(
     name: str,
     *,
@@ -157,4 +88,4 @@ def build_random_model(
     source = ModelSource(
         f"{RANDOM_PREFIX}{shape}{suffix}-seed{seed}", "random", str(dtype).removeprefix("torch."), config.arch.value
     )
-    return LoadedModel(model.eval(), _tokenizer(config.vocab_size), config, source)
+    return LoadedModel(model.eval(), byte_level_tokenizer(config.vocab_size), config, source)

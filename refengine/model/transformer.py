@@ -9,7 +9,7 @@ from torch import nn
 
 from refengine.model import ops, triton_ops
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.config import ModelConfig, Numerics
+from refengine.model.config import DEFAULT_KERNELS, Kernels, ModelConfig, Numerics
 from refengine.model.decoder_layer import DecoderLayer
 from refengine.model.errors import ModelInputError
 from refengine.model.kv_cache import KVCache
@@ -25,6 +25,8 @@ class ModelOutput:
 
 
 class Transformer(nn.Module):
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
+
     def __init__(
         self,
         config: ModelConfig,
@@ -34,9 +36,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.numerics = numerics
-        rotary = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-        )
+        rotary = RotaryEmbedding.from_config(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
@@ -72,7 +72,7 @@ class Transformer(nn.Module):
             raise ModelInputError(f"capture_layers {bad} outside 0..{len(self.layers) - 1}")
         hidden = self.embed(input_ids)
         aux: dict[int, torch.Tensor] = {}
-        if triton_ops.use_fused(hidden):
+        if triton_ops.use_fused(hidden, self.kernels.fused_ops):
             # GPU: residual adds fused into the following norms; a layer's output is hidden + delta.
             delta = None
             for index, (layer, cache) in enumerate(zip(self.layers, kv_cache.layers, strict=True)):

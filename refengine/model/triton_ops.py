@@ -12,8 +12,6 @@ from the torch path's (ops.py stays the reference and the CPU path).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 try:
@@ -23,17 +21,9 @@ except ImportError:
     triton = None
     tl = None
 
-FUSED_ENV_VAR = "REFENGINE_FUSED_OPS"
-_enabled = os.environ.get(FUSED_ENV_VAR, "1") != "0"
-
-
-def set_fused_ops(enabled: bool) -> None:
-    global _enabled
-    _enabled = enabled
-
-
-def use_fused(x: torch.Tensor) -> bool:
-    return _enabled and triton is not None and x.is_cuda
+def use_fused(x: torch.Tensor, enabled: bool) -> bool:
+    """Whether the fused kernels run for `x`: asked for (Kernels.fused_ops), available, and on a GPU."""
+    return enabled and triton is not None and x.is_cuda
 
 
 def _next_pow2(n: int) -> int:

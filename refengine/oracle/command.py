@@ -13,6 +13,7 @@ import click
 import torch
 from rich.console import Console
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.model.loader import TINY_MODELS
 from refengine.oracle.arms import METHODS, Arm, build_matrix
 from refengine.oracle.prompts import text_prompts, token_prompts
@@ -68,7 +69,7 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 
 
 @click.command("oracle")
-@click.option("--model", default="smollm2", show_default=True, help="smollm2, a path, or tiny-llama / tiny-qwen3.")
+@click.option("--model", default=EngineArgs.model, show_default=True, help="smollm2, a path, or tiny-llama / tiny-qwen3.")
 @click.option("--methods", default="none," + ",".join(METHODS), show_default=True, callback=_methods)
 @click.option("--c", "concurrency", default="1,2,4,8", show_default=True, callback=_csv_ints,
               help="Concurrency levels (max_num_seqs), all prompts submitted at once.")

@@ -4,6 +4,7 @@ between a method's sync and async arms."""
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import StepRecord
 from refengine.model.loader import LoadedModel
@@ -82,7 +83,9 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         # Forced preemption: a pool that holds one full sequence and a little more.
         "num_blocks": blocks_one_seq + 2 if arm.preempt else blocks_one_seq * workload.concurrency + 8,
         # Chunked prefill: a budget shorter than the prompts, so prefills span several steps.
-        "max_num_batched_tokens": max(2 + workload.num_speculative_tokens, longest // 3) if arm.chunked else 2048,
+        "max_num_batched_tokens": (
+            max(2 + workload.num_speculative_tokens, longest // 3) if arm.chunked else EngineArgs.max_num_batched_tokens
+        ),
         "speculative_config": spec,
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,
@@ -111,10 +114,11 @@ def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
     ]
 
 
-def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -> ArmResult:
-    llm = LLM(model, **engine_kwargs(arm, workload, block_size))
+def run_arm(
+    model: LoadedModel, arm: Arm, workload: Workload, block_size: int, *, attention_backend: str = "auto"
+) -> ArmResult:
+    llm = LLM(model, **engine_kwargs(arm, workload, block_size), attention_backend=attention_backend)
     core = llm.engine.core
-    counted = _count_steps(core)
     outs = llm.generate([list(p) for p in workload.prompts], sampling_params(workload, arm), batch_queue=arm.batch_queue)
     stats = core.scheduler.spec_decoding_stats
     drafter = core.runner.drafter
@@ -123,26 +127,13 @@ def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -
         arm=arm,
         tokens=[o.token_ids for o in outs],
         steps=[o.steps for o in outs],
-        num_engine_steps=counted[0],
+        num_engine_steps=core.runner.num_steps,
         num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens,
         num_preemptions=core.scheduler.num_preemptions,
         random_init=drafter is not None and drafter.random_init,
         num_prompt_tokens=tuple(map(len, workload.prompts)),
     )
-
-
-def _count_steps(core) -> list[int]:
-    """Counts runner forwards without touching the engine's code path."""
-    counter = [0]
-    execute = core.runner.execute_model
-
-    def counting(so):
-        counter[0] += 1
-        return execute(so)
-
-    core.runner.execute_model = counting
-    return counter
 
 
 def first_divergence(expected: Sequence[Sequence[int]], actual: Sequence[Sequence[int]]) -> Divergence | None:

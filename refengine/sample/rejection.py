@@ -18,7 +18,8 @@ PLACEHOLDER_TOKEN_ID = -1
 
 
 def num_accepted_greedy(draft_ids: Sequence[int], target_ids: Sequence[int]) -> int:
-    """Drafts accepted while each equals the target's argmax at its row."""
+    """Drafts accepted while each equals the target's argmax at its row (invariant 23 in
+    docs/invariants.md: accepted drafts are a prefix)."""
     num = 0
     for draft, target in zip(draft_ids, target_ids):
         if draft != target:
@@ -33,7 +34,8 @@ def num_accepted_random(
     draft_probs: Sequence[float],
     uniforms: Sequence[float],
 ) -> int:
-    """Accept d_j iff q(d_j) > 0 and p(d_j) / q(d_j) >= u_j; stop at the first rejection."""
+    """Accept d_j iff q(d_j) > 0 and p(d_j) / q(d_j) >= u_j; stop at the first rejection (invariants 23
+    and 24)."""
     for j, draft in enumerate(draft_ids):
         if draft < 0 or draft_probs[j] <= 0.0 or target_probs[j] / draft_probs[j] < uniforms[j]:
             return j
@@ -101,7 +103,8 @@ def recover(
     params: RowParams,
     position: int,
 ) -> int:
-    """A sample from normalize(max(0, p - q)) at the first rejected row."""
+    """A sample from normalize(max(0, p - q)) at the first rejected row, which keeps random verification
+    lossless (invariant 24 in docs/invariants.md)."""
     if draft_id < 0:
         residual = target_probs
     elif draft_probs is None:

@@ -6,7 +6,7 @@ engine runs sync or async. That is what lets the sync/async oracle hold at tempe
 
 import torch
 
-_MASK64 = (1 << 64) - 1
+from refengine.sample.splitmix import splitmix64
 
 # Independent streams, so that the acceptance draw at a position never reuses the noise that
 # sampled the token at that position.
@@ -15,16 +15,9 @@ STREAM_ACCEPT = 2
 STREAM_RECOVER = 3
 
 
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def derive_seed(key: int, position: int, stream: int) -> int:
     """A 63-bit seed for one (key, position, stream) triple."""
-    return _splitmix64(_splitmix64(_splitmix64(key) ^ position) ^ stream) >> 1
+    return splitmix64(splitmix64(splitmix64(key) ^ position) ^ stream) >> 1
 
 
 def generator(key: int, position: int, stream: int) -> torch.Generator:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from refengine.request import Request
 from refengine.sample import rng
 
 
@@ -34,6 +35,17 @@ def banned_next_tokens(history: Sequence[int], bad_words: Sequence[Sequence[int]
         if prefix_len == 0 or (len(history) >= prefix_len and list(history[-prefix_len:]) == list(word[:-1])):
             banned.append(word[-1])
     return banned
+
+
+def valid_draft_prefix(request: Request, drafts: list[int]) -> int:
+    """How many leading drafts survive the request's bad_words, given its committed history: the
+    constraint this engine validates drafts against, as a grammar would."""
+    history = list(request.all_token_ids)
+    for j, draft in enumerate(drafts):
+        if draft in banned_next_tokens(history, request.sampling_params.bad_words_token_ids):
+            return j
+        history.append(draft)
+    return len(drafts)
 
 
 def apply_constraints(

@@ -124,7 +124,8 @@ class AsyncResolution:
 def resolve_async_scheduling(
     flag: bool | None, spec: SpeculativeConfig | None, environ: dict[str, str] | None = None
 ) -> AsyncResolution:
-    """Precedence: explicit flag > REFENGINE_ASYNC_SCHEDULING > automatic (on where compatible)."""
+    """Precedence: explicit flag > REFENGINE_ASYNC_SCHEDULING > automatic (on where compatible).
+    Invariant 28 in docs/invariants.md: asking for async with a method that forces sync is refused."""
     env = (os.environ if environ is None else environ).get(ASYNC_ENV_VAR)
     if flag is not None:
         requested, source = flag, "flag"

@@ -1,4 +1,7 @@
-"""Per-request length of a drafter's accumulated context, and the continuity check that guards it."""
+"""Per-request length of a drafter's accumulated context, and the continuity check that guards it.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 from collections.abc import Iterable
 

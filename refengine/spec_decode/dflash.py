@@ -15,7 +15,6 @@ Before every step the request's context length must equal the first position of 
 ingested (DraftContextError otherwise): a desynchronised context is never drafted from.
 """
 
-from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -25,10 +24,11 @@ from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
-from refengine.spec_decode.context import ContextLengths
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
+from refengine.spec_decode.network_proposer import NetworkProposer
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.spec_decode.target_view import TargetView
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -84,9 +84,7 @@ class DFlashNetwork(nn.Module):
     ) -> None:
         super().__init__()
         hidden = config.hidden_size
-        rotary = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-        )
+        rotary = RotaryEmbedding.from_config(config)
         self.capture_layers = target_layer_ids
         self.mask_token_id = mask_token_id
         self.fc = Linear(len(target_layer_ids) * hidden, hidden, numerics, dtype)
@@ -131,26 +129,9 @@ class DFlashNetwork(nn.Module):
         return parameter_name
 
 
-class DFlashProposer:
-    def __init__(
-        self,
-        network: BlockDraftNetwork,
-        num_speculative_tokens: int,
-        block_size: int,
-        max_positions: int,
-        *,
-        random_init: bool,
-    ) -> None:
-        self.network = network
-        self.k = num_speculative_tokens
-        self.block_size = block_size
-        self.max_positions = max_positions
-        self.random_init = random_init
-        self.context = ContextLengths("dflash")
-
-    @property
-    def capture_layers(self) -> tuple[int, ...]:
-        return tuple(sorted(set(self.network.capture_layers)))
+class DFlashProposer(NetworkProposer):
+    method = "dflash"
+    network: BlockDraftNetwork
 
     def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
         requests = batch.requests
@@ -160,7 +141,7 @@ class DFlashProposer:
         self.network.store_context(
             self.network.combine(torch.cat([features[d.rows] for d in requests])),
             torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)]),
-            AttentionMetadata.build(
+            build_attention_metadata(
                 [d.first_position for d in requests],
                 [d.num_valid_rows for d in requests],
                 [d.block_ids for d in requests],
@@ -176,7 +157,7 @@ class DFlashProposer:
         ids = [t for d in proposing for t in [d.token_ids[d.last_position + 1]] + [mask] * wanted[d.req_id]]
         starts = [d.last_position + 1 for d in proposing]
         sizes = [wanted[d.req_id] + 1 for d in proposing]
-        meta = AttentionMetadata.build(
+        meta = build_attention_metadata(
             starts, sizes, [d.block_ids for d in proposing], self.block_size, causal=False
         )
         positions = [s + i for s, n in zip(starts, sizes, strict=True) for i in range(n)]
@@ -196,6 +177,3 @@ class DFlashProposer:
         """The block needs slots and positions last_position + 1 .. last_position + 1 + n."""
         limit = min(len(d.block_ids) * self.block_size, self.max_positions)
         return max(0, min(self.k, limit - d.last_position - 2))
-
-    def remove(self, req_ids: Iterable[str]) -> None:
-        self.context.remove(req_ids)

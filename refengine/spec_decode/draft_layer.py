@@ -10,7 +10,7 @@ from torch import nn
 
 from refengine.model.attention import paged_attention
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.config import ModelConfig, Numerics
+from refengine.model.config import DEFAULT_KERNELS, Kernels, ModelConfig, Numerics
 from refengine.model.decoder_layer import MLP
 from refengine.model.kv_cache import LayerKVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
@@ -18,6 +18,8 @@ from refengine.model.ops import linear
 
 
 class DraftAttention(nn.Module):
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
+
     def __init__(
         self,
         config: ModelConfig,
@@ -51,7 +53,7 @@ class DraftAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
         q, k = self.rotary(positions, q, self._norm_k(k))
-        out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics)
+        out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics, self.kernels)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
     def store_context(
@@ -66,7 +68,7 @@ class DraftAttention(nn.Module):
         _, k = self.rotary(positions, no_queries, self._norm_k(k))
         # paged_attention is the one op that knows the cache layout; only its store is wanted here, so
         # it runs with zero queries and its output is dropped.
-        paged_attention(no_queries, k, v, cache, meta, self.head_dim**-0.5, self.numerics)
+        paged_attention(no_queries, k, v, cache, meta, self.head_dim**-0.5, self.numerics, self.kernels)
 
     def _shape_kv(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (k.shape[0], self.num_kv_heads, self.head_dim)

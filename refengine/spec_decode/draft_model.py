@@ -5,7 +5,6 @@ tokens), so it needs no allocator of its own. A self-draft is the target's first
 norm and lm_head: it shares the target's weights and only owns its KV.
 """
 
-from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -13,8 +12,9 @@ import torch
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import Transformer
-from refengine.spec_decode.context import ContextLengths
+from refengine.spec_decode.network_proposer import NetworkProposer
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 class TokenDraftNetwork(Protocol):
@@ -60,28 +60,14 @@ class LayerStackNetwork:
         return self.model.compute_logits(out).argmax(dim=-1)
 
 
-class DraftModelProposer:
+class DraftModelProposer(NetworkProposer):
     """Per step: ingest the committed rows (token_ids[p] at position p), then feed the just-sampled
     token at last_position + 1 and draft k tokens autoregressively. A request whose draft positions run
     past its blocks or the draft model's context gets fewer drafts, which stays lossless."""
 
-    capture_layers: tuple[int, ...] = ()
-
-    def __init__(
-        self,
-        network: TokenDraftNetwork,
-        num_speculative_tokens: int,
-        block_size: int,
-        max_positions: int,
-        *,
-        random_init: bool = False,
-    ) -> None:
-        self.network = network
-        self.k = num_speculative_tokens
-        self.block_size = block_size
-        self.max_positions = max_positions
-        self.random_init = random_init
-        self.context = ContextLengths("draft_model")
+    method = "draft_model"
+    network: TokenDraftNetwork
+    capture_layers: tuple[int, ...] = ()  # it reads tokens, not the target's hidden states
 
     def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
         wanted: dict[str, int] = {}  # drafts each proposing request has room for
@@ -125,7 +111,7 @@ class DraftModelProposer:
     ) -> list[int]:
         """One batched call, request b's rows at positions starts[b]..; the token sampled at each
         request's last row."""
-        meta = AttentionMetadata.build(starts, [len(row) for row in ids], block_ids, self.block_size)
+        meta = build_attention_metadata(starts, [len(row) for row in ids], block_ids, self.block_size)
         input_ids = torch.tensor([t for row in ids for t in row], dtype=torch.long)
         positions = torch.tensor(
             [s + i for s, row in zip(starts, ids, strict=True) for i in range(len(row))], dtype=torch.long
@@ -133,6 +119,3 @@ class DraftModelProposer:
         out = self.network.forward(input_ids, positions, meta)
         last_rows = (meta.query_start_loc[1:] - 1).tolist()
         return self.network.greedy_tokens(out[last_rows]).tolist()
-
-    def remove(self, req_ids: Iterable[str]) -> None:
-        self.context.remove(req_ids)

@@ -26,12 +26,6 @@ from refengine.spec_decode.head_checkpoint import HeadLoadError
 from refengine.spec_decode.target_view import TargetView
 
 
-def _rotary(config: ModelConfig) -> RotaryEmbedding:
-    return RotaryEmbedding(
-        config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-    )
-
-
 class EagleNetwork(nn.Module):
     capture_layers: tuple[int, ...] = ()  # the target's final hidden state
 
@@ -45,7 +39,7 @@ class EagleNetwork(nn.Module):
     ) -> None:
         super().__init__()
         hidden = config.hidden_size
-        rotary = _rotary(config)
+        rotary = RotaryEmbedding.from_config(config)
         self.fc = Linear(2 * hidden, hidden, numerics, dtype)
         self.layers = nn.ModuleList(
             DraftDecoderLayer(
@@ -142,7 +136,7 @@ class Eagle3Network(nn.Module):
         self.capture_layers = eagle3_capture_layers(aux_layer_ids, num_target_layers)
         self.aux_layer_ids = aux_layer_ids
         self.fc = Linear(len(aux_layer_ids) * hidden, hidden, numerics, dtype)
-        self.layers = nn.ModuleList([Eagle3MidLayer(config, _rotary(config), numerics, dtype)])
+        self.layers = nn.ModuleList([Eagle3MidLayer(config, RotaryEmbedding.from_config(config), numerics, dtype)])
         self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.lm_head = None
         if draft_vocab_size is not None:

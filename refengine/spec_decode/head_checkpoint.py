@@ -161,16 +161,17 @@ def head_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_head(
-    module: nn.Module, config: Mapping, folder: str | Path, checkpoint_name: Callable[[str], str]
-) -> Path:
-    """config.json + model.safetensors under checkpoint names, readable by read_head_checkpoint (what
-    the trainer writes)."""
+def save_head(head: nn.Module, config: Mapping, folder: str | Path, *, half: bool = False) -> Path:
+    """config.json + model.safetensors under the head's checkpoint names, readable by
+    read_head_checkpoint; `half` stores floating tensors in fp16 (the shipped heads are)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(dict(config), indent=2))
-    state = {checkpoint_name(name): t for name, t in head_state_dict(module).items()}
+    state = {
+        head.checkpoint_name(name): t.half() if half and t.is_floating_point() else t
+        for name, t in head_state_dict(head).items()
+    }
     save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n")
     return folder
 
 

@@ -8,14 +8,14 @@ past the committed rows is overwritten next step, when pass 1 starts again at th
 computed position.
 """
 
-from collections.abc import Iterable
 from typing import Protocol
 
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.spec_decode.context import ContextLengths
+from refengine.spec_decode.network_proposer import NetworkProposer
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 class HiddenDraftNetwork(Protocol):
@@ -40,7 +40,9 @@ class HiddenDraftNetwork(Protocol):
     def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
 
 
-class HiddenStateProposer:
+class HiddenStateProposer(NetworkProposer):
+    network: HiddenDraftNetwork
+
     def __init__(
         self,
         network: HiddenDraftNetwork,
@@ -51,16 +53,8 @@ class HiddenStateProposer:
         *,
         random_init: bool,
     ) -> None:
-        self.network = network
-        self.k = num_speculative_tokens
-        self.block_size = block_size
-        self.max_positions = max_positions
-        self.random_init = random_init
-        self.context = ContextLengths(method)
-
-    @property
-    def capture_layers(self) -> tuple[int, ...]:
-        return tuple(sorted(set(self.network.capture_layers)))
+        self.method = method  # eagle, eagle3 or mtp
+        super().__init__(network, num_speculative_tokens, block_size, max_positions, random_init=random_init)
 
     def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
         requests = batch.requests
@@ -73,7 +67,7 @@ class HiddenStateProposer:
         features = torch.cat([source[d.rows] for d in requests])
         ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
         positions = [p for d in requests for p in range(d.first_position, d.last_position + 1)]
-        meta = AttentionMetadata.build(
+        meta = build_attention_metadata(
             [d.first_position for d in requests],
             [d.num_valid_rows for d in requests],
             [d.block_ids for d in requests],
@@ -108,7 +102,7 @@ class HiddenStateProposer:
                 torch.tensor([drafts[d.req_id][-1] for d in proposing], dtype=torch.long),
                 rows[keep],
                 torch.tensor(starts, dtype=torch.long),
-                AttentionMetadata.build(
+                build_attention_metadata(
                     starts, [1] * len(proposing), [d.block_ids for d in proposing], self.block_size
                 ),
             )
@@ -119,6 +113,3 @@ class HiddenStateProposer:
         position; draft 1 comes from the last committed row."""
         limit = min(len(d.block_ids) * self.block_size, self.max_positions)
         return max(0, min(self.k, limit - d.last_position))
-
-    def remove(self, req_ids: Iterable[str]) -> None:
-        self.context.remove(req_ids)

@@ -39,9 +39,7 @@ class MtpNetwork(nn.Module):
     ) -> None:
         super().__init__()
         hidden = config.hidden_size
-        rotary = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-        )
+        rotary = RotaryEmbedding.from_config(config)
         self.enorm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.hnorm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.eh_proj = Linear(2 * hidden, hidden, numerics, dtype)

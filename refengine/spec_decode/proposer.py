@@ -3,6 +3,8 @@
 Every drafter keeps its per-request state keyed by request id (invariant 17) and sees only the rows
 that hold committed tokens: the fed prompt or decode tokens plus the accepted drafts. Rejected rows are
 never shown to it, so its context cannot run ahead of what the target committed (invariant 26).
+
+Invariant numbers refer to docs/invariants.md.
 """
 
 from collections.abc import Iterable, Sequence

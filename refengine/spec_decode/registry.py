@@ -32,7 +32,7 @@ from refengine.spec_decode.ngram import NgramProposer
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.target_view import TargetView
 
-Head = EagleNetwork | Eagle3Network | MtpNetwork | DFlashNetwork
+DraftNetwork = EagleNetwork | Eagle3Network | MtpNetwork | DFlashNetwork
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class KVLayout:
     block_size: int
 
 
-def build_drafter(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout) -> Proposer:
+def build_proposer(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout) -> Proposer:
     k = spec.num_speculative_tokens
     if spec.method == "ngram":
         return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -53,7 +53,7 @@ def build_drafter(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout
     # Without a model path, the embedded target uses the head shipped in the package, if one ships.
     folder = spec.model if spec.model is not None else shipped_head_path(target, spec.method)
     checkpoint = None if folder is None else read_head_checkpoint(folder)
-    head = build_head(spec, target, layout, checkpoint)
+    head = build_network(spec, target, layout, checkpoint)
     max_positions = head.config.max_position_embeddings
     if isinstance(head, DFlashNetwork):
         return DFlashProposer(head, k, layout.block_size, max_positions, random_init=checkpoint is None)
@@ -62,15 +62,15 @@ def build_drafter(spec: SpeculativeConfig, target: LoadedModel, layout: KVLayout
     )
 
 
-def build_head(
+def build_network(
     spec: SpeculativeConfig,
     target: LoadedModel,
     layout: KVLayout,
     checkpoint: HeadCheckpoint | None = None,
     *,
     numerics: Numerics | None = None,
-) -> Head:
-    """The head `spec.method` names, for `target`, with its own paged KV in `layout`: loaded from
+) -> DraftNetwork:
+    """The draft network `spec.method` names, for `target`, with its own paged KV in `layout`: head weights from
     `checkpoint`, else randomly initialised (seeded). `numerics` defaults to the target's (a trainer
     passes Numerics.FAST, whose ops are differentiable)."""
     model = target.model
@@ -85,7 +85,7 @@ def build_head(
     )
     kv_cache = KVCache.allocate(config, layout.num_blocks, layout.block_size, dtype)
     view = TargetView(model)
-    head: Head
+    head: DraftNetwork
     if spec.method == "eagle":
         head = EagleNetwork(view, config, kv_cache, numerics, dtype)
         rename = EagleNetwork.parameter_name

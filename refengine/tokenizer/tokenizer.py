@@ -9,33 +9,15 @@ from pathlib import Path
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
+from refengine.tokenizer.byte_alphabet import CHAR_TO_BYTE
 from refengine.tokenizer.chat_template import ChatMessage, ChatTemplate
 from refengine.tokenizer.errors import TokenizerError
 from refengine.tokenizer.gguf_vocab import GgufVocab, build_backend
 
 
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level spelling: each byte is one printable character; char -> byte."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + shifted)
-            shifted += 1
-    return {char: b for b, char in chars.items()}
-
-
-_CHAR_TO_BYTE = _byte_alphabet()
-
-
 def _byte_of(char: str) -> bytes:
     # A character outside the byte alphabet (rare, in hand-added vocab entries) stands for itself.
-    byte = _CHAR_TO_BYTE.get(char)
+    byte = CHAR_TO_BYTE.get(char)
     return char.encode() if byte is None else bytes((byte,))
 
 
@@ -175,16 +157,24 @@ class Tokenizer:
             )
         if eos_token not in special_tokens:
             raise TokenizerError(f"eos token {eos_token!r} is not among the special tokens")
-        byte_chars = sorted(_CHAR_TO_BYTE, key=_CHAR_TO_BYTE.__getitem__)
+        byte_chars = sorted(CHAR_TO_BYTE, key=CHAR_TO_BYTE.__getitem__)
         specials = [*special_tokens, *(f"<|reserved_{i}|>" for i in range(vocab_size - num_named))]
-        backend = Backend(models.BPE(vocab={char: i for i, char in enumerate(byte_chars)}, merges=[]))
+        return cls.from_byte_vocab({char: i for i, char in enumerate(byte_chars)}, specials, eos_token, chat_template)
+
+    @classmethod
+    def from_byte_vocab(
+        cls, vocab: dict[str, int], special_tokens: Sequence[str], eos_token: str, chat_template: str | None
+    ) -> Tokenizer:
+        """Merge-free byte-level BPE over `vocab` (byte-spelled entries), with `special_tokens` matched
+        whole (appended after `vocab` unless it holds them already)."""
+        backend = Backend(models.BPE(vocab=vocab, merges=[]))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         backend.decoder = decoders.ByteLevel()
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
         return cls(
             backend,
             bos_token_id=None,
-            eos_token_ids=(256 + list(special_tokens).index(eos_token),),
+            eos_token_ids=(backend.token_to_id(eos_token),),
             add_bos=False,
             chat_template=chat_template,
         )

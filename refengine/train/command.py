@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 import torch
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.model.loader import LoadedModel, load_model
 from refengine.train.data import CACHE_ROOT, FINAL, DataSpec, distill_set, layer_key, target_id
 from refengine.train.evaluate import offline_acceptance
@@ -104,7 +105,7 @@ def run_training(
 
 @click.command("train-drafter")
 @click.option(
-    "--target", default="smollm2", show_default=True, help="smollm2 (embedded), a .gguf file or an HF folder."
+    "--target", default=EngineArgs.model, show_default=True, help="smollm2 (embedded), a .gguf file or an HF folder."
 )
 @click.option("--method", required=True, type=click.Choice(METHODS))
 @click.option(

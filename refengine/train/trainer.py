@@ -5,7 +5,6 @@ only the head's own parameters train, with AdamW, a linear warmup, cosine decay 
 clipping. Data order, anchor choice and the head's initialisation all come from the seed.
 """
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -13,14 +12,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.spec_decode.dflash import DFlashNetwork, build_target_layer_ids
 from refengine.spec_decode.eagle import Eagle3Network, EagleNetwork, default_eagle3_aux_layer_ids
-from refengine.spec_decode.head_checkpoint import head_model_config, head_state_dict, random_init
+from refengine.spec_decode.head_checkpoint import head_model_config, random_init, save_head
 from refengine.spec_decode.mtp import MtpNetwork
 from refengine.spec_decode.target_view import TargetView
 from refengine.train.batches import batch_stream
@@ -193,12 +191,6 @@ def train_head(
 def save_trained_head(head: torch.nn.Module, config: dict, folder: Path, training: dict) -> Path:
     """config.json (with a "training" record) + model.safetensors in fp16 under the checkpoint names
     the spec loader reads + COMMAND, the line that made it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {
-        head.checkpoint_name(name): t.half() if t.is_floating_point() else t
-        for name, t in head_state_dict(head).items()
-    }
-    save_file(state, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({**config, "training": training}, indent=2) + "\n")
+    save_head(head, {**config, "training": training}, folder, half=True)
     (folder / "COMMAND").write_text(training.get("command", "") + "\n")
     return folder

@@ -7,6 +7,8 @@ row never reads another request's state.
 A step is split in two, as in vLLM: `execute_model` runs the forward and keeps the logits;
 `sample_tokens` verifies drafts and samples. The engine's deferred branch runs other work between
 the two (it applies the previous frame's output and validates drafts against constraints).
+
+Invariant numbers refer to docs/invariants.md.
 """
 
 from collections.abc import Mapping
@@ -14,16 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from refengine.engine.outputs import StepRecord
-from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.cuda_graphs import CudaGraphs
+from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, StepRecord, TokenLogprobs
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample import rng
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, assemble, num_accepted_greedy, verify
 from refengine.sample.sampler import apply_constraints, sample
 from refengine.spec_decode.proposer import DraftBatch, DraftInput, Proposer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.request_state import CachedRequestState
 
 
@@ -170,7 +171,7 @@ class ModelRunner:
         if not rows:
             self._executed = ExecutedBatch((), torch.empty(0), None)
             return
-        meta = AttentionMetadata.build(
+        meta = build_attention_metadata(
             [r.num_computed_tokens for r in rows],
             [r.num_scheduled_tokens for r in rows],
             [r.state.block_ids for r in rows],
@@ -319,6 +320,10 @@ class ModelRunner:
             block_ids=row.state.block_ids,
             propose=propose,
         )
+
+    def take_step_records(self, req_id: str) -> list[StepRecord]:
+        """A finished request's per-step drafts and acceptance (empty unless built with record_steps)."""
+        return [] if self.step_records is None else self.step_records.pop(req_id, [])
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         """Sync scheduling only: the drafts proposed after this step, for the scheduler to schedule."""

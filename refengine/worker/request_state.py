@@ -1,4 +1,7 @@
-"""What the runner remembers about one request between steps, keyed by request id."""
+"""What the runner remembers about one request between steps, keyed by request id.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 from dataclasses import dataclass, field
 

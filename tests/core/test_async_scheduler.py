@@ -36,8 +36,8 @@ def prefilled(k=K, prompt_lens=(8,), **kwargs):
     return scheduler, requests
 
 
-def test_worked_example_from_the_design_note():
-    """Section B.3 of the design note, row by row (prompt P, K=2)."""
+def test_worked_example_k2():
+    """The worked example in docs/invariants.md, row by row (prompt P, K=2)."""
     P = 8
     scheduler = make_scheduler(async_scheduling=True, k=2)
     request = make_request("a", P, max_tokens=100)

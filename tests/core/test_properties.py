@@ -1,6 +1,9 @@
 """Property tests: random arrivals, lengths, limits, pool sizes and acceptance patterns, with the
 invariants checked after every schedule and every update, and every request's final output compared
-with what it must be regardless of scheduling (token i of a request is a fixed function of i)."""
+with what it must be regardless of scheduling (token i of a request is a fixed function of i).
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 from dataclasses import dataclass
 

@@ -1,4 +1,7 @@
-"""Sync scheduling: one step is applied before the next is planned, and drafts are real ids."""
+"""Sync scheduling: one step is applied before the next is planned, and drafts are real ids.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 import pytest
 

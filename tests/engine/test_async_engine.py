@@ -1,5 +1,8 @@
 """Async scheduling through both fronts: identical tokens, the deferred constraint branch, and the
-depth-2 overlap witness."""
+depth-2 overlap witness.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 import threading
 
@@ -8,6 +11,7 @@ import pytest
 from refengine.engine.llm import LLM
 from refengine.model.tiny import build_tiny_model
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.config import SpeculativeConfig
 
 PROMPTS = [[3 + i, 50 + 7 * i, 9, 120 - i] * (1 + i % 3) for i in range(8)]
 
@@ -35,16 +39,22 @@ def test_sync_async_depth1_depth2_identical(tiny, chunked):
         assert sync == depth1 == depth2
 
 
-def test_deferred_branch_with_bad_words_keeps_tokens(tiny):
+@pytest.mark.parametrize("spec", [None, '{"method": "eagle", "num_speculative_tokens": 2}'])
+def test_deferred_branch_with_bad_words_keeps_tokens(tiny, spec):
+    """Invariant 16: a constrained request with output in flight is sampled only after that output is
+    applied and its drafts validated; the tokens equal sync no-spec, and the deferred branch ran."""
     base, _ = generate(tiny, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
                        async_scheduling=False, batch_queue=False)
     banned = [[t] for t in sorted({tokens[3] for tokens in base})[:3]]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words_token_ids=banned)
     sync, _ = generate(tiny, params, async_scheduling=False, batch_queue=False)
-    depth2, llm = generate(tiny, params, async_scheduling=True, batch_queue=True)
+    speculative_config = None if spec is None else SpeculativeConfig.from_json(spec)
+    depth2, llm = generate(tiny, params, async_scheduling=True, batch_queue=True,
+                           speculative_config=speculative_config)
     assert sync == depth2
     assert sync != base  # the constraint changed something
     assert all(t not in {b[0] for b in banned} for tokens in sync for t in tokens)
+    assert llm.engine.core.num_deferred_steps > 0
 
 
 def test_depth2_schedules_next_frame_while_current_executes(tiny):

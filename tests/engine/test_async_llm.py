@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.async_llm import AsyncLLM
-from refengine.engine.engine_args import EngineArgs
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import EngineDeadError, GenerationRequest
 from refengine.model.tiny import build_tiny_model

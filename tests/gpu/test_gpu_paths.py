@@ -23,7 +23,6 @@ from triton_attention_cases import *  # noqa: E402,F403  (the interpreter's case
 from triton_attention_cases import clone_cache, make_case, reference, rel_err  # noqa: E402
 
 from refengine.engine.llm import LLM  # noqa: E402
-from refengine.model import attention  # noqa: E402
 from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.config import Numerics  # noqa: E402
 from refengine.model.shapes import build_random_model  # noqa: E402
@@ -100,11 +99,7 @@ def test_synthetic_acceptance_runs_at_its_rate():
 def test_reference_backend_on_the_gpu_matches_triton_tokens_in_float32():
     loaded = tiny(Numerics.BATCH_INVARIANT)
     triton_tokens, _ = generate(loaded, cuda_graphs=False)
-    attention.set_attention_backend("reference")
-    try:
-        reference_tokens, runner = generate(loaded, cuda_graphs=False)
-    finally:
-        attention.set_attention_backend("auto")
+    reference_tokens, runner = generate(loaded, cuda_graphs=False, attention_backend="reference")
     assert reference_tokens == triton_tokens
 
 

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from refengine.model import AttentionMetadata, KVCache, Transformer, load_model, ops
+from refengine.model import KVCache, Transformer, load_model, ops
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 16
 CONTEXT = 128
@@ -31,7 +32,7 @@ def _timed(fn, repeats: int, clock) -> float:
 
 
 def _prefill(model: Transformer, cache: KVCache, num_tokens: int) -> None:
-    meta = AttentionMetadata.build([0], [num_tokens], [list(range(num_tokens // BLOCK_SIZE + 1))], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [num_tokens], [list(range(num_tokens // BLOCK_SIZE + 1))], BLOCK_SIZE)
     with torch.inference_mode():
         out = model(torch.arange(num_tokens) % 1000, torch.arange(num_tokens), meta, cache)
         model.compute_logits(out.hidden_states[-1:])
@@ -41,7 +42,7 @@ def _decode(model: Transformer, cache: KVCache, batch: int) -> None:
     """One decode token for each of `batch` sequences that already hold CONTEXT tokens."""
     blocks_per_seq = CONTEXT // BLOCK_SIZE + 1
     tables = [list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq)) for s in range(batch)]
-    meta = AttentionMetadata.build([CONTEXT] * batch, [1] * batch, tables, BLOCK_SIZE)
+    meta = build_attention_metadata([CONTEXT] * batch, [1] * batch, tables, BLOCK_SIZE)
     with torch.inference_mode():
         out = model(torch.arange(batch) + 100, torch.full((batch,), CONTEXT), meta, cache)
         model.compute_logits(out.hidden_states)

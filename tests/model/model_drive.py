@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from refengine.model import AttentionMetadata, KVCache, Transformer
+from refengine.model import KVCache, Transformer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 4
 
@@ -23,7 +24,7 @@ def step(
 ) -> list[torch.Tensor]:
     """One forward step. Each entry is (new token ids, tokens already cached, block ids); returns the
     float32 logits of each sequence's new rows."""
-    meta = AttentionMetadata.build(
+    meta = build_attention_metadata(
         [computed for _, computed, _ in seqs],
         [len(ids) for ids, _, _ in seqs],
         [blocks for _, _, blocks in seqs],

@@ -17,6 +17,7 @@ from refengine.model import (
     build_tiny_model,
     paged_attention,
 )
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 @pytest.mark.parametrize("numerics", ["batch_invariant", "fast"])
@@ -67,7 +68,7 @@ def test_attention_matches_dense_reference_and_honours_causal_flag(numerics: Num
     q = torch.randn(num_tokens, heads, head_dim, generator=gen)
     k = torch.randn(num_tokens, kv_heads, head_dim, generator=gen)
     v = torch.randn(num_tokens, kv_heads, head_dim, generator=gen)
-    meta = AttentionMetadata.build([0], [num_tokens], [[5, 2, 7]], BLOCK_SIZE, causal=causal)
+    meta = build_attention_metadata([0], [num_tokens], [[5, 2, 7]], BLOCK_SIZE, causal=causal)
     out = paged_attention(q, k, v, _layer_cache(8, kv_heads, head_dim), meta, 0.25, numerics)
     torch.testing.assert_close(out, _reference_attention(q, k, v, causal), rtol=1e-5, atol=1e-5)
 
@@ -76,7 +77,7 @@ def test_slot_minus_one_writes_nothing() -> None:
     kv_heads, head_dim = 2, 8
     cache = _layer_cache(4, kv_heads, head_dim)
     k = torch.ones(3, kv_heads, head_dim)
-    meta = AttentionMetadata.build([0], [3], [[1]], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [3], [[1]], BLOCK_SIZE)
     meta = AttentionMetadata(meta.query_start_loc, meta.seq_lens, meta.block_tables, torch.tensor([4, -1, 6]))
     paged_attention(torch.ones(3, 4, head_dim), k, k, cache, meta, 1.0, Numerics.FAST)
     written = cache.key.flatten(0, 1).abs().sum(dim=(1, 2)) > 0
@@ -85,7 +86,7 @@ def test_slot_minus_one_writes_nothing() -> None:
 
 def test_capture_layers_returns_each_layers_output(tiny_model: LoadedModel) -> None:
     model = tiny_model.model
-    meta = AttentionMetadata.build([0], [6], [[0, 1]], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [6], [[0, 1]], BLOCK_SIZE)
     ids, positions = torch.arange(6), torch.arange(6)
     out = model(ids, positions, meta, new_cache(model), capture_layers=(0, 1))
     assert sorted(out.aux_hidden_states) == [0, 1]
@@ -99,7 +100,7 @@ def test_capture_layers_returns_each_layers_output(tiny_model: LoadedModel) -> N
 
 def test_bad_inputs_raise_model_input_error(tiny_model: LoadedModel) -> None:
     model = tiny_model.model
-    meta = AttentionMetadata.build([0], [4], [[0]], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [4], [[0]], BLOCK_SIZE)
     with pytest.raises(ModelInputError, match="capture_layers"):
         model(torch.arange(4), torch.arange(4), meta, new_cache(model), capture_layers=(7,))
     with pytest.raises(ModelInputError, match="describes 4 tokens"):
@@ -107,4 +108,4 @@ def test_bad_inputs_raise_model_input_error(tiny_model: LoadedModel) -> None:
     with pytest.raises(ModelInputError, match="layers"):
         model(torch.arange(4), torch.arange(4), meta, KVCache(new_cache(model).layers[:1]))
     with pytest.raises(ModelInputError, match="do not fit"):
-        AttentionMetadata.build([0], [9], [[0, 1]], BLOCK_SIZE)
+        build_attention_metadata([0], [9], [[0, 1]], BLOCK_SIZE)

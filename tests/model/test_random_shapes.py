@@ -8,7 +8,8 @@ from refengine.model import load_model
 from refengine.model.config import Numerics
 from refengine.model.device import move_to_device
 from refengine.model.errors import ModelLoadError
-from refengine.model.shapes import SHAPES, build_random_model, kv_bytes_per_token, weight_bytes_per_step
+from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step
+from refengine.model.shapes import SHAPES, build_random_model
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.worker.model_runner import synthetic_num_accepted

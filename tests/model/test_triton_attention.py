@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from refengine.model import attention  # noqa: E402
 from refengine.model import triton_attention as kernels  # noqa: E402
-from refengine.model.config import Numerics  # noqa: E402
+from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
 
 CASES = Path(__file__).with_name("triton_attention_cases.py")
@@ -56,6 +56,7 @@ def test_dispatch_counts_the_backend():
     before = attention.ATTENTION_CALLS["reference"]
     attention.paged_attention(q.cpu(), k.cpu(), v.cpu(), cpu_cache, meta, 0.25, Numerics.FAST)
     assert attention.ATTENTION_CALLS["reference"] == before + 1
-    assert attention.attention_backend("cpu") == "reference"
-    with pytest.raises(ValueError):
-        attention.set_attention_backend("flash")
+    assert attention.attention_implementation(Kernels(), "cpu") == "reference"
+    assert attention.attention_implementation(Kernels(attention="triton"), "cpu") == "triton"
+    with pytest.raises(ValueError, match="attention backend must be one of auto, triton, reference"):
+        Kernels(attention="flash")

@@ -15,8 +15,9 @@ pytest.importorskip("triton")
 from refengine.model import attention  # noqa: E402
 from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
-from refengine.model.config import Numerics  # noqa: E402
+from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
+from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -51,7 +52,7 @@ def make_case(
     q = torch.randn(tokens, num_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
     k = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
     v = torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype).to(DEVICE)
-    meta = AttentionMetadata.build(computed, new, block_ids, block_size, causal=causal)
+    meta = build_attention_metadata(computed, new, block_ids, block_size, causal=causal)
     return q, k, v, cache, meta
 
 
@@ -63,14 +64,10 @@ def reference(q, k, v, cache, meta, scale=None):
     """The torch reference (one row at a time), in float64 on the CPU."""
     c64 = LayerKVCache(cache.key.double().cpu(), cache.value.double().cpu())
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    saved = attention.attention_backend()
-    attention.set_attention_backend("reference")
-    try:
-        result = attention.paged_attention(
-            q.double().cpu(), k.double().cpu(), v.double().cpu(), c64, meta, scale, Numerics.BATCH_INVARIANT
-        )
-    finally:
-        attention.set_attention_backend(saved)
+    result = attention.paged_attention(
+        q.double().cpu(), k.double().cpu(), v.double().cpu(), c64, meta, scale, Numerics.BATCH_INVARIANT,
+        Kernels(attention="reference"),
+    )
     return result, c64
 
 
@@ -123,7 +120,7 @@ def test_batch_invariant_rows(split_keys, monkeypatch):
     monkeypatch.setattr(kernels, "INVARIANT_SPLIT_KEYS", split_keys)
     q, k, v, cache, meta = make_case([70, 5], [3, 2], seed=1)
     together = kernels.triton_paged_attention(q, k, v, clone_cache(cache), meta, 0.25, Numerics.BATCH_INVARIANT)
-    alone_meta = AttentionMetadata.build([70], [3], [meta.block_tables[0].tolist()[: -(-73 // 4)]], 4)
+    alone_meta = build_attention_metadata([70], [3], [meta.block_tables[0].tolist()[: -(-73 // 4)]], 4)
     alone = kernels.triton_paged_attention(
         q[:3], k[:3], v[:3], clone_cache(cache), alone_meta, 0.25, Numerics.BATCH_INVARIANT
     )
@@ -158,14 +155,9 @@ def test_fused_rms_norm_and_silu_match_the_torch_ops():
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(5, 96, generator=generator).to(DEVICE)
     w = (1 + 0.1 * torch.randn(96, generator=generator)).to(DEVICE)
-    saved = triton_ops._enabled
-    triton_ops.set_fused_ops(False)
-    try:
-        ref_norm = ops.rms_norm(x.cpu(), w.cpu(), 1e-6)
-        gate_up = torch.randn(3, 2 * 1500, generator=generator)
-        ref_silu = ops.silu_and_mul(gate_up)
-    finally:
-        triton_ops.set_fused_ops(saved)
+    ref_norm = ops.rms_norm(x.cpu(), w.cpu(), 1e-6, fused=False)
+    gate_up = torch.randn(3, 2 * 1500, generator=generator)
+    ref_silu = ops.silu_and_mul(gate_up, fused=False)
     assert rel_err(triton_ops.rms_norm(x, w, 1e-6), ref_norm) < 1e-6
     assert rel_err(triton_ops.silu_and_mul(gate_up.to(DEVICE)), ref_silu) < 1e-6
 

@@ -3,7 +3,8 @@
 Like the real front end, it runs its engine loop on its own thread and hands each request's deltas to
 the request's event loop; it admits requests while busy, accounts KV blocks (so a test can see them
 come back after aborts), emits several tokens per step as accepted drafts would, and dies on a fault
-injected after N steps (REFENGINE_FAULT_AFTER_STEPS, as the real runner reads it).
+injected after N steps (--fault-after-steps or REFENGINE_FAULT_AFTER_STEPS reach it as the real
+runner's fault_after_steps does).
 
 The toy model is a pure function of (prompt, sampling params): `reference_output` is the "offline
 LLM.generate" that streams must match.
@@ -12,7 +13,6 @@ LLM.generate" that streams must match.
 import asyncio
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -28,6 +28,7 @@ from refengine.entrypoints.engine_client import (
     RequestDelta,
     TokenLogprobs,
 )
+from refengine.sample.splitmix import splitmix64
 from refengine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ EOS, IM_START, IM_END = 0, 1, 2
 SPECIALS = {"<|endoftext|>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 BYTE_OFFSET = 3
 VOCAB_SIZE = BYTE_OFFSET + 256
-FAULT_ENV = "REFENGINE_FAULT_AFTER_STEPS"
 
 
 class FakeTokenizer:
@@ -83,20 +83,12 @@ def _key(prompt_ids: Sequence[int], params: SamplingParams) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: a cheap, well-spread hash of one 64-bit word."""
-    x = (x + 0x9E3779B97F4A7C15) & (2**64 - 1)
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-    return x ^ (x >> 31)
-
-
 def reference_output(prompt_ids: Sequence[int], params: SamplingParams) -> tuple[list[int], str]:
     """The toy model's whole output and finish reason; EOS has a 1-in-40 chance per position."""
     key = _key(prompt_ids, params)
     tokens: list[int] = []
     for i in range(params.max_tokens):
-        r = _mix(key + i)
+        r = splitmix64(key + i)
         may_stop = not params.ignore_eos and i >= params.min_tokens
         if may_stop and r % 40 == 0:
             return [*tokens, EOS], "stop"
@@ -154,10 +146,7 @@ class FakeAsyncLLM:
             block_size=block_size,
             num_blocks=num_blocks,
         )
-        env = os.environ.get(FAULT_ENV)
-        self.fault_after_steps = (
-            fault_after_steps if fault_after_steps is not None else (int(env) if env else None)
-        )
+        self.fault_after_steps = fault_after_steps
         self.k = num_speculative_tokens
         self.step_interval = step_interval
         self.drafter_random_init = drafter_random_init

@@ -2,19 +2,20 @@
 
 from fake_engine import FakeAsyncLLM
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.entrypoints.cli_serve import ServeOptions, make_serve_command
 
 
-def fake_engine(options: ServeOptions) -> FakeAsyncLLM:
-    spec = options.speculative_config
+def fake_engine(args: EngineArgs, options: ServeOptions) -> FakeAsyncLLM:
+    spec = args.speculative_config
     return FakeAsyncLLM(
-        model_name=options.model,
-        max_model_len=options.max_model_len or 512,
-        max_num_seqs=options.max_num_seqs or 16,
-        num_blocks=options.num_blocks or 512,
-        block_size=options.block_size or 16,
+        model_name=args.model,
+        max_model_len=args.max_model_len or 512,
+        max_num_seqs=args.max_num_seqs,
+        num_blocks=args.num_blocks or 512,
+        block_size=args.block_size,
         num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
-        fault_after_steps=options.fault_after_steps,
+        fault_after_steps=args.fault_after_steps,
     )
 
 

@@ -3,16 +3,21 @@ fault injection passed through, clean shutdown; and the flag parsing."""
 
 import asyncio
 import json
+import re
 import signal
+import socket
+import subprocess
 
 import httpx
 import pytest
 from click.testing import CliRunner
 from fake_engine import FakeTokenizer, reference_output
 from serve_fake import fake_engine
-from server_process import FAKE_SERVE, ServerProcess
+from server_helpers import free_port
+from server_process import FAKE_SERVE, REAL_SERVE, ServerProcess
 from sse_client import parse_events, streamed_token_ids
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.entrypoints.cli_serve import ServeOptions, make_serve_command
 from refengine.sampling_params import SamplingParams
 
@@ -91,27 +96,29 @@ class Captured(Exception):
     pass
 
 
-def parse(args: list[str]) -> tuple[ServeOptions | None, object]:
-    """Runs the command line with a factory that records the options instead of serving."""
-    seen: list[ServeOptions] = []
+def parse(args: list[str]) -> tuple[tuple[EngineArgs, ServeOptions] | None, object]:
+    """Runs the command line with a factory that records what it was given instead of serving, on a
+    free port unless the arguments name one."""
+    seen: list[tuple[EngineArgs, ServeOptions]] = []
 
-    def factory(options: ServeOptions):
-        seen.append(options)
+    def factory(engine_args: EngineArgs, options: ServeOptions):
+        seen.append((engine_args, options))
         raise ValueError("captured")
 
-    result = CliRunner().invoke(make_serve_command(factory), args)
+    port = [] if "--port" in args else ["--port", str(free_port())]
+    result = CliRunner().invoke(make_serve_command(factory), [*port, *args])
     return (seen[0] if seen else None), result
 
 
 def test_flags_map_onto_serve_options():
-    options, result = parse(
+    seen, result = parse(
         [
             "--model",
             "m.gguf",
             "--host",
-            "0.0.0.0",
+            "localhost",
             "--port",
-            "9",
+            str(free_port()),
             "--served-model-name",
             "alias",
             "--api-key",
@@ -141,41 +148,46 @@ def test_flags_map_onto_serve_options():
         ]
     )
     assert result.exit_code == 1 and "captured" in result.output  # the engine's refusal is a clean error
-    assert options is not None
-    assert (options.model, options.host, options.port, options.served_model_name, options.api_key) == (
-        "m.gguf",
-        "0.0.0.0",
-        9,
-        "alias",
-        "s",
-    )
-    assert (
-        options.speculative_config.method == "ngram"
-        and options.speculative_config.num_speculative_tokens == 3
-    )
-    assert options.async_scheduling is False
-    assert (options.max_num_seqs, options.max_model_len, options.max_num_batched_tokens) == (3, 64, 128)
-    assert (options.num_blocks, options.block_size, options.seed, options.dtype) == (40, 8, 5, "bfloat16")
-    assert (options.numerics, options.max_request_bytes, options.fault_after_steps) == ("fast", 1000, 7)
+    assert seen is not None
+    args, options = seen
+    assert (args.model, options.host, options.served_model_name, options.api_key) == ("m.gguf", "localhost", "alias", "s")
+    assert args.speculative_config.method == "ngram" and args.speculative_config.num_speculative_tokens == 3
+    assert args.async_scheduling is False
+    assert (args.max_num_seqs, args.max_model_len, args.max_num_batched_tokens) == (3, 64, 128)
+    assert (args.num_blocks, args.block_size, args.seed, args.dtype) == (40, 8, 5, "bfloat16")
+    assert (args.numerics, options.max_request_bytes, args.fault_after_steps) == ("fast", 1000, 7)
 
 
-def test_defaults():
-    options, _ = parse([])
-    assert options is not None
-    assert (options.model, options.host, options.port, options.numerics) == (
-        "smollm2",
-        "127.0.0.1",
-        8000,
-        "batch_invariant",
-    )
-    assert options.async_scheduling is None and options.speculative_config is None
-    assert options.fault_after_steps is None and options.api_key is None
-    assert options.threads is None  # torch's own default
+def test_defaults_are_engine_args_and_serve_options_defaults():
+    seen, _ = parse([])
+    assert seen is not None
+    args, options = seen
+    assert args == EngineArgs()
+    assert options == ServeOptions(port=options.port)
+
+
+def test_help_shows_the_defaults_engine_args_uses():
+    """`refengine serve --help` states each engine default as EngineArgs holds it (one home)."""
+    text = " ".join(CliRunner().invoke(make_serve_command(fake_engine), ["--help"], terminal_width=400).output.split())
+    defaults = EngineArgs()
+    shown = {
+        "--model": defaults.model,
+        "--max-num-seqs": defaults.max_num_seqs,
+        "--max-num-batched-tokens": defaults.max_num_batched_tokens,
+        "--block-size": defaults.block_size,
+        "--kv-cache-memory-gib": defaults.kv_cache_memory_gib,
+        "--seed": defaults.seed,
+        "--dtype": defaults.dtype,
+    }
+    for flag, value in shown.items():
+        assert re.search(rf"{flag} (?:(?! --[a-z-]+ [A-Z\[]).)*?\[default: {re.escape(str(value))}[;\]]", text), flag
+    assert "--batch-invariant / --fast Numerics mode. [default: batch-invariant]" in text
+    assert defaults.numerics == "batch_invariant"
 
 
 def test_threads_reach_the_options():
-    options, _ = parse(["--threads", "1"])
-    assert options is not None and options.threads == 1
+    seen, _ = parse(["--threads", "1"])
+    assert seen is not None and seen[1].threads == 1
 
 
 @pytest.mark.parametrize(
@@ -219,3 +231,34 @@ def test_help_lists_the_vllm_style_flags():
         "--fault-after-steps",
     ]:
         assert flag in text
+
+
+def test_a_busy_port_is_refused_before_the_model_loads(tmp_path):
+    """The model named does not exist: an error about the port, not the model, shows the port came first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [*REAL_SERVE, "--model", str(tmp_path / "missing.gguf"), "--port", str(port)],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+def test_tiny_qwen3_answers_a_chat_request_after_one_banner_line():
+    server = ServerProcess(REAL_SERVE, "--model", "tiny-qwen3", "--num-blocks", "64")
+    try:
+        body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        returncode, stderr = server.stop()
+    assert returncode == 0, stderr
+    banners = [line for line in stderr.splitlines() if line.startswith("refengine serve:")]
+    assert banners == [
+        f"refengine serve: model tiny-qwen3 (float32 weights, dtype float32), numerics batch_invariant, spec off, async on (auto), "
+        f"KV 64 blocks of 16, device cpu, http://127.0.0.1:{server.port}"
+    ], stderr

@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_process import REAL_SERVE, ServerProcess
 from sse_client import parse_events, streamed_token_ids
 
+from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.async_llm import AsyncLLM
-from refengine.engine.engine_args import EngineArgs
 from refengine.engine.llm import LLM
 from refengine.entrypoints.app import ServerConfig, build_app
 from refengine.model.tiny import build_tiny_model, save_hf_folder

@@ -11,6 +11,8 @@ hidden/context rows bitwise equal to the target's rows there. A seam fed a wrong
 wrong position or slot proposes garbage, which shows up as lost acceptance.
 
 CorruptingProposer wraps any drafter and breaks chosen draft indices, so acceptance is scripted.
+
+Invariant numbers refer to docs/invariants.md.
 """
 
 from collections.abc import Iterable, Sequence
@@ -27,6 +29,7 @@ from refengine.spec_decode.draft_model import DraftModelProposer
 from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
 from refengine.spec_decode.hidden_state_proposer import HiddenStateProposer
 from refengine.spec_decode.proposer import DraftBatch, Proposer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 GARBAGE_TOKEN = 0  # what a teacher proposes when its inputs do not match any trajectory
 DFLASH_MASK_TOKEN = 5  # any id works for the teacher: it only checks the block carries it
@@ -66,12 +69,12 @@ class Trajectories:
             fed = 0
             while len(tokens) < length:
                 ids = tokens[fed:]
-                meta = AttentionMetadata.build([fed], [len(ids)], blocks, block_size)
+                meta = build_attention_metadata([fed], [len(ids)], blocks, block_size)
                 out = model(torch.tensor(ids), torch.arange(fed, fed + len(ids)), meta, cache)
                 tokens.append(int(model.compute_logits(out.hidden_states[-1:]).argmax(-1)))
                 fed = len(tokens) - 1
             # One pass over the whole trajectory for its rows at every position.
-            meta = AttentionMetadata.build([0], [length], blocks, block_size)
+            meta = build_attention_metadata([0], [length], blocks, block_size)
             out = model(
                 torch.tensor(tokens),
                 torch.arange(length),

@@ -1,7 +1,10 @@
 """Acceptance oracle (invariant 27): with a teacher network behind each method's input seam, every draft
 is accepted, at c = 1 and at c = 4 with staggered arrivals, under sync and async scheduling; corrupted
 at a chosen draft index, acceptance is exactly that index. Greedy output is lossless whatever the
-drafter does, so only acceptance can show a seam fed a wrong row, a stale context or a wrong slot."""
+drafter does, so only acceptance can show a seam fed a wrong row, a stale context or a wrong slot.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 import dataclasses
 
@@ -94,7 +97,7 @@ def test_corrupted_teacher_accepts_exactly_the_scripted_drafts(tiny4, trajectori
 
 class _RowShiftedProposer:
     """A seam fault: the drafter is handed every hidden/context row one row late (row r gets row r-1's
-    state), as a wrong flattened-buffer offset would (design note E.4 (d))."""
+    state), as a wrong flattened-buffer offset would (invariant 17)."""
 
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner

@@ -4,11 +4,12 @@ lossless shortfall), nothing for a prefill chunk, and the context continuity che
 import pytest
 import torch
 
-from refengine.model import AttentionMetadata, KVCache
+from refengine.model import KVCache
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.context import ContextLengths
 from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput
-from refengine.spec_decode.registry import KVLayout, build_drafter
+from refengine.spec_decode.registry import KVLayout, build_proposer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 4
 TOKENS = [11, 42, 7, 99, 150, 3, 77, 21, 64, 5]
@@ -26,7 +27,7 @@ def _batch(
 ) -> DraftBatch:
     """The target's rows for positions first..last of TOKENS, fed as one step of request "r"."""
     num = last - first + 1
-    meta = AttentionMetadata.build([0], [last + 1], [list(block_ids)], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [last + 1], [list(block_ids)], BLOCK_SIZE)
     cache = KVCache.allocate(target.config, 8, BLOCK_SIZE)
     with torch.inference_mode():
         out = target.model(
@@ -49,7 +50,7 @@ ROOM = {"draft_model": (2, 0), "eagle": (3, 1), "eagle3": (3, 1), "mtp": (3, 1),
 @pytest.mark.parametrize("method", list(SPECS))
 def test_fewer_drafts_where_the_blocks_end(tiny4, method):
     for last, expected in zip((5, 7), ROOM[method], strict=True):
-        drafter = build_drafter(SPECS[method], tiny4, KVLayout(8, BLOCK_SIZE))
+        drafter = build_proposer(SPECS[method], tiny4, KVLayout(8, BLOCK_SIZE))
         drafts = drafter.propose(_batch(tiny4, drafter, 0, last, (0, 1)))
         assert len(drafts["r"]) == expected
         assert all(0 <= t < tiny4.config.vocab_size for t in drafts["r"])
@@ -60,7 +61,7 @@ def test_fewer_drafts_where_the_blocks_end(tiny4, method):
 
 @pytest.mark.parametrize("method", list(SPECS))
 def test_prefill_chunk_is_ingested_without_drafting(tiny4, method):
-    drafter = build_drafter(SPECS[method], tiny4, KVLayout(8, BLOCK_SIZE))
+    drafter = build_proposer(SPECS[method], tiny4, KVLayout(8, BLOCK_SIZE))
     assert drafter.propose(_batch(tiny4, drafter, 0, 3, (0, 1, 2), propose=False)) == {}
     # The next chunk continues at position 4; a batch starting anywhere else is refused.
     assert len(drafter.propose(_batch(tiny4, drafter, 4, 6, (0, 1, 2)))["r"]) == 3

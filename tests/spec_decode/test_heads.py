@@ -4,7 +4,7 @@ mis-shaped tensors, seeded random initialisation, and heads that a trainer can d
 import pytest
 import torch
 
-from refengine.model import AttentionMetadata, KVCache, build_tiny_model
+from refengine.model import KVCache, build_tiny_model
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.dflash import build_target_layer_ids
 from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
@@ -14,14 +14,15 @@ from refengine.spec_decode.head_checkpoint import (
     read_head_checkpoint,
     save_head,
 )
-from refengine.spec_decode.registry import KVLayout, build_drafter, build_head
+from refengine.spec_decode.registry import KVLayout, build_network, build_proposer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 LAYOUT = KVLayout(num_blocks=16, block_size=4)
 HEAD_METHODS = ["eagle", "eagle3", "mtp", "dflash"]
 
 
 def _save(head, folder, config=None):
-    return save_head(head, config or {}, folder, head.checkpoint_name)
+    return save_head(head, config or {}, folder)
 
 
 def _rewrite(folder, edit):
@@ -36,24 +37,24 @@ def _rewrite(folder, edit):
 @pytest.mark.parametrize("method", HEAD_METHODS)
 def test_saved_head_loads_back_identically(tiny4, tmp_path, method):
     spec = SpeculativeConfig(method, 3)
-    head = build_head(spec, tiny4, LAYOUT)
+    head = build_network(spec, tiny4, LAYOUT)
     _save(head, tmp_path)
-    loaded = build_head(spec, tiny4, LAYOUT, read_head_checkpoint(tmp_path))
+    loaded = build_network(spec, tiny4, LAYOUT, read_head_checkpoint(tmp_path))
     assert head_state_dict(loaded).keys() == head_state_dict(head).keys()
     assert all(torch.equal(a, head_state_dict(loaded)[n]) for n, a in head_state_dict(head).items())
-    drafter = build_drafter(SpeculativeConfig(method, 3, model=str(tmp_path)), tiny4, LAYOUT)
+    drafter = build_proposer(SpeculativeConfig(method, 3, model=str(tmp_path)), tiny4, LAYOUT)
     assert drafter.random_init is False
-    assert build_drafter(spec, tiny4, LAYOUT).random_init is True
+    assert build_proposer(spec, tiny4, LAYOUT).random_init is True
 
 
 def test_random_init_is_seeded(tiny4):
     spec = SpeculativeConfig("eagle", 3)
-    a, b = (head_state_dict(build_head(spec, tiny4, LAYOUT)) for _ in range(2))
+    a, b = (head_state_dict(build_network(spec, tiny4, LAYOUT)) for _ in range(2))
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
 def test_checkpoints_use_vllm_names(tiny4, tmp_path):
-    eagle3 = build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT)
+    eagle3 = build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT)
     names = set(read_head_checkpoint(_save(eagle3, tmp_path / "e3")).tensors)
     assert {
         "fc.weight",
@@ -62,7 +63,7 @@ def test_checkpoints_use_vllm_names(tiny4, tmp_path):
         "midlayer.self_attn.q_proj.weight",
     } <= names
     assert {"midlayer.mlp.gate_proj.weight", "midlayer.input_layernorm.weight"} <= names
-    dflash = build_head(SpeculativeConfig("dflash", 3), tiny4, LAYOUT)
+    dflash = build_network(SpeculativeConfig("dflash", 3), tiny4, LAYOUT)
     names = set(read_head_checkpoint(_save(dflash, tmp_path / "df")).tensors)
     assert {
         "fc.weight",
@@ -75,7 +76,7 @@ def test_checkpoints_use_vllm_names(tiny4, tmp_path):
 def test_deepseek_mtp_layout_loads(tiny4, tmp_path):
     """DeepSeek names MTP layer i model.layers.{L + i}.*, repeats the embedding and lm_head per layer,
     and keeps the decoder layer's tensors directly under that prefix."""
-    head = build_head(SpeculativeConfig("mtp", 3), tiny4, LAYOUT)
+    head = build_network(SpeculativeConfig("mtp", 3), tiny4, LAYOUT)
     folder = _save(head, tmp_path)
     vocab, hidden = tiny4.config.vocab_size, tiny4.config.hidden_size
 
@@ -89,7 +90,7 @@ def test_deepseek_mtp_layout_loads(tiny4, tmp_path):
 
     _rewrite(folder, deepseek)
     assert "model.layers.4.self_attn.q_proj.weight" in read_head_checkpoint(folder).tensors
-    loaded = build_head(SpeculativeConfig("mtp", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
+    loaded = build_network(SpeculativeConfig("mtp", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
     assert all(torch.equal(t, head_state_dict(loaded)[n]) for n, t in head_state_dict(head).items())
 
 
@@ -108,24 +109,24 @@ def test_deepseek_mtp_layout_loads(tiny4, tmp_path):
     ],
 )
 def test_bad_checkpoints_are_named(tiny4, tmp_path, edit, message):
-    head = build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT)
+    head = build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT)
     _rewrite(_save(head, tmp_path), edit)
     with pytest.raises(HeadLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(tmp_path))
+        build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(tmp_path))
 
 
 def test_checkpoint_config_must_match_the_target(tiny4, tmp_path):
-    head = build_head(SpeculativeConfig("eagle", 3), tiny4, LAYOUT)
+    head = build_network(SpeculativeConfig("eagle", 3), tiny4, LAYOUT)
     _save(head, tmp_path, {"hidden_size": 128})
     with pytest.raises(HeadLoadError, match="hidden_size 128 differs from the target's 64"):
-        build_head(SpeculativeConfig("eagle", 3), tiny4, LAYOUT, read_head_checkpoint(tmp_path))
+        build_network(SpeculativeConfig("eagle", 3), tiny4, LAYOUT, read_head_checkpoint(tmp_path))
     with pytest.raises(HeadLoadError, match="config.json"):
         read_head_checkpoint(tmp_path / "nowhere")
 
 
 def test_eagle3_reduced_draft_vocabulary(tiny4, tmp_path):
     """An own lm_head over a draft vocabulary; d2t maps draft ids back to target ids."""
-    head = build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT)
+    head = build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT)
     draft_vocab, hidden = 40, tiny4.config.hidden_size
     lm_head = torch.randn(draft_vocab, hidden, generator=torch.Generator().manual_seed(1))
     d2t = torch.arange(draft_vocab) * 5  # draft id i is target id 6 i
@@ -135,16 +136,16 @@ def test_eagle3_reduced_draft_vocabulary(tiny4, tmp_path):
 
     folder = _save(head, tmp_path)
     _rewrite(folder, own_vocab)
-    loaded = build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
+    loaded = build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
     out = torch.randn(5, hidden, generator=torch.Generator().manual_seed(2))
     expected = (loaded.norm(out) @ lm_head.T).argmax(-1) * 6
     assert torch.equal(loaded.greedy_tokens(out), expected)
     _rewrite(folder, lambda t: t.update({"d2t": d2t + 1000}))
     with pytest.raises(HeadLoadError, match="outside the target vocabulary"):
-        build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
+        build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
     _rewrite(folder, lambda t: t.pop("d2t"))
     with pytest.raises(HeadLoadError, match="no 'd2t' tensor"):
-        build_head(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
+        build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT, read_head_checkpoint(folder))
 
 
 def test_layer_choices():
@@ -159,21 +160,21 @@ def test_layer_choices():
 
 def test_dflash_options(tiny4):
     assert (
-        build_head(SpeculativeConfig("dflash", 3), tiny4, LAYOUT).mask_token_id
+        build_network(SpeculativeConfig("dflash", 3), tiny4, LAYOUT).mask_token_id
         == tiny4.tokenizer.eos_token_ids[0]
     )
     spec = SpeculativeConfig("dflash", 3, mask_token_id=7, target_layer_ids=(0, 3))
-    head = build_head(spec, tiny4, LAYOUT)
+    head = build_network(spec, tiny4, LAYOUT)
     assert (head.mask_token_id, head.capture_layers, head.fc.weight.shape[1]) == (7, (0, 3), 2 * 64)
     with pytest.raises(HeadLoadError, match="target_layer_ids"):
-        build_head(SpeculativeConfig("dflash", 3, target_layer_ids=(4,)), tiny4, LAYOUT)
+        build_network(SpeculativeConfig("dflash", 3, target_layer_ids=(4,)), tiny4, LAYOUT)
 
 
 def test_draft_model_needs_a_model_or_a_layer_count(tiny4, tmp_path):
     with pytest.raises(ValueError, match="'model' .* or 'num_draft_layers'"):
-        build_drafter(SpeculativeConfig("draft_model", 3), tiny4, LAYOUT)
+        build_proposer(SpeculativeConfig("draft_model", 3), tiny4, LAYOUT)
     with pytest.raises(ValueError, match="num_draft_layers=5 exceeds"):
-        build_drafter(SpeculativeConfig("draft_model", 3, num_draft_layers=5), tiny4, LAYOUT)
+        build_proposer(SpeculativeConfig("draft_model", 3, num_draft_layers=5), tiny4, LAYOUT)
 
 
 @pytest.mark.parametrize("method", HEAD_METHODS)
@@ -181,11 +182,11 @@ def test_heads_are_trainable(method):
     """With Numerics.FAST (plain differentiable torch ops) gradients reach every head parameter and no
     target parameter."""
     target = build_tiny_model("qwen3", seed=3, num_hidden_layers=4, numerics="fast")
-    head = build_head(SpeculativeConfig(method, 3), target, LAYOUT)
+    head = build_network(SpeculativeConfig(method, 3), target, LAYOUT)
     for p in head.parameters():
         p.requires_grad_(True)
     ids, positions = torch.tensor([5, 6, 7, 8]), torch.arange(4)
-    meta = AttentionMetadata.build([0], [4], [[0, 1]], LAYOUT.block_size, causal=method != "dflash")
+    meta = build_attention_metadata([0], [4], [[0, 1]], LAYOUT.block_size, causal=method != "dflash")
     with torch.no_grad():
         out = target.model(
             ids, positions, meta, KVCache.allocate(target.config, 16, 4), capture_layers=(0, 1, 2, 3)
@@ -196,7 +197,7 @@ def test_heads_are_trainable(method):
             positions,
             meta,
         )
-        ctx_meta = AttentionMetadata.build([4], [4], [[0, 1]], LAYOUT.block_size, causal=False)
+        ctx_meta = build_attention_metadata([4], [4], [[0, 1]], LAYOUT.block_size, causal=False)
         hidden = head.forward(ids, positions + 4, ctx_meta)
     else:
         layers = head.capture_layers

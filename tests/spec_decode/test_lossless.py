@@ -57,7 +57,10 @@ def _run(tiny4, name, draft_model_path, max_num_seqs):
     spec = _spec(name, draft_model_path)
     llm = LLM(tiny4, **ENGINE, max_num_seqs=max_num_seqs, speculative_config=spec, record_steps=True)
     outs = llm.generate(PROMPTS, GREEDY)
-    assert llm.engine.core.scheduler.spec_decoding_stats.num_draft_tokens > 0  # drafts were verified
+    stats = llm.engine.core.scheduler.spec_decoding_stats
+    assert stats.num_draft_tokens > 0  # drafts were verified
+    # The per-step records the oracle compares add up to the scheduler's acceptance count.
+    assert sum(r.num_accepted for o in outs for r in o.steps) == stats.num_accepted_tokens
     return [o.token_ids for o in outs], [o.steps for o in outs]
 
 

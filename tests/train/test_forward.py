@@ -7,8 +7,9 @@ import torch
 
 from refengine.model import AttentionMetadata, Numerics
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.registry import KVLayout, build_head
+from refengine.spec_decode.registry import KVLayout, build_network
 from refengine.train.forward import dflash_blocks, hidden_head_pass, num_kv_layers
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK = 4
 LAYOUT = KVLayout(num_blocks=32, block_size=BLOCK)
@@ -17,7 +18,7 @@ T = 11
 
 
 def _meta(start: int, num: int, causal: bool = True) -> AttentionMetadata:
-    return AttentionMetadata.build([start], [num], [BLOCK_IDS], BLOCK, causal=causal)
+    return build_attention_metadata([start], [num], [BLOCK_IDS], BLOCK, causal=causal)
 
 
 def _features(head, tiny4, tokens):
@@ -32,7 +33,7 @@ def _features(head, tiny4, tokens):
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
 def test_unrolled_passes_match_the_drafting_forward(tiny4, method):
-    head = build_head(SpeculativeConfig(method, 3), tiny4, LAYOUT, numerics=Numerics.FAST)
+    head = build_network(SpeculativeConfig(method, 3), tiny4, LAYOUT, numerics=Numerics.FAST)
     tokens = torch.randint(3, tiny4.config.vocab_size, (T + 3,), generator=torch.Generator().manual_seed(1))
     features = _features(head, tiny4, tokens)
     num_passes = 3
@@ -61,7 +62,7 @@ def test_unrolled_passes_match_the_drafting_forward(tiny4, method):
 
 
 def test_dflash_blocks_match_the_drafting_forward(tiny4):
-    head = build_head(SpeculativeConfig("dflash", 3), tiny4, LAYOUT, numerics=Numerics.FAST)
+    head = build_network(SpeculativeConfig("dflash", 3), tiny4, LAYOUT, numerics=Numerics.FAST)
     tokens = torch.randint(3, tiny4.config.vocab_size, (T,), generator=torch.Generator().manual_seed(2))
     k = 3
     anchors = torch.tensor([[2, 5, 7]])

@@ -12,7 +12,7 @@ from refengine.heads import shipped_head_path, shipped_heads
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.head_checkpoint import head_state_dict, read_head_checkpoint
-from refengine.spec_decode.registry import KVLayout, build_head
+from refengine.spec_decode.registry import KVLayout, build_network
 from refengine.train.trainer import METHODS
 
 MAX_BYTES = 20 * 2**20
@@ -24,8 +24,9 @@ def test_lookup_by_name_or_loaded_target(tiny_model):
     assert shipped_head_path(tiny_model, "eagle") is None
     assert shipped_head_path("no-such-model", "eagle") is None
     assert shipped_head_path("../smollm2", "eagle") is None
-    # eagle and eagle3 ship today; mtp and dflash heads are still to be trained (see reports/).
-    assert {("smollm2", "eagle"), ("smollm2", "eagle3")} <= set(shipped_heads()) <= {("smollm2", m) for m in METHODS}
+    # Trained eagle, eagle3, mtp and dflash heads ship for the embedded target (reports/acceptance.md).
+    assert set(shipped_heads()) == {("smollm2", m) for m in ("eagle", "eagle3", "mtp", "dflash")}
+    assert set(shipped_heads()) <= {("smollm2", m) for m in METHODS}
 
 
 @pytest.mark.model
@@ -47,7 +48,7 @@ def test_shipped_head_fits_the_target(smollm2, method):
         f"refengine train-drafter --target smollm2 --method {method} "
     )
     assert (folder / "COMMAND").read_text().strip() == config["training"]["command"]
-    head = build_head(SpeculativeConfig(method, 4), smollm2, KVLayout(4, 16), checkpoint)
+    head = build_network(SpeculativeConfig(method, 4), smollm2, KVLayout(4, 16), checkpoint)
     expected = {head.checkpoint_name(n): t.shape for n, t in head_state_dict(head).items()}
     assert {n: t.shape for n, t in checkpoint.tensors.items()} == expected
     assert all(t.dtype == torch.float16 for t in checkpoint.tensors.values())

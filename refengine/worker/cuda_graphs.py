@@ -117,7 +117,7 @@ class CudaGraphs:
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
-        if attention.attention_backend(self.device) != "triton":
+        if attention.attention_implementation(self.model.kernels, self.device) != "triton":
             raise RuntimeError("CUDA graphs need the Triton attention backend (the reference reads metadata on the host)")
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():

@@ -1,0 +1,36 @@
+"""`refengine generate`: one prompt in, its continuation out, through the offline LLM."""
+
+import click
+
+from refengine.engine.arg_utils import EngineArgs
+from refengine.sampling_params import SamplingParams
+
+
+@click.command("generate")
+@click.option("--model", default=EngineArgs.model, show_default=True,
+              help="smollm2 (embedded), tiny-llama or tiny-qwen3, a .gguf file or an HF folder.")
+@click.option("--prompt", required=True, help="The prompt text.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the model's chat template.")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0.0), help="0 is greedy.")
+@click.option("--seed", default=None, type=int, help="Per-request seed for temperature > 0.")
+@click.option("--batch-invariant/--fast", default=EngineArgs.numerics == "batch_invariant", show_default=True,
+              help="Numerics mode.")
+def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, seed: int | None,
+                     batch_invariant: bool) -> None:
+    """Print the model's continuation of PROMPT."""
+    if not prompt.strip():
+        raise click.ClickException("--prompt is empty: give the text to continue")
+    # Imported here: the command group stays cheap to load (torch comes with the engine).
+    from refengine.engine.llm import LLM
+    from refengine.tokenizer.chat_template import ChatMessage
+
+    llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1)
+    if chat:
+        prompt = llm.tokenizer.apply_chat_template([ChatMessage("user", prompt)])
+        ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
+    else:
+        ids = llm.tokenizer.encode(prompt)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    (out,) = llm.generate([ids], params)
+    click.echo(out.text)

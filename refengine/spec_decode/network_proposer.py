@@ -1,0 +1,33 @@
+"""What the proposers that run a network (a head or a draft model) share: the network, k, the KV
+layout they draft into, and the per-request context check (invariants 17 and 26 in docs/invariants.md)."""
+
+from collections.abc import Iterable
+
+from refengine.spec_decode.context import ContextLengths
+
+
+class NetworkProposer:
+    method: str  # names the drafter in context errors
+
+    def __init__(
+        self,
+        network,
+        num_speculative_tokens: int,
+        block_size: int,
+        max_positions: int,
+        *,
+        random_init: bool = False,
+    ) -> None:
+        self.network = network
+        self.k = num_speculative_tokens
+        self.block_size = block_size
+        self.max_positions = max_positions
+        self.random_init = random_init
+        self.context = ContextLengths(self.method)
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.network.capture_layers)))
+
+    def remove(self, req_ids: Iterable[str]) -> None:
+        self.context.remove(req_ids)

@@ -1,0 +1,1 @@
+"""Training drafter heads for a target by self-distillation (`refengine train-drafter`)."""

@@ -1,0 +1,59 @@
+"""The runner refuses a SchedulerOutput that contradicts its own per-request state
+(invariants 17, 18 and 19 in docs/invariants.md), with a named error instead of a wrong forward."""
+
+import pytest
+
+from refengine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from refengine.engine.arg_utils import EngineArgs
+from refengine.engine.engine_args import build_engine
+from refengine.sampling_params import SamplingParams
+from refengine.worker.model_runner import RunnerInvariantError
+
+PROMPT = (5, 6, 7, 8)
+
+
+@pytest.fixture
+def runner():
+    engine = build_engine(EngineArgs(model="tiny-qwen3", num_blocks=16, max_model_len=64))
+    yield engine.core.runner
+    engine.core.shutdown()
+
+
+def step(new=(), cached=(), num_scheduled=None) -> SchedulerOutput:
+    num_scheduled = dict(num_scheduled or {})
+    return SchedulerOutput(
+        scheduled_new_reqs=tuple(new),
+        scheduled_cached_reqs=tuple(cached),
+        num_scheduled_tokens=num_scheduled,
+        total_num_scheduled_tokens=sum(num_scheduled.values()),
+        scheduled_spec_decode_tokens={},
+        num_spec_tokens_to_schedule=0,
+        num_invalid_spec_tokens={},
+        finished_req_ids=frozenset(),
+        preempted_req_ids=frozenset(),
+        pending_constrained_output=False,
+    )
+
+
+def new_request(req_id: str = "a") -> NewRequestData:
+    return NewRequestData(req_id, PROMPT, (), SamplingParams(max_tokens=8), 1, None, (0,), 0)
+
+
+def test_a_step_past_the_known_tokens_is_refused(runner):
+    """Invariant 19: six positions scheduled for a request whose runner knows four tokens."""
+    with pytest.raises(RunnerInvariantError, match="knows only 4 tokens"):
+        runner.execute_model(step(new=[new_request()], num_scheduled={"a": len(PROMPT) + 2}))
+
+
+def test_a_cached_request_the_runner_does_not_hold_is_refused(runner):
+    """Invariant 17: state is found by request id; an unknown id is an error, not another row's state."""
+    with pytest.raises(RunnerInvariantError, match="has no runner state"):
+        runner.execute_model(step(cached=[CachedRequestData("ghost", 4, (0,))], num_scheduled={"ghost": 1}))
+
+
+def test_a_scheduler_count_behind_the_runner_is_refused(runner):
+    """Invariant 18: the scheduler's count may run ahead of the runner's (async), never behind it."""
+    runner.execute_model(step(new=[new_request()], num_scheduled={"a": len(PROMPT)}))
+    runner.sample_tokens()
+    with pytest.raises(RunnerInvariantError, match="behind the runner"):
+        runner.execute_model(step(cached=[CachedRequestData("a", 2, (0,))], num_scheduled={"a": 1}))
