@@ -49,7 +49,7 @@ ORACLE_DEVICE ?= cpu
 
 # The full oracle matrix on the embedded SmolLM2 (trained heads for the Eagle-type methods), into reports/oracle.md.
 oracle: install
-	$(VENV)/bin/refengine oracle --model smollm2 --c 1,2,4,8 --prompts 4 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) --write-report
+	$(VENV)/bin/refengine oracle --model smollm2 --c 1,2,4,8 --prompts 8 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) --write-report
 
 bench: install
 	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md

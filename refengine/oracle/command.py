@@ -17,7 +17,15 @@ from refengine.model.loader import TINY_MODELS
 from refengine.oracle.arms import METHODS, Arm, build_matrix
 from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
-from refengine.oracle.run import ArmResult, Verdict, Workload, judge
+from refengine.oracle.run import (
+    MIN_ACCEPTED_SHARE,
+    MIN_ACCEPTED_TOKENS,
+    ArmResult,
+    Verdict,
+    Workload,
+    bad_words_changes,
+    judge,
+)
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
 
 REPORT_PATH = Path("reports/oracle.md")
@@ -94,6 +102,10 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
     With --jobs N the arms run in N worker processes; the tables keep the matrix order."""
     # Wide enough that CI logs keep each arm on one line.
     console = Console(width=None if sys.stdout.isatty() else 220)
+    if num_prompts < max(concurrency):
+        raise click.UsageError(
+            f"--prompts {num_prompts} is fewer than c = {max(concurrency)}: that slice could never run c requests at once"
+        )
     loaded = resolve_model(model, device)
     block_size = block_size or (4 if model in TINY_MODELS else 16)
     prompts = (
@@ -108,18 +120,18 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
         for temp in ((0.0, temperature) if seeded else (0.0,))
     ]
     sections: list[str] = []
-    failures = 0
     started = time.perf_counter()
     with arm_runner(model, loaded, block_size, jobs, device) as runner:
         all_results = _run_passes(runner, arms, workloads, console)
-    for workload, results in zip(workloads, all_results, strict=True):
-        greedy = workload.temperature == 0.0
-        verdicts = [_judge(arm, results, greedy) for arm in arms if _compared(arm, workload.temperature)]
+    labels: collections.Counter[str] = collections.Counter()
+    for workload, results in zip(banned_workloads(workloads, all_results), all_results, strict=True):
+        verdicts = [_judge(arm, results, workload) for arm in arms]
         print_table(_title(workload), verdicts, console)
         sections.append(markdown(_title(workload), verdicts))
-        failures += sum(not v.ok for v in verdicts)
+        labels.update(v.label for v in verdicts)
+    failures = sum(n for label, n in labels.items() if label != "IDENTICAL")
     elapsed = time.perf_counter() - started
-    summary = f"{failures} mismatched or vacuous arm(s) in {elapsed:.0f} s"
+    summary = f"{failures} failed arm(s) of {labels.total()} ({summarise(labels)}) in {elapsed:.0f} s"
     console.print(("[bold red]" if failures else "[bold green]") + summary)
     if write_report:
         _write_report(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens,
@@ -131,13 +143,35 @@ def _run_passes(runner: Runner, arms: list[Arm], workloads: list[Workload], cons
     """Every pass's needed arms, in two waves: the bad_words arms ban words taken from their pass's
     baseline output, so they wait for it; the other arms never read the banned words and run alongside
     the baselines."""
-    needed = [_needed(arms, w.temperature) for w in workloads]
+    needed = [_needed(arms) for _ in workloads]
     progress = _Progress(console, sum(map(len, needed)))
-    first = _run_wave(runner, [[(a, w) for a in need if not a.bad_words] for w, need in zip(workloads, needed)],
-                      progress)
-    banned = [replace(w, bad_words_token_ids=derive_bad_words(r[BASELINE])) for w, r in zip(workloads, first)]
-    second = _run_wave(runner, [[(a, w) for a in need if a.bad_words] for w, need in zip(banned, needed)], progress)
-    return [a | b for a, b in zip(first, second, strict=True)]
+    results: list[Results] = [{} for _ in workloads]
+    # Three waves: bad_words arms ban words taken from their pass's baseline output, and teacher arms
+    # propose their own baseline's output (which for a teacher with bad_words is itself a bad_words arm).
+    for wave in range(3):
+        passes = banned_workloads(workloads, results) if wave else workloads
+        jobs = [
+            [(a, _teacher_workload(a, w, r)) for a in need if a.bad_words + a.teacher == wave]
+            for w, r, need in zip(passes, results, needed)
+        ]
+        for done, new in zip(results, _run_wave(runner, jobs, progress), strict=True):
+            done |= new
+    return results
+
+
+def _teacher_workload(arm: Arm, workload: Workload, results: Results) -> Workload:
+    if not arm.teacher:
+        return workload
+    return replace(workload, teacher_outputs=tuple(map(tuple, results[arm.baseline()].tokens)))
+
+
+def banned_workloads(workloads: list[Workload], results: list[Results]) -> list[Workload]:
+    """Each pass's workload with the words its bad_words arms ban, taken from its baseline's output."""
+    return [replace(w, bad_words_token_ids=derive_bad_words(r[BASELINE])) for w, r in zip(workloads, results)]
+
+
+def summarise(labels: collections.Counter[str]) -> str:
+    return ", ".join(f"{n} {label}" for label, n in sorted(labels.items()))
 
 
 def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -> list[Results]:
@@ -146,12 +180,10 @@ def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -
     return [{arm: next(results) for arm, _ in jobs} for jobs in jobs_per_pass]
 
 
-def _needed(arms: list[Arm], temperature: float) -> list[Arm]:
-    """The compared arms and their references, in matrix order after the baseline, which every pass runs
+def _needed(arms: list[Arm]) -> list[Arm]:
+    """The arms and their references, in matrix order after the baseline, which every pass runs
     because the bad_words arms take their banned words from its output."""
-    compared = [arm for arm in arms if _compared(arm, temperature)]
-    needed = set(compared) | {a.sync_twin() for a in compared if a.method is not None}
-    needed |= {a.baseline() if temperature == 0.0 else a.sync_twin() for a in compared}
+    needed = set(arms) | {a.sync_twin() for a in arms if a.method is not None} | {a.baseline() for a in arms}
     return [BASELINE] + [arm for arm in arms if arm in needed and arm != BASELINE]
 
 
@@ -174,16 +206,12 @@ def _title(workload: Workload) -> str:
     return f"c={workload.concurrency}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
 
 
-def _compared(arm: Arm, temperature: float) -> bool:
-    """Greedy: every arm against the baseline. Sampled: only async arms against their sync twin, since
-    rejection sampling is lossless in distribution, not token for token."""
-    return temperature == 0.0 or arm.async_scheduling
-
-
-def _judge(arm: Arm, results: Results, greedy: bool) -> Verdict:
+def _judge(arm: Arm, results: Results, workload: Workload) -> Verdict:
     twin = results.get(arm.sync_twin()) if arm.method is not None else None
-    reference = results[arm.baseline()] if greedy else results[arm.sync_twin()]
-    return judge(results[arm], reference, twin, greedy)
+    changed = None
+    if arm.bad_words:
+        changed = bad_words_changes(results[arm], results[BASELINE], workload.prompts, workload.bad_words_token_ids)
+    return judge(results[arm], results[arm.baseline()], twin, changed)
 
 
 def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, jobs, device,
@@ -202,16 +230,24 @@ def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, tempe
         f"{torch.__version__} on {_device_name(device)}; {threads}\n"
         "- fronts: sync = Scheduler + step() (depth 1); async-d1 = AsyncScheduler + step(); "
         "async-d2 = AsyncScheduler + step_with_batch_queue() (depth 2)\n"
-        "- greedy: every arm must equal the sync no-spec baseline with the same bad_words setting; seeded: every "
-        "async arm must equal its method's sync arm.\n"
-        "- VACUOUS: a trained (not randomly initialised) eagle, eagle3, mtp or dflash head that accepted nothing.\n"
-        "- Drafts are compared position by position: wherever an async arm and its sync twin verified drafts at "
-        "the same position after the same tokens, the drafts (their common prefix) and the acceptance within "
-        "it must agree. Where drafts are verified may legitimately differ (async preempts at other steps, "
-        "since it reserves blocks for optimistic counts; at depth 2 a request finishing in flight keeps its "
-        "seat one frame longer, so the next one is admitted and chunked a step later): such arms say "
-        "'draft placement differs'. Seeded tokens depend on the placement, so in those arms they are compared "
-        "only before the first moved draft; greedy tokens are compared in full in every arm.\n\n"
+        "- Every arm, greedy and seeded, must equal the sync no-spec baseline with the same bad_words setting "
+        "token for token: seeded sampling is keyed by position, and a one-hot draft is accepted exactly when it "
+        "equals the target's sample there, so spec on emits what spec off emits.\n"
+        "- Drafts are compared position by position: wherever an arm and its method's sync twin verified drafts "
+        "at the same position after the same tokens, the drafts (their common prefix) and the acceptance within "
+        "it must agree. Where drafts are verified may legitimately differ (async preempts at other steps; at "
+        "depth 2 a request finishing in flight keeps its seat one frame longer): such arms say "
+        "'draft placement differs'.\n"
+        f"- VACUOUS: a drafter without random weights that accepted fewer than max({MIN_ACCEPTED_TOKENS} tokens, "
+        f"{MIN_ACCEPTED_SHARE:.0%} of its drafts) over the arm; random heads are exempt and labelled.\n"
+        "- INEFFECTIVE: a variant that left no trace: a preempt arm (which evicts each request once, after its "
+        "first verified drafts, when it is the newest running) with no preemption of a request that had verified "
+        "drafts (no-spec: emitted a token); a chunked arm with no prompt prefilled over >= 2 steps and drafting "
+        "after; a bad_words arm where no output departs from the unconstrained baseline at a banned token.\n"
+        "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
+        "- WRONG: an absolute check failed: max_tokens not exact, a banned sequence in the output, or (greedy) a "
+        "token that is not the argmax of a fresh single-sequence forward of the target on the same prefix "
+        "(every output position checked; column 'argmax checked').\n\n"
         f"**Result: {summary}.**\n\n"
     )
     REPORT_PATH.parent.mkdir(exist_ok=True)

@@ -1,13 +1,24 @@
-"""Runs oracle arms and compares them: tokens against the baseline, per-step drafts and acceptance
-between a method's sync and async arms."""
+"""Runs oracle arms and judges them: tokens against the baseline, per-step drafts and acceptance
+between a method's sync and async arms, proof that each variant happened, and absolute checks."""
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import StepRecord
 from refengine.model.loader import LoadedModel
+from refengine.oracle.absolute import banned_occurrences, greedy_argmax_mismatches
 from refengine.oracle.arms import Arm
+from refengine.oracle.probe import ArmCounts, SchedulerProbe
+from refengine.oracle.teacher import (
+    CORRUPT_INDEX,
+    CORRUPTED_TEACHER,
+    HOST_METHOD,
+    TeacherProposer,
+    scripted_accepted,
+)
+from refengine.sample.sampler import banned_next_tokens
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 
@@ -22,19 +33,25 @@ class Workload:
     num_speculative_tokens: int
     # Token sequences banned in bad_words arms, derived from the baseline's output so they bite.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # Teacher arms: the outputs of the arm's baseline, which the teacher proposes.
+    teacher_outputs: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
 class ArmResult:
     arm: Arm
+    concurrency: int
     tokens: list[list[int]]
     steps: list[list[StepRecord]]
     num_engine_steps: int
     num_draft_tokens: int
     num_accepted_tokens: int
-    num_preemptions: int
+    counts: ArmCounts
     random_init: bool
     num_prompt_tokens: tuple[int, ...]
+    # Absolute checks on the arm's own output (see absolute.py).
+    num_argmax_checked: int = 0
+    violations: tuple[str, ...] = ()
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -56,19 +73,36 @@ class Verdict:
     divergence: Divergence | None = None
     step_mismatch: str | None = None  # first per-step draft/acceptance difference with the sync twin
     vacuous: bool = False
-    tokens_compared_in_full: bool = True
+    ineffective: tuple[str, ...] = ()  # variants of the arm that left no trace
+    low_concurrency: bool = False  # fewer requests than c ever ran at once
+    bad_words_changes: int | None = None  # None: not a bad_words arm
     notes: list[str] = field(default_factory=list)
 
     @property
+    def label(self) -> str:
+        if self.result.violations:
+            return "WRONG"  # an absolute check failed
+        if self.divergence is not None or self.step_mismatch is not None:
+            return "MISMATCH"
+        if self.vacuous:
+            return "VACUOUS"
+        if self.ineffective:
+            return "INEFFECTIVE"
+        if self.low_concurrency:
+            return "LOW-CONCURRENCY"
+        return "IDENTICAL"
+
+    @property
     def ok(self) -> bool:
-        return self.divergence is None and self.step_mismatch is None and not self.vacuous
+        return self.label == "IDENTICAL"
 
 
 def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
     longest = max(len(p) for p in workload.prompts)
     spec = None
     if arm.method is not None:
-        spec = SpeculativeConfig(arm.method, workload.num_speculative_tokens, **_method_defaults(arm.method))
+        method = HOST_METHOD if arm.teacher else arm.method
+        spec = SpeculativeConfig(method, workload.num_speculative_tokens, **_method_defaults(method))
     lookahead = 0 if spec is None else spec.num_lookahead_slots
     # Headroom past the longest request: under async scheduling the scheduler's optimistic count (every
     # draft in flight accepted) would otherwise cap the drafts near max_model_len earlier than sync does,
@@ -79,10 +113,14 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         "max_num_seqs": workload.concurrency,
         "max_model_len": max_model_len,
         "block_size": block_size,
-        # Forced preemption: a pool that holds one full sequence and a little more.
-        "num_blocks": blocks_one_seq + 2 if arm.preempt else blocks_one_seq * workload.concurrency + 8,
-        # Chunked prefill: a budget shorter than the prompts, so prefills span several steps.
-        "max_num_batched_tokens": max(2 + workload.num_speculative_tokens, longest // 3) if arm.chunked else 2048,
+        # Room for every request at once: preempt arms evict on purpose (probe.py), so that the arm
+        # preempts at c = 1 too and still reaches its full concurrency.
+        "num_blocks": blocks_one_seq * workload.concurrency + 8,
+        # Chunked prefill: a budget shorter than the prompts together, so prefills span several steps, but
+        # with room past c - 1 decoding requests (each 1 + k tokens), so that all c still run at once.
+        "max_num_batched_tokens": (
+            workload.concurrency * (1 + workload.num_speculative_tokens) + longest // 3 if arm.chunked else 2048
+        ),
         "speculative_config": spec,
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,
@@ -115,21 +153,89 @@ def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -
     llm = LLM(model, **engine_kwargs(arm, workload, block_size))
     core = llm.engine.core
     counted = _count_steps(core)
-    outs = llm.generate([list(p) for p in workload.prompts], sampling_params(workload, arm), batch_queue=arm.batch_queue)
-    stats = core.scheduler.spec_decoding_stats
+    if arm.teacher:
+        core.runner.drafter = TeacherProposer(
+            [(*p, *o) for p, o in zip(workload.prompts, workload.teacher_outputs, strict=True)],
+            workload.num_speculative_tokens,
+            model.config.vocab_size,
+            corrupt_index(arm),
+        )
     drafter = core.runner.drafter
+    # A drafter for a random target (the tiny models) has nothing to learn from: random weights too. The
+    # teacher learns from the baseline, whatever the target.
+    random_init = drafter is not None and (
+        drafter.random_init or (model.source.format == "random" and not arm.teacher)
+    )
+    # A random drafter may never land a verification worth resuming from; its variants count tokens.
+    probe = SchedulerProbe(core.scheduler, spec=drafter is not None and not random_init, force_preemption=arm.preempt)
+    params = sampling_params(workload, arm)
+    outs = llm.generate([list(p) for p in workload.prompts], params, batch_queue=arm.batch_queue)
+    stats = core.scheduler.spec_decoding_stats
     core.shutdown()
+    tokens = [o.token_ids for o in outs]
+    num_checked, violations = absolute_checks(model, workload, tokens, params)
     return ArmResult(
         arm=arm,
-        tokens=[o.token_ids for o in outs],
+        concurrency=workload.concurrency,
+        tokens=tokens,
         steps=[o.steps for o in outs],
         num_engine_steps=counted[0],
         num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens,
-        num_preemptions=core.scheduler.num_preemptions,
-        random_init=drafter is not None and drafter.random_init,
+        counts=probe.counts(),
+        random_init=random_init,
         num_prompt_tokens=tuple(map(len, workload.prompts)),
+        num_argmax_checked=num_checked,
+        violations=tuple(violations),
     )
+
+
+def corrupt_index(arm: Arm) -> int | None:
+    return CORRUPT_INDEX if arm.method == CORRUPTED_TEACHER else None
+
+
+def teacher_off_script(result: ArmResult) -> str | None:
+    """A teacher's drafts are the baseline's tokens: every verification accepts exactly the scripted
+    number (all of them, or those before the corrupted index), or something fed it a wrong context."""
+    for i, records in enumerate(result.steps):
+        for r in records:
+            expected = scripted_accepted(r.draft_token_ids, corrupt_index(result.arm))
+            if r.num_accepted != expected:
+                return f"request {i} position {r.position}: drafts {r.draft_token_ids} accepted {r.num_accepted}, scripted {expected}"
+    return None
+
+
+def absolute_checks(
+    model: LoadedModel, workload: Workload, tokens: list[list[int]], params: list[SamplingParams]
+) -> tuple[int, list[str]]:
+    """max_tokens exact (ignore_eos, no stop), no banned sequence, and under greedy every token the
+    target's argmax. Returns (argmax positions checked, violations)."""
+    violations = []
+    num_checked = 0
+    for i, (prompt, out, p) in enumerate(zip(workload.prompts, tokens, params, strict=True)):
+        banned = tuple(map(tuple, p.bad_words_token_ids))
+        if len(out) != p.max_tokens:
+            violations.append(f"request {i}: {len(out)} tokens, max_tokens {p.max_tokens}")
+        violations += [f"request {i}: {v}" for v in banned_occurrences(prompt, out, banned)]
+        if p.temperature == 0.0 and out:
+            checked, wrong = greedy_argmax_mismatches(model, prompt, out, banned)
+            num_checked += checked
+            violations += [f"request {i}: {v}" for v in wrong[:1]]
+    return num_checked, violations
+
+
+def bad_words_changes(
+    result: ArmResult, unconstrained: ArmResult, prompts: Sequence[Sequence[int]], banned: Sequence[Sequence[int]]
+) -> int:
+    """Requests whose output departs from the unconstrained baseline's at a token that would complete a
+    banned sequence there: the constraint changed a sampled token. (Position-keyed sampling picks the
+    same token wherever the constraint masks nothing, so the first departure is where it bit.)"""
+    changed = 0
+    for prompt, out, free in zip(prompts, result.tokens, unconstrained.tokens, strict=True):
+        d = first_divergence([free], [out])
+        if d is not None and d.expected is not None:
+            changed += d.expected in banned_next_tokens([*prompt, *free[: d.position]], banned)
+    return changed
 
 
 def _count_steps(core) -> list[int]:
@@ -209,27 +315,32 @@ def compare_steps(expected: ArmResult, actual: ArmResult) -> StepComparison:
     return StepComparison(None, num_positions)
 
 
-HEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash"})
+MIN_ACCEPTED_TOKENS = 5
+MIN_ACCEPTED_SHARE = 0.01
 
 
-def judge(result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, greedy: bool) -> Verdict:
-    """Greedy: tokens against the baseline. Seeded: tokens against the sync twin. Either way, drafts and
-    acceptance against the sync twin at every position both verified drafts at.
+def min_accepted(num_draft_tokens: int) -> int:
+    """What a drafter must accept over an arm to count as exercised: max(5 tokens, 1% of its drafts)."""
+    return max(MIN_ACCEPTED_TOKENS, math.ceil(MIN_ACCEPTED_SHARE * num_draft_tokens))
+
+
+def judge(
+    result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, bad_words_changed: int | None = None
+) -> Verdict:
+    """Tokens in full against the reference (the sync no-spec arm with the same bad_words and
+    temperature: seeded sampling is keyed by position, so spec on equals spec off token for token).
+    Drafts and acceptance against the sync twin at every position both verified drafts at. Then the
+    arm's own evidence: a drafter that accepted too little is VACUOUS (random heads exempt), a variant
+    that left no trace INEFFECTIVE, an arm that never ran c requests at once LOW-CONCURRENCY.
 
     Where drafts are verified is the scheduler's choice, and async scheduling legitimately chooses
-    differently: it reserves blocks for optimistic counts, so it preempts at other steps (and a resumed
-    request re-prefills without drafts); at depth 2 a request finishing in flight keeps its seat and its
-    share of the budget one frame longer, so the others are admitted, chunked and given drafts a step
-    later. Greedy tokens cannot depend on that and are always compared. Seeded tokens can (a position
-    that verified a rejected draft samples from the residual distribution, a plain one from the target),
-    so where the placement differs from the sync twin's they are compared only before the first
-    position it differs at; the report says so."""
-    verdict = Verdict(result, reference.arm.name)
-    moved: list[PlacementDifference] = []
+    differently (it reserves blocks for optimistic counts; at depth 2 a request finishing in flight keeps
+    its seat one frame longer, so others are admitted and chunked a step later): the report notes it."""
+    verdict = Verdict(result, reference.arm.name, bad_words_changes=bad_words_changed)
     if sync_twin is not None and sync_twin is not result:
-        moved = placement_differences(sync_twin.steps, result.steps)
         steps = compare_steps(sync_twin, result)
         verdict.step_mismatch = steps.mismatch
+        moved = placement_differences(sync_twin.steps, result.steps)
         if moved:
             d = moved[0]
             verdict.notes.append(
@@ -237,21 +348,21 @@ def judge(result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, 
                 f"(position, drafts) {d.expected} vs {d.actual}); drafts compared at the {steps.num_positions} "
                 "positions both verified"
             )
-    if greedy or not moved:
-        verdict.divergence = first_divergence(reference.tokens, result.tokens)
-    else:
-        # Seeded: up to the first moved draft both arms sampled the same way, so the tokens must agree there.
-        cut = {d.request: d.position - result.num_prompt_tokens[d.request] for d in moved}
-        verdict.divergence = first_divergence(
-            [t[: cut.get(i)] for i, t in enumerate(reference.tokens)],
-            [t[: cut.get(i)] for i, t in enumerate(result.tokens)],
+    verdict.divergence = first_divergence(reference.tokens, result.tokens)
+    if result.arm.teacher and verdict.step_mismatch is None:
+        verdict.step_mismatch = teacher_off_script(result)
+    if result.arm.method is not None and not result.random_init:
+        # A drafter that (almost) never lands a draft leaves the accepted-drafts path unexercised.
+        verdict.vacuous = result.num_accepted_tokens < min_accepted(result.num_draft_tokens)
+    counts = result.counts
+    verdict.ineffective = tuple(
+        variant
+        for variant, on, evidence in (
+            ("preemption", result.arm.preempt, counts.num_preemptions_after_drafts),
+            ("chunked prefill", result.arm.chunked, counts.num_chunked_prefills),
+            ("bad_words", result.arm.bad_words, bad_words_changed or 0),
         )
-        verdict.tokens_compared_in_full = False
-        verdict.notes.append(
-            f"seeded tokens compared up to the first moved draft only ({sum(cut.values())} of "
-            f"{sum(len(result.tokens[i]) for i in cut)} tokens of the {len(cut)} request(s) whose drafts moved)"
-        )
-    if result.arm.method in HEAD_METHODS and not result.random_init and greedy:
-        # A trained head that never lands a draft means the async-with-drafts path went unexercised.
-        verdict.vacuous = result.num_accepted_tokens == 0
+        if on and evidence == 0
+    )
+    verdict.low_concurrency = counts.peak_concurrency < result.concurrency
     return verdict

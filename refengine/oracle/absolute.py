@@ -1,0 +1,56 @@
+"""Absolute checks: what an arm's output must satisfy on its own, whatever the baseline says. A bug
+shared by every arm (a constraint ignored in a path all of them take) passes every relative
+comparison; these catch it."""
+
+from collections.abc import Sequence
+
+import torch
+
+from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.kv_cache import KVCache
+from refengine.model.loader import LoadedModel
+from refengine.sample.sampler import RowParams, apply_constraints
+
+BLOCK_SIZE = 16  # the scratch cache's own layout, unrelated to the engine's
+
+
+def banned_occurrences(prompt: Sequence[int], output: Sequence[int], banned: Sequence[Sequence[int]]) -> list[str]:
+    """Every banned token sequence that ends inside the output (it may begin in the prompt, as the
+    sampler's history does)."""
+    tokens = [*prompt, *output]
+    found = []
+    for word in banned:
+        n = len(word)
+        for end in range(max(len(prompt) + 1, n), len(tokens) + 1):
+            if tuple(tokens[end - n : end]) == tuple(word):
+                found.append(f"banned {list(word)} at output position {end - 1 - len(prompt)}")
+    return found
+
+
+def greedy_argmax_mismatches(
+    loaded: LoadedModel, prompt: Sequence[int], output: Sequence[int], bad_words: tuple[tuple[int, ...], ...]
+) -> tuple[int, list[str]]:
+    """Each output token against the argmax of a fresh single-sequence forward of the target on the same
+    prefix, with the request's bad_words masked. One forward over prompt + output gives every prefix's
+    last row: the numerics are batch invariant, so a row does not depend on the rows after it.
+    Returns (positions checked, mismatches)."""
+    model = loaded.model
+    tokens = [*prompt, *output]
+    length = len(tokens) - 1  # the last output token is never fed
+    device = next(model.parameters()).device
+    num_blocks = -(-length // BLOCK_SIZE)
+    cache = KVCache.allocate(loaded.config, num_blocks, BLOCK_SIZE, dtype=next(model.parameters()).dtype, device=device)
+    meta = AttentionMetadata.build([0], [length], [list(range(num_blocks))], BLOCK_SIZE)
+    if device.type != "cpu":
+        meta = meta.to(device)
+    with torch.inference_mode():
+        out = model(torch.tensor(tokens[:length], device=device), torch.arange(length, device=device), meta, cache)
+        logits = model.compute_logits(out.hidden_states[len(prompt) - 1 :]).float().cpu()
+    params = RowParams(0.0, 0, 1.0, 0, (), bad_words, rng_key=0)
+    mismatches = []
+    for i, token in enumerate(output):
+        row = apply_constraints(logits[i], params, tokens[: len(prompt) + i], i)
+        expected = int(torch.argmax(row))
+        if expected != token:
+            mismatches.append(f"output position {i}: {token}, argmax {expected}")
+    return len(output), mismatches
