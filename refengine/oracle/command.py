@@ -18,8 +18,6 @@ from refengine.oracle.arms import METHODS, Arm, build_matrix
 from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
 from refengine.oracle.run import (
-    MIN_ACCEPTED_SHARE,
-    MIN_ACCEPTED_TOKENS,
     ArmResult,
     Verdict,
     Workload,
@@ -27,6 +25,7 @@ from refengine.oracle.run import (
     judge,
 )
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
+from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, merge, render, summary
 
 REPORT_PATH = Path("reports/oracle.md")
 BASELINE = Arm("sync", None, False, False, False)
@@ -75,7 +74,7 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
     return tuple(singles + ([pair] if pair and pair[0] not in {s[0] for s in singles} else []))
 
 
-@click.command("oracle")
+@click.group("oracle", invoke_without_command=True)
 @click.option("--model", default="smollm2", show_default=True, help="smollm2, a path, or tiny-llama / tiny-qwen3.")
 @click.option("--methods", default="none," + ",".join(METHODS), show_default=True, callback=_methods)
 @click.option("--c", "concurrency", default="1,2,4,8", show_default=True, callback=_csv_ints,
@@ -84,22 +83,28 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--max-tokens", default=24, show_default=True, type=click.IntRange(min=2))
 @click.option("--k", "num_speculative_tokens", default=3, show_default=True, type=click.IntRange(1, 16))
 @click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
-              help="The seeded sampling pass: async arms must equal the same method's sync arm.")
+              help="The seeded sampling pass: every arm must equal the seeded no-spec baseline.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--variants/--no-variants", default=True, show_default=True,
               help="Also run every arm with chunked prefill, forced preemption and bad_words.")
 @click.option("--seeded/--no-seeded", default=True, show_default=True, help="Run the seeded sampling pass.")
 @click.option("--block-size", default=None, type=click.IntRange(min=1), help="Default 4 for tiny models, 16 otherwise.")
-@click.option("--write-report", is_flag=True, help=f"Write {REPORT_PATH}; without it nothing tracked changes.")
+@click.option("--write-report", is_flag=True,
+              help="Write the report (markdown) and its slice (JSON, for `oracle merge`); without it nothing tracked changes.")
+@click.option("--report", "report_path", default=str(REPORT_PATH), show_default=True, type=click.Path(dir_okay=False),
+              help="Where --write-report writes; the slice goes beside it with the suffix .json.")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Worker processes running arms in parallel, each loading the model once and using one thread; "
                    "1 runs every arm in this process. The results do not depend on it.")
 @click.option("--device", default="cpu", show_default=True, callback=_device,
               help="cpu, or cuda[:N]: the same arms on a GPU, in eager mode (no CUDA graphs).")
-def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature, seed,
-                   variants, seeded, block_size, write_report, jobs, device) -> None:
-    """Run every arm of the matrix and compare its tokens with the baseline. Exits 1 on any mismatch.
-    With --jobs N the arms run in N worker processes; the tables keep the matrix order."""
+@click.pass_context
+def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature,
+                   seed, variants, seeded, block_size, write_report, report_path, jobs, device) -> None:
+    """Run every arm of the matrix and judge it. Exits 1 on any failed arm. With --jobs N the arms run
+    in N worker processes; the tables keep the matrix order. `oracle merge` combines slice reports."""
+    if ctx.invoked_subcommand is not None:
+        return
     # Wide enough that CI logs keep each arm on one line.
     console = Console(width=None if sys.stdout.isatty() else 220)
     if num_prompts < max(concurrency):
@@ -119,7 +124,7 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
         for c in concurrency
         for temp in ((0.0, temperature) if seeded else (0.0,))
     ]
-    sections: list[str] = []
+    sections: list[Section] = []
     started = time.perf_counter()
     with arm_runner(model, loaded, block_size, jobs, device) as runner:
         all_results = _run_passes(runner, arms, workloads, console)
@@ -127,22 +132,44 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
     for workload, results in zip(banned_workloads(workloads, all_results), all_results, strict=True):
         verdicts = [_judge(arm, results, workload) for arm in arms]
         print_table(_title(workload), verdicts, console)
-        sections.append(markdown(_title(workload), verdicts))
+        sections.append(Section(workload.concurrency, workload.temperature, _title(workload),
+                                markdown(_title(workload), verdicts)))
         labels.update(v.label for v in verdicts)
-    failures = sum(n for label, n in labels.items() if label != "IDENTICAL")
-    elapsed = time.perf_counter() - started
-    summary = f"{failures} failed arm(s) of {labels.total()} ({summarise(labels)}) in {elapsed:.0f} s"
-    console.print(("[bold red]" if failures else "[bold green]") + summary)
+    report = SliceReport(
+        model=model, methods=", ".join(m or "none" for m in methods), k=num_speculative_tokens,
+        num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature if seeded else None, seed=seed,
+        variants=variants, concurrency=tuple(concurrency), commit=_commit(), date=time.strftime("%Y-%m-%d"),
+        host=_host(jobs, device), sections=tuple(sections), labels=dict(labels),
+        elapsed_s=round(time.perf_counter() - started, 1),
+    )
+    console.print(("[bold red]" if report.num_failed else "[bold green]") + summary(report.labels, report.elapsed_s))
     if write_report:
-        _write_report(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens,
-                      temperature if seeded else None, seed, variants, jobs, device, sections, summary)
-    sys.exit(1 if failures else 0)
+        path = Path(report_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render([report]))
+        path.with_suffix(".json").write_text(report.to_json())
+    sys.exit(1 if report.num_failed else 0)
+
+
+@oracle_command.command("merge")
+@click.argument("slices", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", default=str(REPORT_PATH), show_default=True, type=click.Path(dir_okay=False, path_type=Path))
+def merge_command(slices: tuple[Path, ...], out: Path) -> None:
+    """Combine the JSON slices of `oracle --write-report --report ...` runs (one per --c slice) into one
+    report. Exits 1 if any slice has a failed arm, 2 if the slices are not one matrix."""
+    try:
+        text = merge(list(slices))
+    except (SliceMismatchError, ValueError, TypeError, KeyError) as e:
+        raise click.UsageError(f"cannot merge: {e}") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    result = text.split("**Result: ", 1)[1].split(".**", 1)[0]
+    click.echo(f"{out}: {result}")
+    sys.exit(0 if result.startswith("0 failed") else 1)
 
 
 def _run_passes(runner: Runner, arms: list[Arm], workloads: list[Workload], console: Console) -> list[Results]:
-    """Every pass's needed arms, in two waves: the bad_words arms ban words taken from their pass's
-    baseline output, so they wait for it; the other arms never read the banned words and run alongside
-    the baselines."""
+    """Every pass's needed arms, in waves: an arm runs alongside every arm whose output it does not read."""
     needed = [_needed(arms) for _ in workloads]
     progress = _Progress(console, sum(map(len, needed)))
     results: list[Results] = [{} for _ in workloads]
@@ -168,10 +195,6 @@ def _teacher_workload(arm: Arm, workload: Workload, results: Results) -> Workloa
 def banned_workloads(workloads: list[Workload], results: list[Results]) -> list[Workload]:
     """Each pass's workload with the words its bad_words arms ban, taken from its baseline's output."""
     return [replace(w, bad_words_token_ids=derive_bad_words(r[BASELINE])) for w, r in zip(workloads, results)]
-
-
-def summarise(labels: collections.Counter[str]) -> str:
-    return ", ".join(f"{n} {label}" for label, n in sorted(labels.items()))
 
 
 def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -> list[Results]:
@@ -214,41 +237,11 @@ def _judge(arm: Arm, results: Results, workload: Workload) -> Verdict:
     return judge(results[arm], results[arm.baseline()], twin, changed)
 
 
-def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, jobs, device,
-                  sections, summary):
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    method_names = ", ".join(m or "none" for m in methods)
-    passes = f"seeded pass at temperature {temperature}, seed {seed}" if temperature else "greedy only"
-    scope = "every arm also with chunked prefill, forced preemption and bad_words" if variants else "plain arms only"
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def _host(jobs: int, device: str) -> str:
     threads = f"{jobs} worker processes of 1 torch thread each" if jobs > 1 else f"{torch.get_num_threads()} torch thread(s)"
-    header = (
-        "# Token-identity oracle\n\n"
-        f"Written by `refengine oracle --write-report` at commit {commit} on {time.strftime('%Y-%m-%d')}.\n\n"
-        f"- model: {model}; methods: {method_names}; k = {k}; c = {', '.join(map(str, concurrency))}\n"
-        f"- {num_prompts} prompts x {max_tokens} tokens (ignore_eos); {passes}; {scope}\n"
-        f"- host: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch "
-        f"{torch.__version__} on {_device_name(device)}; {threads}\n"
-        "- fronts: sync = Scheduler + step() (depth 1); async-d1 = AsyncScheduler + step(); "
-        "async-d2 = AsyncScheduler + step_with_batch_queue() (depth 2)\n"
-        "- Every arm, greedy and seeded, must equal the sync no-spec baseline with the same bad_words setting "
-        "token for token: seeded sampling is keyed by position, and a one-hot draft is accepted exactly when it "
-        "equals the target's sample there, so spec on emits what spec off emits.\n"
-        "- Drafts are compared position by position: wherever an arm and its method's sync twin verified drafts "
-        "at the same position after the same tokens, the drafts (their common prefix) and the acceptance within "
-        "it must agree. Where drafts are verified may legitimately differ (async preempts at other steps; at "
-        "depth 2 a request finishing in flight keeps its seat one frame longer): such arms say "
-        "'draft placement differs'.\n"
-        f"- VACUOUS: a drafter without random weights that accepted fewer than max({MIN_ACCEPTED_TOKENS} tokens, "
-        f"{MIN_ACCEPTED_SHARE:.0%} of its drafts) over the arm; random heads are exempt and labelled.\n"
-        "- INEFFECTIVE: a variant that left no trace: a preempt arm (which evicts each request once, after its "
-        "first verified drafts, when it is the newest running) with no preemption of a request that had verified "
-        "drafts (no-spec: emitted a token); a chunked arm with no prompt prefilled over >= 2 steps and drafting "
-        "after; a bad_words arm where no output departs from the unconstrained baseline at a banned token.\n"
-        "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
-        "- WRONG: an absolute check failed: max_tokens not exact, a banned sequence in the output, or (greedy) a "
-        "token that is not the argmax of a fresh single-sequence forward of the target on the same prefix "
-        "(every output position checked; column 'argmax checked').\n\n"
-        f"**Result: {summary}.**\n\n"
-    )
-    REPORT_PATH.parent.mkdir(exist_ok=True)
-    REPORT_PATH.write_text(header + "\n".join(sections))
+    return (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__} "
+            f"on {_device_name(device)}; {threads}")

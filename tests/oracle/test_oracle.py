@@ -149,9 +149,30 @@ def test_jobs_leave_the_report_unchanged(tmp_path):
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         assert "0 failed arm(s)" in proc.stdout
         text = (tmp_path / jobs / "reports" / "oracle.md").read_text()
-        reports.append([line for line in text.splitlines() if not line.startswith(("Written by", "**Result:", "- host:"))])
+        reports.append([line for line in text.splitlines() if not line.startswith(("**Result:", "- c = "))])
     assert reports[0] == reports[1]
     assert "2 worker processes" in (tmp_path / "2" / "reports" / "oracle.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_merge_combines_c_slices_into_one_report(tmp_path):
+    """Two --c slices written apart, then merged: one header, a log line per slice, both slices' tables
+    in c order, and the arm counts summed; merging a slice with itself is refused."""
+    for c in ("2", "1"):
+        proc = oracle("--model", "tiny-llama", "--methods", "none,teacher", "--c", c, "--prompts", "2",
+                      "--max-tokens", "6", "--no-variants", "--write-report", "--report", f"slices/c{c}.md", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    slices = [str(tmp_path / "slices" / f"c{c}.json") for c in ("2", "1")]
+    merged = CliRunner().invoke(oracle_command, ["merge", *slices, "--out", str(tmp_path / "oracle.md")])
+    assert merged.exit_code == 0, merged.output
+    text = (tmp_path / "oracle.md").read_text()
+    one = (tmp_path / "slices" / "c1.md").read_text()
+    arms_per_slice = int(one.split("failed arm(s) of ")[1].split(" ")[0])
+    assert f"**Result: 0 failed arm(s) of {2 * arms_per_slice} " in text and "c = 1, 2" in text
+    assert text.index("### c=1, greedy") < text.index("### c=1, temperature") < text.index("### c=2, greedy")
+    assert text.count("\n- c = ") == 2 and text.count("# Token-identity oracle") == 1
+    twice = CliRunner().invoke(oracle_command, ["merge", slices[0], slices[0], "--out", str(tmp_path / "x.md")])
+    assert twice.exit_code == 2 and "two slices ran the same c" in twice.output and not (tmp_path / "x.md").exists()
 
 
 @pytest.mark.timeout(1800)
