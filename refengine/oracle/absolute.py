@@ -10,6 +10,7 @@ from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.sample.sampler import RowParams, apply_constraints
+from refengine.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16  # the scratch cache's own layout, unrelated to the engine's
 
@@ -27,13 +28,30 @@ def banned_occurrences(prompt: Sequence[int], output: Sequence[int], banned: Seq
     return found
 
 
+def stop_violations(output: Sequence[int], params: SamplingParams) -> list[str]:
+    """With ignore_eos, a request ends at max_tokens or right after its first stop token, and a stop
+    token never comes before min_tokens outputs."""
+    stops = set(params.stop_token_ids)
+    first_stop = next((j for j, t in enumerate(output) if t in stops), None)
+    if first_stop is None:
+        if len(output) != params.max_tokens:
+            return [f"{len(output)} tokens without a stop, max_tokens {params.max_tokens}"]
+        return []
+    found = []
+    if first_stop < params.min_tokens:
+        found.append(f"stop token {output[first_stop]} at output position {first_stop}, min_tokens {params.min_tokens}")
+    if first_stop != len(output) - 1:
+        found.append(f"stop token at output position {first_stop} but {len(output)} tokens")
+    return found
+
+
 def greedy_argmax_mismatches(
-    loaded: LoadedModel, prompt: Sequence[int], output: Sequence[int], bad_words: tuple[tuple[int, ...], ...]
+    loaded: LoadedModel, prompt: Sequence[int], output: Sequence[int], params: RowParams
 ) -> tuple[int, list[str]]:
     """Each output token against the argmax of a fresh single-sequence forward of the target on the same
-    prefix, with the request's bad_words masked. One forward over prompt + output gives every prefix's
-    last row: the numerics are batch invariant, so a row does not depend on the rows after it.
-    Returns (positions checked, mismatches)."""
+    prefix, with the request's constraints (bad_words; stop tokens below min_tokens) masked. One forward
+    over prompt + output gives every prefix's last row: the numerics are batch invariant, so a row does
+    not depend on the rows after it. Returns (positions checked, mismatches)."""
     model = loaded.model
     tokens = [*prompt, *output]
     length = len(tokens) - 1  # the last output token is never fed
@@ -46,7 +64,6 @@ def greedy_argmax_mismatches(
     with torch.inference_mode():
         out = model(torch.tensor(tokens[:length], device=device), torch.arange(length, device=device), meta, cache)
         logits = model.compute_logits(out.hidden_states[len(prompt) - 1 :]).float().cpu()
-    params = RowParams(0.0, 0, 1.0, 0, (), bad_words, rng_key=0)
     mismatches = []
     for i, token in enumerate(output):
         row = apply_constraints(logits[i], params, tokens[: len(prompt) + i], i)

@@ -127,7 +127,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
     sections: list[Section] = []
     started = time.perf_counter()
     with arm_runner(model, loaded, block_size, jobs, device) as runner:
-        all_results = _run_passes(runner, arms, workloads, console)
+        all_results, workloads = _run_passes(runner, arms, workloads, console)
     labels: collections.Counter[str] = collections.Counter()
     for workload, results in zip(banned_workloads(workloads, all_results), all_results, strict=True):
         verdicts = [_judge(arm, results, workload) for arm in arms]
@@ -168,10 +168,15 @@ def merge_command(slices: tuple[Path, ...], out: Path) -> None:
     sys.exit(0 if result.startswith("0 failed") else 1)
 
 
-def _run_passes(runner: Runner, arms: list[Arm], workloads: list[Workload], console: Console) -> list[Results]:
+def _run_passes(
+    runner: Runner, arms: list[Arm], workloads: list[Workload], console: Console
+) -> tuple[list[Results], list[Workload]]:
     """Every pass's needed arms, in waves: an arm runs alongside every arm whose output it does not read."""
     needed = [_needed(arms) for _ in workloads]
-    progress = _Progress(console, sum(map(len, needed)))
+    progress = _Progress(console, sum(map(len, needed)) + len(workloads))
+    # First the baseline without a stop token, whose request 0 picks the stop every arm then uses.
+    unstopped = _run_wave(runner, [[(BASELINE, w)] for w in workloads], progress)
+    workloads = [with_stop(w, r[BASELINE]) for w, r in zip(workloads, unstopped, strict=True)]
     results: list[Results] = [{} for _ in workloads]
     # Three waves: bad_words arms ban words taken from their pass's baseline output, and teacher arms
     # propose their own baseline's output (which for a teacher with bad_words is itself a bad_words arm).
@@ -183,7 +188,14 @@ def _run_passes(runner: Runner, arms: list[Arm], workloads: list[Workload], cons
         ]
         for done, new in zip(results, _run_wave(runner, jobs, progress), strict=True):
             done |= new
-    return results
+    return results, workloads
+
+
+def with_stop(workload: Workload, unstopped: ArmResult) -> Workload:
+    """Request 0 stops on the second token it emits without a stop, but only after min_tokens = half its
+    max_tokens (at least 2): so the min_tokens mask certainly bites at position 1."""
+    min_tokens = min(workload.max_tokens, max(2, workload.max_tokens // 2))
+    return replace(workload, stop_token_id=unstopped.tokens[0][1], min_tokens=min_tokens)
 
 
 def _teacher_workload(arm: Arm, workload: Workload, results: Results) -> Workload:

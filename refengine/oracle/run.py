@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import StepRecord
 from refengine.model.loader import LoadedModel
-from refengine.oracle.absolute import banned_occurrences, greedy_argmax_mismatches
+from refengine.oracle.absolute import banned_occurrences, greedy_argmax_mismatches, stop_violations
 from refengine.oracle.arms import Arm
 from refengine.oracle.probe import ArmCounts, SchedulerProbe
 from refengine.oracle.teacher import (
@@ -18,7 +18,7 @@ from refengine.oracle.teacher import (
     TeacherProposer,
     scripted_accepted,
 )
-from refengine.sample.sampler import banned_next_tokens
+from refengine.sample.sampler import RowParams, banned_next_tokens
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 
@@ -35,6 +35,10 @@ class Workload:
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     # Teacher arms: the outputs of the arm's baseline, which the teacher proposes.
     teacher_outputs: tuple[tuple[int, ...], ...] = ()
+    # Request 0 of every arm stops on this token, but not before min_tokens outputs; the token is one
+    # its unconstrained output emits early, so the min_tokens mask bites.
+    stop_token_id: int | None = None
+    min_tokens: int = 0
 
 
 @dataclass
@@ -137,6 +141,7 @@ def _method_defaults(method: str) -> dict:
 
 def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
     banned = [list(w) for w in workload.bad_words_token_ids] if arm.bad_words else []
+    stops = [] if workload.stop_token_id is None else [workload.stop_token_id]
     return [
         SamplingParams(
             temperature=workload.temperature,
@@ -144,6 +149,8 @@ def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
             max_tokens=workload.max_tokens,
             ignore_eos=True,
             bad_words_token_ids=banned,
+            stop_token_ids=stops if i == 0 else [],
+            min_tokens=workload.min_tokens if i == 0 else 0,
         )
         for i in range(len(workload.prompts))
     ]
@@ -208,17 +215,18 @@ def teacher_off_script(result: ArmResult) -> str | None:
 def absolute_checks(
     model: LoadedModel, workload: Workload, tokens: list[list[int]], params: list[SamplingParams]
 ) -> tuple[int, list[str]]:
-    """max_tokens exact (ignore_eos, no stop), no banned sequence, and under greedy every token the
-    target's argmax. Returns (argmax positions checked, violations)."""
+    """Stops and lengths exact (ignore_eos: only max_tokens and stop_token_ids end a request, never
+    before min_tokens), no banned sequence, and under greedy every token the target's argmax. Returns
+    (argmax positions checked, violations)."""
     violations = []
     num_checked = 0
     for i, (prompt, out, p) in enumerate(zip(workload.prompts, tokens, params, strict=True)):
         banned = tuple(map(tuple, p.bad_words_token_ids))
-        if len(out) != p.max_tokens:
-            violations.append(f"request {i}: {len(out)} tokens, max_tokens {p.max_tokens}")
+        violations += [f"request {i}: {v}" for v in stop_violations(out, p)]
         violations += [f"request {i}: {v}" for v in banned_occurrences(prompt, out, banned)]
         if p.temperature == 0.0 and out:
-            checked, wrong = greedy_argmax_mismatches(model, prompt, out, banned)
+            row = RowParams(0.0, 0, 1.0, p.min_tokens, tuple(p.stop_token_ids), banned, rng_key=0)
+            checked, wrong = greedy_argmax_mismatches(model, prompt, out, row)
             num_checked += checked
             violations += [f"request {i}: {v}" for v in wrong[:1]]
     return num_checked, violations

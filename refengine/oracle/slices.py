@@ -121,8 +121,11 @@ RULES = (
     "steps and drafting (emitting) after; a bad_words arm with no output departing from the unconstrained "
     "baseline at a banned token.\n"
     "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
-    "- WRONG: an absolute check failed: max_tokens not exact, a banned sequence in the output, or (greedy) a "
-    "token that is not the argmax of a fresh single-sequence forward of the target on the same prefix "
+    "- Request 0 of every arm has a stop token (the second token the baseline emits without it) and "
+    "min_tokens = max_tokens / 2, so the min_tokens mask bites at position 1 in every arm.\n"
+    "- WRONG: an absolute check failed: a stop token before min_tokens, output going on after a stop token, "
+    "max_tokens not exact without one, a banned sequence in the output, or (greedy) a token that is not the "
+    "argmax of a fresh single-sequence forward of the target on the same prefix, with the same constraints "
     "(every output position is checked; column 'argmax checked').\n"
 )
 

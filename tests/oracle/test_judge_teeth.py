@@ -9,13 +9,15 @@ import pytest
 from click.testing import CliRunner
 
 from refengine.oracle import run
-from refengine.oracle.absolute import banned_occurrences, greedy_argmax_mismatches
+from refengine.oracle.absolute import banned_occurrences, greedy_argmax_mismatches, stop_violations
 from refengine.oracle.arms import Arm
-from refengine.oracle.command import oracle_command
+from refengine.oracle.command import oracle_command, with_stop
 from refengine.oracle.probe import SchedulerProbe
 from refengine.oracle.prompts import token_prompts
 from refengine.oracle.run import Workload, bad_words_changes, judge, run_arm
 from refengine.oracle.runner import resolve_model
+from refengine.sample.sampler import RowParams
+from refengine.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
 
@@ -103,9 +105,40 @@ def test_absolute_checks_catch_what_every_arm_would_share(model):
     prompt = token_prompts(model.config.vocab_size, 1, seed=0)[0]
     plain = run_arm(model, Arm("sync", None, False, False, False), workload(model, 1, 1), BLOCK_SIZE)
     out = plain.tokens[0]
-    assert greedy_argmax_mismatches(model, prompt, out, ()) == (len(out), [])
+    greedy = RowParams(0.0, 0, 1.0, 0, (), (), rng_key=0)
+    assert greedy_argmax_mismatches(model, prompt, out, greedy) == (len(out), [])
     wrong = [*out[:3], (out[3] + 1) % model.config.vocab_size, *out[4:]]
-    checked, mismatches = greedy_argmax_mismatches(model, prompt, wrong, ())
+    checked, mismatches = greedy_argmax_mismatches(model, prompt, wrong, greedy)
     assert checked == len(out) and mismatches[0].startswith("output position 3")
-    # With the argmax banned, the runner-up is what greedy must emit.
-    assert greedy_argmax_mismatches(model, prompt, out, ((out[0],),))[1][0].startswith("output position 0")
+    # With the argmax banned, or a stop below min_tokens, the runner-up is what greedy must emit.
+    banned = dataclasses.replace(greedy, bad_words_token_ids=((out[0],),))
+    assert greedy_argmax_mismatches(model, prompt, out, banned)[1][0].startswith("output position 0")
+    early_stop = dataclasses.replace(greedy, min_tokens=1, stop_token_ids=(out[0],))
+    assert greedy_argmax_mismatches(model, prompt, out, early_stop)[1][0].startswith("output position 0")
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ([1, 2, 3, 4, 5, 6], []),
+        ([1, 2, 3, 4, 9], []),  # the stop after min_tokens ends the request
+        ([1, 2, 3], ["3 tokens without a stop, max_tokens 6"]),
+        ([1, 9], ["stop token 9 at output position 1, min_tokens 3"]),
+        ([1, 2, 3, 9, 5], ["stop token at output position 3 but 5 tokens"]),
+    ],
+)
+def test_stop_violations(output, expected):
+    assert stop_violations(output, SamplingParams(max_tokens=6, min_tokens=3, stop_token_ids=[9])) == expected
+
+
+def test_every_arm_stops_request_0_after_min_tokens(model):
+    """The oracle's stop: a token the request emits early without it, so the mask below min_tokens is
+    what keeps it going; with the stop the arm is still judged IDENTICAL and passes its absolute checks."""
+    w = workload(model, 2, 2, temperature=0.8)
+    unstopped = run_arm(model, Arm("sync", None, False, False, False), w, BLOCK_SIZE)
+    stopped_w = with_stop(w, unstopped)
+    assert stopped_w.stop_token_id == unstopped.tokens[0][1] and stopped_w.min_tokens == 4
+    base = run_arm(model, Arm("sync", None, False, False, False), stopped_w, BLOCK_SIZE)
+    arm = run_arm(model, Arm("async-d2", "eagle", True, True, False), stopped_w, BLOCK_SIZE)
+    assert base.tokens[0][1] != unstopped.tokens[0][1]  # masked at position 1, below min_tokens
+    assert judge(arm, base, None).label == "IDENTICAL" and not base.violations

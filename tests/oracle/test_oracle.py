@@ -177,7 +177,8 @@ def test_merge_combines_c_slices_into_one_report(tmp_path):
 
 @pytest.mark.timeout(1800)
 def test_full_matrix_on_a_tiny_model_is_identical():
-    """Every front x method x chunking x preemption x bad_words arm, greedy and seeded."""
+    """Every front x method (the teachers included) x chunking x preemption x bad_words arm, greedy and seeded:
+    0 failed arms (no MISMATCH, VACUOUS, INEFFECTIVE, LOW-CONCURRENCY or WRONG)."""
     proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout
