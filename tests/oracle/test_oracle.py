@@ -187,9 +187,11 @@ def test_full_matrix_on_a_tiny_model_is_identical():
 @pytest.mark.model
 @pytest.mark.timeout(1800)
 def test_pinned_smollm2_subset_is_identical():
-    """Every method at depth 1 and 2 with the trained heads, c = 1 and 4, greedy, 4 prompts x 12 tokens on
-    the embedded model, two worker processes (the full matrix is `make oracle`)."""
-    proc = oracle("--model", "smollm2", "--c", "1,4", "--prompts", "4", "--max-tokens", "12", "--no-variants",
-                  "--no-seeded", "--jobs", "2")
+    """Every engine method at depth 1 and 2 with the trained heads, c = 1 and 4, greedy, 4 prompts x 16 tokens
+    on the embedded model (16, so that the 1-layer self-draft reaches the vacuity bar of 5 accepted tokens),
+    two worker processes. The teachers and the variants run on the tiny model above; the full matrix is
+    `make oracle`."""
+    proc = oracle("--model", "smollm2", "--methods", "none,ngram,draft_model,eagle,eagle3,mtp,dflash", "--c", "1,4",
+                  "--prompts", "4", "--max-tokens", "16", "--no-variants", "--no-seeded", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout
