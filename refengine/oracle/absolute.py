@@ -11,6 +11,8 @@ from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.sample.sampler import RowParams, apply_constraints
 from refengine.sampling_params import SamplingParams
+from refengine.tokenizer.detokenizer import IncrementalDetokenizer
+from refengine.tokenizer.tokenizer import Tokenizer
 
 BLOCK_SIZE = 16  # the scratch cache's own layout, unrelated to the engine's
 
@@ -28,13 +30,34 @@ def banned_occurrences(prompt: Sequence[int], output: Sequence[int], banned: Seq
     return found
 
 
-def stop_violations(output: Sequence[int], params: SamplingParams) -> list[str]:
-    """With ignore_eos, a request ends at max_tokens or right after its first stop token, and a stop
-    token never comes before min_tokens outputs."""
+def detokenize(tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
+    """The text the engine's own detokenizer makes of these tokens, all at once."""
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    return detokenizer.push(token_ids) + detokenizer.flush()
+
+
+def stop_string_violations(tokenizer: Tokenizer, output: Sequence[int], text: str, stop: str) -> list[str]:
+    """The text ends exactly where the stop string first begins, and the request ended with the token
+    that completed it; without a match the text is all of the output's."""
+    full = detokenize(tokenizer, output)
+    at = full.find(stop)
+    if at < 0:
+        return [] if text == full else [f"text {text!r} is not the output's {full!r}"]
+    found = []
+    if text != full[:at]:
+        found.append(f"text cut at {len(text)} characters, the stop string {stop!r} begins at {at}")
+    if stop in detokenize(tokenizer, output[:-1]):
+        found.append(f"output goes on after the stop string {stop!r}")
+    return found
+
+
+def stop_violations(output: Sequence[int], params: SamplingParams, stopped_by_string: bool = False) -> list[str]:
+    """With ignore_eos, a request ends at max_tokens, right after its first stop token, or at a stop
+    string; a stop token never comes before min_tokens outputs."""
     stops = set(params.stop_token_ids)
     first_stop = next((j for j, t in enumerate(output) if t in stops), None)
     if first_stop is None:
-        if len(output) != params.max_tokens:
+        if len(output) != params.max_tokens and not stopped_by_string:
             return [f"{len(output)} tokens without a stop, max_tokens {params.max_tokens}"]
         return []
     found = []

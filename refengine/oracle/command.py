@@ -14,6 +14,7 @@ import torch
 from rich.console import Console
 
 from refengine.model.loader import TINY_MODELS
+from refengine.oracle.absolute import detokenize
 from refengine.oracle.arms import METHODS, Arm, build_matrix
 from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
@@ -26,6 +27,7 @@ from refengine.oracle.run import (
 )
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
 from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, merge, render, summary
+from refengine.tokenizer.tokenizer import Tokenizer
 
 REPORT_PATH = Path("reports/oracle.md")
 BASELINE = Arm("sync", None, False, False, False)
@@ -127,7 +129,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
     sections: list[Section] = []
     started = time.perf_counter()
     with arm_runner(model, loaded, block_size, jobs, device) as runner:
-        all_results, workloads = _run_passes(runner, arms, workloads, console)
+        all_results, workloads = _run_passes(runner, arms, workloads, loaded.tokenizer, console)
     labels: collections.Counter[str] = collections.Counter()
     for workload, results in zip(banned_workloads(workloads, all_results), all_results, strict=True):
         verdicts = [_judge(arm, results, workload) for arm in arms]
@@ -169,14 +171,14 @@ def merge_command(slices: tuple[Path, ...], out: Path) -> None:
 
 
 def _run_passes(
-    runner: Runner, arms: list[Arm], workloads: list[Workload], console: Console
+    runner: Runner, arms: list[Arm], workloads: list[Workload], tokenizer: Tokenizer, console: Console
 ) -> tuple[list[Results], list[Workload]]:
     """Every pass's needed arms, in waves: an arm runs alongside every arm whose output it does not read."""
     needed = [_needed(arms) for _ in workloads]
     progress = _Progress(console, sum(map(len, needed)) + len(workloads))
     # First the baseline without a stop token, whose request 0 picks the stop every arm then uses.
     unstopped = _run_wave(runner, [[(BASELINE, w)] for w in workloads], progress)
-    workloads = [with_stop(w, r[BASELINE]) for w, r in zip(workloads, unstopped, strict=True)]
+    workloads = [with_stop(w, r[BASELINE], tokenizer) for w, r in zip(workloads, unstopped, strict=True)]
     results: list[Results] = [{} for _ in workloads]
     # Three waves: bad_words arms ban words taken from their pass's baseline output, and teacher arms
     # propose their own baseline's output (which for a teacher with bad_words is itself a bad_words arm).
@@ -191,11 +193,15 @@ def _run_passes(
     return results, workloads
 
 
-def with_stop(workload: Workload, unstopped: ArmResult) -> Workload:
+def with_stop(workload: Workload, unstopped: ArmResult, tokenizer: Tokenizer) -> Workload:
     """Request 0 stops on the second token it emits without a stop, but only after min_tokens = half its
-    max_tokens (at least 2): so the min_tokens mask certainly bites at position 1."""
+    max_tokens (at least 2): so the min_tokens mask certainly bites at position 1. Request 1 stops on the
+    text of one of its own tokens from the third on, so the stop string certainly matches."""
     min_tokens = min(workload.max_tokens, max(2, workload.max_tokens // 2))
-    return replace(workload, stop_token_id=unstopped.tokens[0][1], min_tokens=min_tokens)
+    texts = [detokenize(tokenizer, [t]) for t in (unstopped.tokens[1][2:] if len(unstopped.tokens) > 1 else [])]
+    # A token that is a whole character (or more): a lone byte of a multi-byte one has no text.
+    stop_string = next((t for t in texts if t and "\ufffd" not in t), None)
+    return replace(workload, stop_token_id=unstopped.tokens[0][1], min_tokens=min_tokens, stop_string=stop_string)
 
 
 def _teacher_workload(arm: Arm, workload: Workload, results: Results) -> Workload:

@@ -6,9 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from refengine.engine.llm import LLM
-from refengine.engine.outputs import StepRecord
+from refengine.engine.outputs import RequestOutput, StepRecord
 from refengine.model.loader import LoadedModel
-from refengine.oracle.absolute import banned_occurrences, greedy_argmax_mismatches, stop_violations
+from refengine.oracle.absolute import (
+    banned_occurrences,
+    detokenize,
+    greedy_argmax_mismatches,
+    stop_string_violations,
+    stop_violations,
+)
 from refengine.oracle.arms import Arm
 from refengine.oracle.probe import ArmCounts, SchedulerProbe
 from refengine.oracle.teacher import (
@@ -39,6 +45,8 @@ class Workload:
     # its unconstrained output emits early, so the min_tokens mask bites.
     stop_token_id: int | None = None
     min_tokens: int = 0
+    # Request 1 of every arm stops on this string, which its unconstrained output contains.
+    stop_string: str | None = None
 
 
 @dataclass
@@ -151,6 +159,7 @@ def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
             bad_words_token_ids=banned,
             stop_token_ids=stops if i == 0 else [],
             min_tokens=workload.min_tokens if i == 0 else 0,
+            stop=[workload.stop_string] if i == 1 and workload.stop_string is not None else [],
         )
         for i in range(len(workload.prompts))
     ]
@@ -180,7 +189,7 @@ def run_arm(model: LoadedModel, arm: Arm, workload: Workload, block_size: int) -
     stats = core.scheduler.spec_decoding_stats
     core.shutdown()
     tokens = [o.token_ids for o in outs]
-    num_checked, violations = absolute_checks(model, workload, tokens, params)
+    num_checked, violations = absolute_checks(model, workload, outs, params)
     return ArmResult(
         arm=arm,
         concurrency=workload.concurrency,
@@ -213,22 +222,29 @@ def teacher_off_script(result: ArmResult) -> str | None:
 
 
 def absolute_checks(
-    model: LoadedModel, workload: Workload, tokens: list[list[int]], params: list[SamplingParams]
+    model: LoadedModel, workload: Workload, outs: list[RequestOutput], params: list[SamplingParams]
 ) -> tuple[int, list[str]]:
-    """Stops and lengths exact (ignore_eos: only max_tokens and stop_token_ids end a request, never
-    before min_tokens), no banned sequence, and under greedy every token the target's argmax. Returns
-    (argmax positions checked, violations)."""
+    """Stops and lengths exact (ignore_eos: only max_tokens, stop_token_ids and stop strings end a
+    request, stop tokens never before min_tokens; a stop string cuts the text exactly), no banned
+    sequence, and under greedy every token the target's argmax. Returns (argmax positions checked,
+    violations)."""
     violations = []
     num_checked = 0
-    for i, (prompt, out, p) in enumerate(zip(workload.prompts, tokens, params, strict=True)):
+    for i, (prompt, out, p) in enumerate(zip(workload.prompts, outs, params, strict=True)):
+        tokens = out.token_ids
         banned = tuple(map(tuple, p.bad_words_token_ids))
-        violations += [f"request {i}: {v}" for v in stop_violations(out, p)]
-        violations += [f"request {i}: {v}" for v in banned_occurrences(prompt, out, banned)]
-        if p.temperature == 0.0 and out:
+        found = []
+        for stop in p.stop:
+            found += stop_string_violations(model.tokenizer, tokens, out.text, stop)
+        by_string = any(stop in detokenize(model.tokenizer, tokens) for stop in p.stop)
+        found += stop_violations(tokens, p, by_string)
+        found += banned_occurrences(prompt, tokens, banned)
+        if p.temperature == 0.0 and tokens:
             row = RowParams(0.0, 0, 1.0, p.min_tokens, tuple(p.stop_token_ids), banned, rng_key=0)
-            checked, wrong = greedy_argmax_mismatches(model, prompt, out, row)
+            checked, wrong = greedy_argmax_mismatches(model, prompt, tokens, row)
             num_checked += checked
-            violations += [f"request {i}: {v}" for v in wrong[:1]]
+            found += wrong[:1]
+        violations += [f"request {i}: {v}" for v in found]
     return num_checked, violations
 
 

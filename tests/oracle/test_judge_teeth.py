@@ -9,7 +9,12 @@ import pytest
 from click.testing import CliRunner
 
 from refengine.oracle import run
-from refengine.oracle.absolute import banned_occurrences, greedy_argmax_mismatches, stop_violations
+from refengine.oracle.absolute import (
+    banned_occurrences,
+    greedy_argmax_mismatches,
+    stop_string_violations,
+    stop_violations,
+)
 from refengine.oracle.arms import Arm
 from refengine.oracle.command import oracle_command, with_stop
 from refengine.oracle.probe import SchedulerProbe
@@ -136,9 +141,24 @@ def test_every_arm_stops_request_0_after_min_tokens(model):
     what keeps it going; with the stop the arm is still judged IDENTICAL and passes its absolute checks."""
     w = workload(model, 2, 2, temperature=0.8)
     unstopped = run_arm(model, Arm("sync", None, False, False, False), w, BLOCK_SIZE)
-    stopped_w = with_stop(w, unstopped)
+    stopped_w = with_stop(w, unstopped, model.tokenizer)
     assert stopped_w.stop_token_id == unstopped.tokens[0][1] and stopped_w.min_tokens == 4
     base = run_arm(model, Arm("sync", None, False, False, False), stopped_w, BLOCK_SIZE)
     arm = run_arm(model, Arm("async-d2", "eagle", True, True, False), stopped_w, BLOCK_SIZE)
     assert base.tokens[0][1] != unstopped.tokens[0][1]  # masked at position 1, below min_tokens
+    # Request 1 met its stop string within its first tokens, which it shares with the unstopped run.
+    assert stopped_w.stop_string and len(base.tokens[1]) < len(unstopped.tokens[1])
     assert judge(arm, base, None).label == "IDENTICAL" and not base.violations
+
+
+def test_stop_string_violations(model):
+    tok = model.tokenizer
+    ids = tok.encode("one two three four", add_special_tokens=False)
+    upto_three = tok.encode("one two three", add_special_tokens=False)
+    assert stop_string_violations(tok, upto_three, "one two", " three") == []
+    assert stop_string_violations(tok, upto_three, "one two three", " three") == [
+        "text cut at 13 characters, the stop string ' three' begins at 7"]
+    assert stop_string_violations(tok, ids, "one two", " three") == ["output goes on after the stop string ' three'"]
+    assert stop_string_violations(tok, ids, "one two three four", "five") == []
+    assert stop_string_violations(tok, ids, "one two three", "five") == [
+        "text 'one two three' is not the output's 'one two three four'"]
