@@ -16,15 +16,10 @@ from rich.console import Console
 from refengine.model.loader import TINY_MODELS
 from refengine.oracle.absolute import detokenize
 from refengine.oracle.arms import METHODS, Arm, build_matrix
+from refengine.oracle.judge import Verdict, bad_words_changes, judge
 from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
-from refengine.oracle.run import (
-    ArmResult,
-    Verdict,
-    Workload,
-    bad_words_changes,
-    judge,
-)
+from refengine.oracle.run import ArmResult, Workload
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
 from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, merge, render, summary
 from refengine.tokenizer.tokenizer import Tokenizer

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from refengine.oracle.run import Verdict
+from refengine.oracle.judge import Verdict
 
 COLUMNS = (
     "arm", "compared with", "tokens", "per-step drafts", "acceptance", "steps", "peak", "preemptions (after drafts)",

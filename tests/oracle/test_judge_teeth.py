@@ -17,9 +17,10 @@ from refengine.oracle.absolute import (
 )
 from refengine.oracle.arms import Arm
 from refengine.oracle.command import oracle_command, with_stop
+from refengine.oracle.judge import bad_words_changes, judge
 from refengine.oracle.probe import SchedulerProbe
 from refengine.oracle.prompts import token_prompts
-from refengine.oracle.run import Workload, bad_words_changes, judge, run_arm
+from refengine.oracle.run import Workload, run_arm
 from refengine.oracle.runner import resolve_model
 from refengine.sample.sampler import RowParams
 from refengine.sampling_params import SamplingParams

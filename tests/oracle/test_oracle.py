@@ -10,9 +10,10 @@ from click.testing import CliRunner
 from refengine.engine.outputs import StepRecord
 from refengine.oracle.arms import Arm, build_matrix
 from refengine.oracle.command import oracle_command
+from refengine.oracle.judge import StepComparison, compare_steps, first_divergence, judge
 from refengine.oracle.probe import ArmCounts
 from refengine.oracle.prompts import token_prompts
-from refengine.oracle.run import ArmResult, StepComparison, Workload, compare_steps, first_divergence, judge
+from refengine.oracle.run import ArmResult, Workload
 from refengine.oracle.runner import arm_runner, resolve_model
 
 
