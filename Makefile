@@ -46,10 +46,15 @@ clean:
 
 ORACLE_JOBS ?= $(shell nproc)
 ORACLE_DEVICE ?= cpu
+ORACLE_C ?= 1,2,4,8
+ORACLE_REPORT ?= reports/oracle.md
 
-# The full oracle matrix on the embedded SmolLM2 (trained heads for the Eagle-type methods), into reports/oracle.md.
+# The full oracle matrix on the embedded SmolLM2 (trained heads for the Eagle-type methods), into reports/oracle.md
+# and its JSON slice. 8 prompts, so that c = 8 runs 8 requests at once. In slices (a host that caps one command's
+# time): `make oracle ORACLE_C=1 ORACLE_REPORT=reports/oracle-slices/c1.md`, ... then
+# `refengine oracle merge reports/oracle-slices/*.json --out reports/oracle.md`.
 oracle: install
-	$(VENV)/bin/refengine oracle --model smollm2 --c 1,2,4,8 --prompts 4 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) --write-report
+	$(VENV)/bin/refengine oracle --model smollm2 --c $(ORACLE_C) --prompts 8 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) --write-report --report $(ORACLE_REPORT)
 
 bench: install
 	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md

@@ -4,10 +4,12 @@ x {chunked prefill} x {forced preemption} x {bad_words}."""
 import itertools
 from dataclasses import dataclass
 
+from refengine.oracle.teacher import TEACHER_METHODS
 from refengine.spec_decode.config import ASYNC_SCHEDULING_COMPATIBLE
 
 FRONTS = ("sync", "async-d1", "async-d2")
-METHODS = tuple(ASYNC_SCHEDULING_COMPATIBLE)
+# The engine's methods, then the teachers (teacher.py), which run under every front.
+METHODS = (*ASYNC_SCHEDULING_COMPATIBLE, *TEACHER_METHODS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,13 +29,17 @@ class Arm:
         return self.front == "async-d2"
 
     @property
+    def teacher(self) -> bool:
+        return self.method in TEACHER_METHODS
+
+    @property
     def name(self) -> str:
         flags = [f for f, on in (("chunked", self.chunked), ("preempt", self.preempt), ("bad_words", self.bad_words)) if on]
         return f"{self.front}/{self.method or 'no-spec'}" + (f"[{','.join(flags)}]" if flags else "")
 
     def baseline(self) -> "Arm":
-        """Greedy reference: sync, no spec, no chunking, no preemption; bad_words changes outputs by
-        design, so it stays."""
+        """The reference of every arm, greedy and seeded: sync, no spec, no chunking, no preemption;
+        bad_words changes outputs by design, so it stays."""
         return Arm("sync", None, False, False, self.bad_words)
 
     def sync_twin(self) -> "Arm":
@@ -46,7 +52,7 @@ def build_matrix(methods: tuple[str | None, ...], variants: bool = True) -> list
     toggles = (False, True) if variants else (False,)
     arms = []
     for method, front, chunked, preempt, bad_words in itertools.product(methods, FRONTS, toggles, toggles, toggles):
-        if front != "sync" and method is not None and not ASYNC_SCHEDULING_COMPATIBLE[method]:
+        if front != "sync" and method is not None and not ASYNC_SCHEDULING_COMPATIBLE.get(method, True):
             continue  # the truth table forces these methods to sync: there is no async arm to run
         arms.append(Arm(front, method, chunked, preempt, bad_words))
     return arms

@@ -15,11 +15,15 @@ from rich.console import Console
 
 from refengine.engine.arg_utils import EngineArgs
 from refengine.model.loader import TINY_MODELS
+from refengine.oracle.absolute import detokenize
 from refengine.oracle.arms import METHODS, Arm, build_matrix
+from refengine.oracle.judge import Verdict, bad_words_changes, judge
 from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
-from refengine.oracle.run import ArmResult, Verdict, Workload, judge
+from refengine.oracle.run import ArmResult, Workload
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
+from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, merge, render, summary
+from refengine.tokenizer.tokenizer import Tokenizer
 
 REPORT_PATH = Path("reports/oracle.md")
 BASELINE = Arm("sync", None, False, False, False)
@@ -68,7 +72,7 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
     return tuple(singles + ([pair] if pair and pair[0] not in {s[0] for s in singles} else []))
 
 
-@click.command("oracle")
+@click.group("oracle", invoke_without_command=True)
 @click.option("--model", default=EngineArgs.model, show_default=True, help="smollm2, a path, or tiny-llama / tiny-qwen3.")
 @click.option("--methods", default="none," + ",".join(METHODS), show_default=True, callback=_methods)
 @click.option("--c", "concurrency", default="1,2,4,8", show_default=True, callback=_csv_ints,
@@ -77,24 +81,34 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--max-tokens", default=24, show_default=True, type=click.IntRange(min=2))
 @click.option("--k", "num_speculative_tokens", default=3, show_default=True, type=click.IntRange(1, 16))
 @click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
-              help="The seeded sampling pass: async arms must equal the same method's sync arm.")
+              help="The seeded sampling pass: every arm must equal the seeded no-spec baseline.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--variants/--no-variants", default=True, show_default=True,
               help="Also run every arm with chunked prefill, forced preemption and bad_words.")
 @click.option("--seeded/--no-seeded", default=True, show_default=True, help="Run the seeded sampling pass.")
 @click.option("--block-size", default=None, type=click.IntRange(min=1), help="Default 4 for tiny models, 16 otherwise.")
-@click.option("--write-report", is_flag=True, help=f"Write {REPORT_PATH}; without it nothing tracked changes.")
+@click.option("--write-report", is_flag=True,
+              help="Write the report (markdown) and its slice (JSON, for `oracle merge`); without it nothing tracked changes.")
+@click.option("--report", "report_path", default=str(REPORT_PATH), show_default=True, type=click.Path(dir_okay=False),
+              help="Where --write-report writes; the slice goes beside it with the suffix .json.")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Worker processes running arms in parallel, each loading the model once and using one thread; "
                    "1 runs every arm in this process. The results do not depend on it.")
 @click.option("--device", default="cpu", show_default=True, callback=_device,
               help="cpu, or cuda[:N]: the same arms on a GPU, in eager mode (no CUDA graphs).")
-def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature, seed,
-                   variants, seeded, block_size, write_report, jobs, device) -> None:
-    """Run every arm of the matrix and compare its tokens with the baseline. Exits 1 on any mismatch.
-    With --jobs N the arms run in N worker processes; the tables keep the matrix order."""
+@click.pass_context
+def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature,
+                   seed, variants, seeded, block_size, write_report, report_path, jobs, device) -> None:
+    """Run every arm of the matrix and judge it. Exits 1 on any failed arm. With --jobs N the arms run
+    in N worker processes; the tables keep the matrix order. `oracle merge` combines slice reports."""
+    if ctx.invoked_subcommand is not None:
+        return
     # Wide enough that CI logs keep each arm on one line.
     console = Console(width=None if sys.stdout.isatty() else 220)
+    if num_prompts < max(concurrency):
+        raise click.UsageError(
+            f"--prompts {num_prompts} is fewer than c = {max(concurrency)}: that slice could never run c requests at once"
+        )
     loaded = resolve_model(model, device)
     block_size = block_size or (4 if model in TINY_MODELS else 16)
     prompts = (
@@ -108,37 +122,93 @@ def oracle_command(model, methods, concurrency, num_prompts, max_tokens, num_spe
         for c in concurrency
         for temp in ((0.0, temperature) if seeded else (0.0,))
     ]
-    sections: list[str] = []
-    failures = 0
+    sections: list[Section] = []
     started = time.perf_counter()
     with arm_runner(model, loaded, block_size, jobs, device) as runner:
-        all_results = _run_passes(runner, arms, workloads, console)
-    for workload, results in zip(workloads, all_results, strict=True):
-        greedy = workload.temperature == 0.0
-        verdicts = [_judge(arm, results, greedy) for arm in arms if _compared(arm, workload.temperature)]
+        all_results, workloads = _run_passes(runner, arms, workloads, loaded.tokenizer, console)
+    labels: collections.Counter[str] = collections.Counter()
+    for workload, results in zip(banned_workloads(workloads, all_results), all_results, strict=True):
+        verdicts = [_judge(arm, results, workload) for arm in arms]
         print_table(_title(workload), verdicts, console)
-        sections.append(markdown(_title(workload), verdicts))
-        failures += sum(not v.ok for v in verdicts)
-    elapsed = time.perf_counter() - started
-    summary = f"{failures} mismatched or vacuous arm(s) in {elapsed:.0f} s"
-    console.print(("[bold red]" if failures else "[bold green]") + summary)
+        sections.append(Section(workload.concurrency, workload.temperature, _title(workload),
+                                markdown(_title(workload), verdicts)))
+        labels.update(v.label for v in verdicts)
+    report = SliceReport(
+        model=model, methods=", ".join(m or "none" for m in methods), k=num_speculative_tokens,
+        num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature if seeded else None, seed=seed,
+        variants=variants, concurrency=tuple(concurrency), commit=_commit(), date=time.strftime("%Y-%m-%d"),
+        host=_host(jobs, device), sections=tuple(sections), labels=dict(labels),
+        elapsed_s=round(time.perf_counter() - started, 1),
+    )
+    console.print(("[bold red]" if report.num_failed else "[bold green]") + summary(report.labels, report.elapsed_s))
     if write_report:
-        _write_report(model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens,
-                      temperature if seeded else None, seed, variants, jobs, device, sections, summary)
-    sys.exit(1 if failures else 0)
+        path = Path(report_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render([report]))
+        path.with_suffix(".json").write_text(report.to_json())
+    sys.exit(1 if report.num_failed else 0)
 
 
-def _run_passes(runner: Runner, arms: list[Arm], workloads: list[Workload], console: Console) -> list[Results]:
-    """Every pass's needed arms, in two waves: the bad_words arms ban words taken from their pass's
-    baseline output, so they wait for it; the other arms never read the banned words and run alongside
-    the baselines."""
-    needed = [_needed(arms, w.temperature) for w in workloads]
-    progress = _Progress(console, sum(map(len, needed)))
-    first = _run_wave(runner, [[(a, w) for a in need if not a.bad_words] for w, need in zip(workloads, needed)],
-                      progress)
-    banned = [replace(w, bad_words_token_ids=derive_bad_words(r[BASELINE])) for w, r in zip(workloads, first)]
-    second = _run_wave(runner, [[(a, w) for a in need if a.bad_words] for w, need in zip(banned, needed)], progress)
-    return [a | b for a, b in zip(first, second, strict=True)]
+@oracle_command.command("merge")
+@click.argument("slices", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", default=str(REPORT_PATH), show_default=True, type=click.Path(dir_okay=False, path_type=Path))
+def merge_command(slices: tuple[Path, ...], out: Path) -> None:
+    """Combine the JSON slices of `oracle --write-report --report ...` runs (one per --c slice) into one
+    report. Exits 1 if any slice has a failed arm, 2 if the slices are not one matrix."""
+    try:
+        text = merge(list(slices))
+    except (SliceMismatchError, ValueError, TypeError, KeyError) as e:
+        raise click.UsageError(f"cannot merge: {e}") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    result = text.split("**Result: ", 1)[1].split(".**", 1)[0]
+    click.echo(f"{out}: {result}")
+    sys.exit(0 if result.startswith("0 failed") else 1)
+
+
+def _run_passes(
+    runner: Runner, arms: list[Arm], workloads: list[Workload], tokenizer: Tokenizer, console: Console
+) -> tuple[list[Results], list[Workload]]:
+    """Every pass's needed arms, in waves: an arm runs alongside every arm whose output it does not read."""
+    needed = [_needed(arms) for _ in workloads]
+    progress = _Progress(console, sum(map(len, needed)) + len(workloads))
+    # First the baseline without a stop token, whose request 0 picks the stop every arm then uses.
+    unstopped = _run_wave(runner, [[(BASELINE, w)] for w in workloads], progress)
+    workloads = [with_stop(w, r[BASELINE], tokenizer) for w, r in zip(workloads, unstopped, strict=True)]
+    results: list[Results] = [{} for _ in workloads]
+    # Three waves: bad_words arms ban words taken from their pass's baseline output, and teacher arms
+    # propose their own baseline's output (which for a teacher with bad_words is itself a bad_words arm).
+    for wave in range(3):
+        passes = banned_workloads(workloads, results) if wave else workloads
+        jobs = [
+            [(a, _teacher_workload(a, w, r)) for a in need if a.bad_words + a.teacher == wave]
+            for w, r, need in zip(passes, results, needed)
+        ]
+        for done, new in zip(results, _run_wave(runner, jobs, progress), strict=True):
+            done |= new
+    return results, workloads
+
+
+def with_stop(workload: Workload, unstopped: ArmResult, tokenizer: Tokenizer) -> Workload:
+    """Request 0 stops on the second token it emits without a stop, but only after min_tokens = half its
+    max_tokens (at least 2): so the min_tokens mask certainly bites at position 1. Request 1 stops on the
+    text of one of its own tokens from the third on, so the stop string certainly matches."""
+    min_tokens = min(workload.max_tokens, max(2, workload.max_tokens // 2))
+    texts = [detokenize(tokenizer, [t]) for t in (unstopped.tokens[1][2:] if len(unstopped.tokens) > 1 else [])]
+    # A token that is a whole character (or more): a lone byte of a multi-byte one has no text.
+    stop_string = next((t for t in texts if t and "\ufffd" not in t), None)
+    return replace(workload, stop_token_id=unstopped.tokens[0][1], min_tokens=min_tokens, stop_string=stop_string)
+
+
+def _teacher_workload(arm: Arm, workload: Workload, results: Results) -> Workload:
+    if not arm.teacher:
+        return workload
+    return replace(workload, teacher_outputs=tuple(map(tuple, results[arm.baseline()].tokens)))
+
+
+def banned_workloads(workloads: list[Workload], results: list[Results]) -> list[Workload]:
+    """Each pass's workload with the words its bad_words arms ban, taken from its baseline's output."""
+    return [replace(w, bad_words_token_ids=derive_bad_words(r[BASELINE])) for w, r in zip(workloads, results)]
 
 
 def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -> list[Results]:
@@ -147,12 +217,10 @@ def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -
     return [{arm: next(results) for arm, _ in jobs} for jobs in jobs_per_pass]
 
 
-def _needed(arms: list[Arm], temperature: float) -> list[Arm]:
-    """The compared arms and their references, in matrix order after the baseline, which every pass runs
+def _needed(arms: list[Arm]) -> list[Arm]:
+    """The arms and their references, in matrix order after the baseline, which every pass runs
     because the bad_words arms take their banned words from its output."""
-    compared = [arm for arm in arms if _compared(arm, temperature)]
-    needed = set(compared) | {a.sync_twin() for a in compared if a.method is not None}
-    needed |= {a.baseline() if temperature == 0.0 else a.sync_twin() for a in compared}
+    needed = set(arms) | {a.sync_twin() for a in arms if a.method is not None} | {a.baseline() for a in arms}
     return [BASELINE] + [arm for arm in arms if arm in needed and arm != BASELINE]
 
 
@@ -175,45 +243,19 @@ def _title(workload: Workload) -> str:
     return f"c={workload.concurrency}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
 
 
-def _compared(arm: Arm, temperature: float) -> bool:
-    """Greedy: every arm against the baseline. Sampled: only async arms against their sync twin, since
-    rejection sampling is lossless in distribution, not token for token."""
-    return temperature == 0.0 or arm.async_scheduling
-
-
-def _judge(arm: Arm, results: Results, greedy: bool) -> Verdict:
+def _judge(arm: Arm, results: Results, workload: Workload) -> Verdict:
     twin = results.get(arm.sync_twin()) if arm.method is not None else None
-    reference = results[arm.baseline()] if greedy else results[arm.sync_twin()]
-    return judge(results[arm], reference, twin, greedy)
+    changed = None
+    if arm.bad_words:
+        changed = bad_words_changes(results[arm], results[BASELINE], workload.prompts, workload.bad_words_token_ids)
+    return judge(results[arm], results[arm.baseline()], twin, changed)
 
 
-def _write_report(model, methods, concurrency, num_prompts, max_tokens, k, temperature, seed, variants, jobs, device,
-                  sections, summary):
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    method_names = ", ".join(m or "none" for m in methods)
-    passes = f"seeded pass at temperature {temperature}, seed {seed}" if temperature else "greedy only"
-    scope = "every arm also with chunked prefill, forced preemption and bad_words" if variants else "plain arms only"
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def _host(jobs: int, device: str) -> str:
     threads = f"{jobs} worker processes of 1 torch thread each" if jobs > 1 else f"{torch.get_num_threads()} torch thread(s)"
-    header = (
-        "# Token-identity oracle\n\n"
-        f"Written by `refengine oracle --write-report` at commit {commit} on {time.strftime('%Y-%m-%d')}.\n\n"
-        f"- model: {model}; methods: {method_names}; k = {k}; c = {', '.join(map(str, concurrency))}\n"
-        f"- {num_prompts} prompts x {max_tokens} tokens (ignore_eos); {passes}; {scope}\n"
-        f"- host: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch "
-        f"{torch.__version__} on {_device_name(device)}; {threads}\n"
-        "- fronts: sync = Scheduler + step() (depth 1); async-d1 = AsyncScheduler + step(); "
-        "async-d2 = AsyncScheduler + step_with_batch_queue() (depth 2)\n"
-        "- greedy: every arm must equal the sync no-spec baseline with the same bad_words setting; seeded: every "
-        "async arm must equal its method's sync arm.\n"
-        "- VACUOUS: a trained (not randomly initialised) eagle, eagle3, mtp or dflash head that accepted nothing.\n"
-        "- Drafts are compared position by position: wherever an async arm and its sync twin verified drafts at "
-        "the same position after the same tokens, the drafts (their common prefix) and the acceptance within "
-        "it must agree. Where drafts are verified may legitimately differ (async preempts at other steps, "
-        "since it reserves blocks for optimistic counts; at depth 2 a request finishing in flight keeps its "
-        "seat one frame longer, so the next one is admitted and chunked a step later): such arms say "
-        "'draft placement differs'. Seeded tokens depend on the placement, so in those arms they are compared "
-        "only before the first moved draft; greedy tokens are compared in full in every arm.\n\n"
-        f"**Result: {summary}.**\n\n"
-    )
-    REPORT_PATH.parent.mkdir(exist_ok=True)
-    REPORT_PATH.write_text(header + "\n".join(sections))
+    return (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__} "
+            f"on {_device_name(device)}; {threads}")

@@ -6,9 +6,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from refengine.oracle.run import Verdict
+from refengine.oracle.judge import Verdict
 
-COLUMNS = ("arm", "compared with", "tokens", "per-step drafts", "acceptance", "steps", "preemptions", "verdict")
+COLUMNS = (
+    "arm", "compared with", "tokens", "per-step drafts", "acceptance", "steps", "peak", "preemptions (after drafts)",
+    "chunked prefills", "bad_words changes", "argmax checked", "verdict",
+)
 
 
 def _cells(v: Verdict) -> tuple[str, ...]:
@@ -17,7 +20,9 @@ def _cells(v: Verdict) -> tuple[str, ...]:
     if div is not None:
         tokens = f"diverged: request {div.request} position {div.position}: {div.expected} vs {div.actual}"
     else:
-        tokens = "identical" if v.tokens_compared_in_full else "identical before the first moved draft"
+        tokens = "identical"
+    if r.violations:
+        tokens += "; WRONG " + "; ".join(r.violations[:2])
     if v.step_mismatch is not None:
         steps = f"MISMATCH {v.step_mismatch}"
     elif v.notes:
@@ -27,9 +32,14 @@ def _cells(v: Verdict) -> tuple[str, ...]:
     else:
         steps = "equal to sync" if r.arm.async_scheduling else "reference"
     rate = r.acceptance_rate
-    acceptance = "-" if rate is None else f"{100 * rate:.1f}% of {r.num_draft_tokens}" + (" (random head)" if r.random_init else "")
-    verdict = "VACUOUS" if v.vacuous else ("IDENTICAL" if v.ok else "MISMATCH")
-    return (r.arm.name, v.reference, tokens, steps, acceptance, str(r.num_engine_steps), str(r.num_preemptions), verdict)
+    acceptance = "-" if rate is None else f"{100 * rate:.1f}% of {r.num_draft_tokens}" + (" (random weights: exempt)" if r.random_init else "")
+    c = r.counts
+    verdict = v.label + (f" ({', '.join(v.ineffective)})" if v.ineffective else "")
+    return (
+        r.arm.name, v.reference, tokens, steps, acceptance, str(r.num_engine_steps), f"{c.peak_concurrency} of {r.concurrency}",
+        f"{c.num_preemptions} ({c.num_preemptions_after_drafts})", str(c.num_chunked_prefills),
+        "-" if v.bad_words_changes is None else str(v.bad_words_changes), str(r.num_argmax_checked), verdict,
+    )
 
 
 def print_table(title: str, verdicts: Sequence[Verdict], console: Console) -> None:

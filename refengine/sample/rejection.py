@@ -5,6 +5,13 @@ reach every branch. Per request the verifier sees k+1 target rows for the query 
 row j verifies draft d_{j+1}; row k samples the bonus token, emitted only when every draft is
 accepted. A draft of -1 (a placeholder that was never filled, or a constraint-invalid draft) is always
 rejected.
+
+Every drafter in this engine proposes one-hot (greedy) drafts. For those, draft x at a row is accepted
+exactly when the target's own seeded sample at that position is x, and on a mismatch that sample is
+emitted. Acceptance then has probability p(x) and the emitted token is distributed as p, as under
+rejection sampling (for q one-hot at x: accept with min(1, p(x)), recover from p with x removed); and
+since the sample is keyed by position, spec-on output equals spec-off output token for token. Drafters
+that pass draft probabilities get the rejection sampler proper.
 """
 
 from collections.abc import Sequence
@@ -18,8 +25,8 @@ PLACEHOLDER_TOKEN_ID = -1
 
 
 def num_accepted_greedy(draft_ids: Sequence[int], target_ids: Sequence[int]) -> int:
-    """Drafts accepted while each equals the target's argmax at its row (invariant 23 in
-    docs/invariants.md: accepted drafts are a prefix)."""
+    """Drafts accepted while each equals the target's token at its row: its argmax, or under sampling
+    its seeded sample (one-hot drafts). Accepted drafts are a prefix (invariant 23 in docs/invariants.md)."""
     num = 0
     for draft, target in zip(draft_ids, target_ids):
         if draft != target:
@@ -65,24 +72,26 @@ def verify(
 
     `logits` holds its k+1 target rows; `first_position` is the sequence position of the token that
     row 0 decides. Row j is processed as if drafts[:j] had been accepted (bad words and min_tokens see
-    that history). `draft_probs` ([k, V]) is None for greedy drafters, whose q is one-hot.
+    that history). `draft_probs` ([k, V]) is None for one-hot drafts, the only kind this engine's
+    drafters propose.
     """
     k = len(draft_ids)
     rows = [
         apply_constraints(logits[j], params, [*history, *draft_ids[:j]], num_output_tokens + j)
         for j in range(k + 1)
     ]
-    if params.greedy:
-        target_ids = [int(torch.argmax(row).item()) for row in rows]
+    if params.greedy or draft_probs is None:
+        # One-hot drafts: the target's token at row j is the one spec-off decoding would emit at that
+        # position (its argmax, or its sample keyed by the position), so the output never depends on
+        # the drafts, only the number of steps does.
+        target_ids = [sample(row, params, first_position + j) for j, row in enumerate(rows)]
         accepted = num_accepted_greedy(draft_ids, target_ids)
         return assemble(draft_ids, accepted, target_ids[accepted])
 
     probs = [probabilities(row, params) for row in rows[:k]]
     target_p = [float(p[d].item()) if d >= 0 else 0.0 for p, d in zip(probs, draft_ids)]
-    draft_q = [
-        (float(draft_probs[j, d].item()) if draft_probs is not None else 1.0) if d >= 0 else 0.0
-        for j, d in enumerate(draft_ids)
-    ]
+    draft_q = [float(draft_probs[j, d].item()) if d >= 0 else 0.0 for j, d in enumerate(draft_ids)]
+    # One independent uniform per row: rows sharing a draw would accept or reject together.
     uniforms = [rng.uniform(params.rng_key, first_position + j, rng.STREAM_ACCEPT) for j in range(k)]
     accepted = num_accepted_random(draft_ids, target_p, draft_q, uniforms)
     position = first_position + accepted
@@ -98,7 +107,7 @@ def verify(
 def recover(
     target_probs: torch.Tensor,
     draft_id: int,
-    draft_probs: torch.Tensor | None,
+    draft_probs: torch.Tensor,
     row: int,
     params: RowParams,
     position: int,
@@ -107,9 +116,6 @@ def recover(
     lossless (invariant 24 in docs/invariants.md)."""
     if draft_id < 0:
         residual = target_probs
-    elif draft_probs is None:
-        residual = target_probs.clone()
-        residual[draft_id] = 0.0
     else:
         residual = torch.clamp(target_probs - draft_probs[row], min=0.0)
     if float(residual.sum()) <= 0.0:

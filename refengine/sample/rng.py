@@ -1,7 +1,8 @@
 """Counter-based randomness: a draw depends only on (request key, absolute position, stream).
 
-A request's random tokens therefore do not depend on batch composition, chunking, or whether the
-engine runs sync or async. That is what lets the sync/async oracle hold at temperature > 0.
+A request's random tokens therefore do not depend on batch composition, chunking, whether the engine
+runs sync or async, or (one-hot drafts being checked against these same samples) whether it speculates.
+That is what lets the token-identity oracle hold at temperature > 0.
 """
 
 import torch

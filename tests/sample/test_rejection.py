@@ -9,7 +9,7 @@ from refengine.sample.rejection import (
     pad_rows,
     verify,
 )
-from refengine.sample.sampler import RowParams, probabilities
+from refengine.sample.sampler import RowParams, apply_constraints, probabilities, sample
 
 GREEDY = RowParams(0.0, 0, 1.0, 0, (), (), rng_key=7)
 
@@ -103,3 +103,61 @@ def test_random_verification_reproduces_the_target_distribution(monkeypatch):
     monkeypatch.setattr(rejection, "recover", biased)
     tv_biased = 0.5 * (_first_token_distribution(p, q, 6000) - p).abs().sum().item()
     assert tv_biased > 0.08, f"biased recovery not detected: TV={tv_biased:.4f}"
+
+
+def _two_position_distribution(p: torch.Tensor, q: torch.Tensor, trials: int, one_hot: bool) -> torch.Tensor:
+    """Joint histogram of the tokens at positions 0 and 1, both decided by the same target row p (the
+    rows do not depend on the tokens before them here, so the target's joint is p x p). Two drafts are
+    drawn from q per step; a step that ends after one token is followed by a plain step at position 1."""
+    logits = p.log().expand(3, -1)
+    counts = torch.zeros(p.numel(), p.numel())
+    for key in range(trials):
+        params = RowParams(1.0, 0, 1.0, 0, (), (), rng_key=key)
+        drafts = [rejection.race(q, key, j, stream=99) for j in range(2)]
+        out = verify(logits, drafts, params, [], 0, 0, draft_probs=None if one_hot else q.expand(2, -1))
+        if len(out) == 1:
+            out += verify(logits[:1], [], params, [], 1, 1)
+        counts[out[0], out[1]] += 1
+    return counts / trials
+
+
+# Fixed keys, so the histograms are deterministic; 4000 trials put the clean total variation near 0.015,
+# and each named mutant (a shared draw across the rows of one step) above 0.05.
+P3 = torch.tensor([0.6, 0.3, 0.1])
+Q3 = torch.tensor([0.2, 0.3, 0.5])
+
+
+def test_rejection_sampling_of_two_drafts_reproduces_the_target_distribution():
+    """The draft_probs path with k = 2: the two acceptance uniforms of one step must be independent, or
+    the second draft is accepted whenever the first was (given u < r1, u < r2 is likelier than r2)."""
+    tv = 0.5 * (_two_position_distribution(P3, Q3, 4000, one_hot=False) - torch.outer(P3, P3)).abs().sum().item()
+    assert tv < 0.035, f"two-draft rejection sampling drifted from the target: TV={tv:.4f}"
+
+
+def test_one_hot_verification_of_two_drafts_reproduces_the_target_distribution():
+    """The path every drafter of the engine takes at temperature > 0: one-hot drafts, accepted when they
+    equal the target's seeded sample at their position. Rows of one step must draw independent noise."""
+    tv = 0.5 * (_two_position_distribution(P3, Q3, 4000, one_hot=True) - torch.outer(P3, P3)).abs().sum().item()
+    assert tv < 0.035, f"one-hot verification drifted from the target: TV={tv:.4f}"
+
+
+@pytest.mark.parametrize("bad_words", [(), ((3, 5),)])
+def test_seeded_one_hot_verification_emits_the_spec_off_tokens(bad_words):
+    """Seeded spec-on output equals spec-off output token for token, whatever the drafts: the step emits
+    the spec-off samples at its positions, up to and including the first draft that differs from them."""
+    torch.manual_seed(0)
+    num_compared = 0
+    for key in range(60):
+        logits = torch.randn(4, 16) * 2
+        params = RowParams(0.8, 0, 1.0, 0, (), bad_words, rng_key=key)
+        history = [1, 3]
+        spec_off: list[int] = []
+        for j in range(4):
+            row = apply_constraints(logits[j], params, [*history, *spec_off], j)
+            spec_off.append(sample(row, params, 10 + j))
+        num_right = key % 4  # 0..3 drafts equal the spec-off tokens, then a wrong one (if any is left)
+        drafts = spec_off[:num_right] + [(t + 1) % 16 for t in spec_off[num_right:3]]
+        out = verify(logits, drafts, params, history, 0, first_position=10)
+        assert out == spec_off[: num_right + 1], f"key {key}: drafts {drafts}"
+        num_compared += len(out)
+    assert num_compared > 100

@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 import torch
-from teacher import CorruptingProposer, Trajectories, teacher_drafter
 
 from refengine.engine.llm import LLM
+from refengine.oracle.seam_teacher import CorruptingProposer, Trajectories, teacher_drafter
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.proposer import DraftBatch, Proposer

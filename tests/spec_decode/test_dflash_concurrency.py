@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from teacher import Trajectories
 
 from refengine.engine.llm import LLM
+from refengine.oracle.seam_teacher import Trajectories
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig

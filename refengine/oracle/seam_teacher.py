@@ -1,5 +1,7 @@
-"""Teacher drafters: stand-ins for a drafter's network that propose the target's own greedy
-continuation, so the acceptance oracle (invariant 27) can demand exactly 100% acceptance.
+"""Seam teachers: stand-ins for a drafter's network that propose the target's own greedy
+continuation, so the acceptance oracle (invariant 27) can demand exactly 100% acceptance. Where the
+oracle's teacher arm (teacher.py) replaces a whole drafter, these keep each method's real drafter loop
+and replace only its network, so they test what each method feeds its network.
 
 Each teacher network sits behind one method's input seam and sees exactly what that method's network
 sees: token ids, positions and attention metadata (block tables, slots, sequence lengths), plus the

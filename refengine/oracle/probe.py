@@ -1,0 +1,90 @@
+"""What an oracle arm did, seen from its scheduler: the peak number of requests running at once, the
+preemptions and chunked prefills that happened, and (in a preempt arm) the preemption it forces.
+
+A variant proves it happened by these counts: the judge calls an arm whose variant left no trace
+INEFFECTIVE. The probe wraps one scheduler instance's methods; the engine's code path is unchanged, and
+a forced preemption goes through the scheduler's own "no free blocks" branch.
+"""
+
+from dataclasses import dataclass
+
+from refengine.core.scheduler import Scheduler
+from refengine.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ArmCounts:
+    peak_concurrency: int  # the most requests running after any one schedule
+    num_preemptions: int  # every preemption, the pool's and the forced ones
+    # Preemptions of a request that had already verified drafts (with no drafter, or a random one:
+    # emitted a token), so the resumption re-prefills past verified drafts.
+    num_preemptions_after_drafts: int
+    # Requests whose prompt prefill spanned >= 2 steps and that then verified drafts (with no drafter,
+    # or a random one: that emitted tokens).
+    num_chunked_prefills: int
+
+
+class SchedulerProbe:
+    """Installed on one scheduler before its engine runs. With `force_preemption`, every request is
+    evicted once, at the first schedule after it verified drafts (with no drafter: after its first
+    token) in which it is the newest running request, so it is the one the scheduler's own preemption
+    picks. That also works at c = 1, where a tight pool alone never preempts."""
+
+    def __init__(self, scheduler: Scheduler, *, spec: bool, force_preemption: bool) -> None:
+        """`spec`: the evidence is verified drafts; otherwise emitted tokens."""
+        self.scheduler = scheduler
+        self.spec = spec
+        self.force_preemption = force_preemption
+        self.peak_concurrency = 0
+        self.num_preemptions = 0
+        self.num_preemptions_after_drafts = 0
+        self._chunked: dict[str, Request] = {}
+        self._forced: set[str] = set()
+        self._schedule = scheduler.schedule
+        self._preempt = scheduler._preempt_request
+        self._allocate = scheduler.kv_cache_manager.allocate_slots
+        scheduler.schedule = self._counting_schedule
+        scheduler._preempt_request = self._counting_preempt
+        scheduler.kv_cache_manager.allocate_slots = self._allocate_or_evict
+
+    def counts(self) -> ArmCounts:
+        return ArmCounts(
+            peak_concurrency=self.peak_concurrency,
+            num_preemptions=self.num_preemptions,
+            num_preemptions_after_drafts=self.num_preemptions_after_drafts,
+            num_chunked_prefills=sum(self._progressed(r) for r in self._chunked.values()),
+        )
+
+    def _progressed(self, request: Request) -> bool:
+        """Drafts verified (spec arms) or tokens emitted (no-spec arms): what follows a prefill or a
+        preemption and exercises it."""
+        return request.spec_decoding_stats.num_draft_tokens > 0 if self.spec else request.num_output_tokens > 0
+
+    def _counting_schedule(self):
+        output = self._schedule()
+        self.peak_concurrency = max(self.peak_concurrency, len(self.scheduler.running))
+        for req_id in output.num_scheduled_tokens:
+            request = self.scheduler.requests[req_id]
+            # A first prefill (not a resumption) that this step did not finish: it spans >= 2 steps.
+            if request.is_prefill_chunk and request.num_output_tokens == 0:
+                self._chunked[req_id] = request
+        return output
+
+    def _counting_preempt(self, request: Request) -> None:
+        self.num_preemptions += 1
+        self.num_preemptions_after_drafts += self._progressed(request)
+        self._preempt(request)
+
+    def _allocate_or_evict(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0):
+        running = self.scheduler.running
+        if (
+            self.force_preemption
+            and request.request_id not in self._forced
+            and running
+            and running[-1] is request
+            and self._progressed(request)
+        ):
+            # "No free blocks": the scheduler preempts its newest running request, which is this one.
+            self._forced.add(request.request_id)
+            return None
+        return self._allocate(request, num_new_tokens, num_lookahead_tokens)

@@ -1,0 +1,135 @@
+"""reports/oracle.md from one or more oracle runs ("slices"). A run on a GPU host is capped in time, so
+the matrix runs in `--c` slices; each writes its verdict tables and counts as JSON beside its markdown,
+and `refengine oracle merge` renders the slices as one report, with a log line per slice."""
+
+import collections
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# What every slice of one report must share; the slices differ only in c (and where they ran).
+SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants")
+
+
+class SliceMismatchError(ValueError):
+    """Slices of different matrices cannot make one report."""
+
+
+@dataclass(frozen=True)
+class Section:
+    concurrency: int
+    temperature: float
+    title: str
+    markdown: str  # the verdict table
+
+
+@dataclass(frozen=True)
+class SliceReport:
+    model: str
+    methods: str
+    k: int
+    num_prompts: int
+    max_tokens: int
+    temperature: float | None  # None: greedy only
+    seed: int
+    variants: bool
+    concurrency: tuple[int, ...]
+    commit: str
+    date: str
+    host: str  # machine, CPUs, Python, torch, device, workers
+    sections: tuple[Section, ...]
+    labels: dict[str, int]  # verdict -> number of arms
+    elapsed_s: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SliceReport":
+        data = json.loads(text)
+        data["concurrency"] = tuple(data["concurrency"])
+        data["sections"] = tuple(Section(**s) for s in data["sections"])
+        return cls(**data)
+
+    @property
+    def num_failed(self) -> int:
+        return sum(n for label, n in self.labels.items() if label != "IDENTICAL")
+
+
+def summary(labels: dict[str, int], elapsed_s: float) -> str:
+    failed = sum(n for label, n in labels.items() if label != "IDENTICAL")
+    counts = ", ".join(f"{n} {label}" for label, n in sorted(labels.items()))
+    return f"{failed} failed arm(s) of {sum(labels.values())} ({counts}) in {elapsed_s:.0f} s"
+
+
+def render(slices: list[SliceReport]) -> str:
+    """One report: the shared header, a log line per slice, then every table in (c, greedy first) order."""
+    first = slices[0]
+    for s in slices[1:]:
+        differing = [f for f in SHARED if getattr(s, f) != getattr(first, f)]
+        if differing:
+            raise SliceMismatchError(f"slices differ in {', '.join(differing)}; they are not one matrix")
+    cs = sorted({c for s in slices for c in s.concurrency})
+    if len(cs) != sum(len(s.concurrency) for s in slices):
+        raise SliceMismatchError("two slices ran the same c")
+    labels = collections.Counter[str]()
+    for s in slices:
+        labels.update(s.labels)
+    elapsed = sum(s.elapsed_s for s in slices)
+    passes = f"seeded pass at temperature {first.temperature}, seed {first.seed}" if first.temperature else "greedy only"
+    scope = "every arm also with chunked prefill, forced preemption and bad_words" if first.variants else "plain arms only"
+    commits = sorted({s.commit for s in slices})
+    header = (
+        "# Token-identity oracle\n\n"
+        f"Written by `refengine oracle --write-report` ({len(slices)} slice(s), merged by `refengine oracle merge`"
+        f" where more than one) at commit(s) {', '.join(commits)}.\n\n"
+        f"- model: {first.model}; methods: {first.methods}; k = {first.k}; c = {', '.join(map(str, cs))}\n"
+        f"- {first.num_prompts} prompts x {first.max_tokens} tokens (ignore_eos); {passes}; {scope}\n"
+        f"{RULES}\n"
+        f"**Result: {summary(dict(labels), elapsed)}.**\n\n"
+        "## Log summary\n\n"
+        + "".join(
+            f"- c = {', '.join(map(str, s.concurrency))}: {summary(s.labels, s.elapsed_s)}; {s.date}, commit {s.commit}; "
+            f"{s.host}\n"
+            for s in sorted(slices, key=lambda s: s.concurrency)
+        )
+        + "\n"
+    )
+    sections = sorted((sec for s in slices for sec in s.sections), key=lambda sec: (sec.concurrency, sec.temperature))
+    return header + "\n".join(sec.markdown for sec in sections)
+
+
+RULES = (
+    "- fronts: sync = Scheduler + step() (depth 1); async-d1 = AsyncScheduler + step(); "
+    "async-d2 = AsyncScheduler + step_with_batch_queue() (depth 2). teacher / teacher-corrupt: a drafter that "
+    "proposes its arm's baseline output (corrupt: draft 1 of each step altered), which must be accepted "
+    "exactly as scripted at every verification.\n"
+    "- Every arm, greedy and seeded, must equal the sync no-spec baseline with the same bad_words setting "
+    "token for token: seeded sampling is keyed by position, and a one-hot draft is accepted exactly when it "
+    "equals the target's sample there, so spec on emits what spec off emits.\n"
+    "- Drafts are compared position by position: wherever an arm and its method's sync twin verified drafts "
+    "at the same position after the same tokens, the drafts (their common prefix) and the acceptance within "
+    "it must agree. Where drafts are verified may legitimately differ (async preempts at other steps; at "
+    "depth 2 a request finishing in flight keeps its seat one frame longer): such arms say "
+    "'draft placement differs'.\n"
+    "- VACUOUS: a drafter without random weights that accepted fewer than max(5 tokens, 1% of its drafts) "
+    "over the arm. Random heads, and every drafter of a random (tiny) target except the teacher, are exempt "
+    "and labelled 'random weights: exempt'.\n"
+    "- INEFFECTIVE: a variant that left no trace: a preempt arm (which evicts each request once, when it is "
+    "the newest running after its first verified drafts) with no preemption of a request that had verified "
+    "drafts (no drafter or a random one: emitted a token); a chunked arm with no prompt prefilled over >= 2 "
+    "steps and drafting (emitting) after; a bad_words arm with no output departing from the unconstrained "
+    "baseline at a banned token.\n"
+    "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
+    "- Request 0 of every arm has a stop token (the second token the baseline emits without it) and "
+    "min_tokens = max_tokens / 2, so the min_tokens mask bites at position 1 in every arm; request 1 has a stop "
+    "string (the text of one of the tokens it emits without it, from the third on).\n"
+    "- WRONG: an absolute check failed: a stop token before min_tokens, output going on after a stop token or "
+    "string, a text not cut exactly where the stop string begins, max_tokens not exact without a stop, a banned sequence in the output, or (greedy) a token that is not the "
+    "argmax of a fresh single-sequence forward of the target on the same prefix, with the same constraints "
+    "(every output position is checked; column 'argmax checked').\n"
+)
+
+
+def merge(paths: list[Path]) -> str:
+    return render([SliceReport.from_json(p.read_text()) for p in paths])
