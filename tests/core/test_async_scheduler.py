@@ -298,3 +298,30 @@ def test_depth2_keeps_the_seat_of_a_request_finishing_in_flight():
     assert set(s4.num_scheduled_tokens) == {"b", "c"}
     out = apply(scheduler, s3, {"b": [7]})
     assert [o.req_id for o in out.outputs] == ["b"]  # the frame's share for "a" was discarded
+
+
+def test_a_real_draft_of_token_id_0_is_not_a_pad():
+    """Token id 0 is a real token; only negative ids are pads (-1). The deferred branch must keep a 0
+    draft, in an unconstrained request and past the validator of a constrained one."""
+    scheduler, so = deferred_step()
+    scheduler.update_draft_token_ids_in_output({"r0": [0, 0, 0], "r1": [5, 0], "r3": [0, 2, 0]}, so)
+    assert so.scheduled_spec_decode_tokens == {
+        "r0": [0, 0, 0],
+        "r1": [5, 0, -1],
+        "r2": [-1, -1, -1],
+        "r3": [0, 2, 0],
+    }
+    assert so.num_invalid_spec_tokens == {"r1": 1, "r2": 3}
+
+
+def test_a_step_whose_drafts_are_all_pads_is_not_a_drafting_step():
+    """vllm:spec_decode_num_drafts counts verify steps that carried at least one real draft: a request
+    whose slots were all padded (no draft, or every draft invalid) verified nothing."""
+    scheduler, so = deferred_step()
+    scheduler.update_draft_token_ids_in_output({"r0": [1, 2, 3], "r3": [13, 2, 2]}, so)  # r1, r2: none
+    assert so.num_invalid_spec_tokens == {"r1": 3, "r2": 3, "r3": 3}
+    out = apply(scheduler, so, {"r0": [1, 2, 9], "r1": [5], "r2": [5], "r3": [5]})
+    stats = out.spec_decoding_stats
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 2)
+    assert scheduler.spec_decoding_stats.num_drafts == 1
+    assert [scheduler.requests[f"r{i}"].spec_decoding_stats.num_drafts for i in range(4)] == [1, 0, 0, 0]

@@ -14,3 +14,11 @@ def test_short_and_empty_drafts():
     assert propose_ngram([1, 2, 3], 4, 1, 3) == []
     assert propose_ngram([7], 4, 1, 3) == []
     assert propose_ngram([1, 2, 1, 2], 4, 3, 3) == []  # no 3-gram repeats
+
+
+def test_the_longest_match_wins_over_a_later_shorter_one():
+    # The 3-gram [1, 2, 3] occurred at 0 (followed by 4, 9, 3); the 1-gram [3] last occurred at 5
+    # (followed by 5, 1, 2). The longest suffix match wins even though a shorter one is more recent.
+    ids = [1, 2, 3, 4, 9, 3, 5, 1, 2, 3]
+    assert propose_ngram(ids, 3, 1, 3) == [4, 9, 3]
+    assert propose_ngram(ids, 3, 1, 1) == [5, 1, 2]
