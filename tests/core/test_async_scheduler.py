@@ -7,7 +7,7 @@ import pytest
 from refengine.core.scheduler import SchedulerInvariantError
 from refengine.request import RequestStatus
 
-from .harness import EOS, EngineLoop, FakeRunner, make_request, make_scheduler, runner_output
+from .harness import EOS, EngineProbe, FakeRunner, make_request, make_scheduler, runner_output
 
 K = 3
 
@@ -122,9 +122,8 @@ def test_stop_by_max_tokens_schedules_no_extra_step(max_tokens):
     for req_id, n in prompt_lens.items():
         scheduler.add_request(make_request(req_id, n, max_tokens=max_tokens))
     runner = FakeRunner(scheduler.config, lambda r, i: 5, lambda r, i, n: n, lambda r, i: [])
-    loop = EngineLoop(scheduler, runner, lambda loop, phase: None)
-    while loop.busy():
-        loop.step()
+    loop = EngineProbe(scheduler, runner, lambda loop, phase: None)
+    loop.run()
     for req_id, n in prompt_lens.items():
         assert loop.delivered[req_id] == [5] * max_tokens
         assert loop.scheduled_tokens[req_id] == n + max_tokens - 1
