@@ -8,7 +8,6 @@ import signal
 import httpx
 import pytest
 from click.testing import CliRunner
-from serve_fake import fake_engine
 from server_helpers import TINY_MODEL
 from server_process import REAL_SERVE, ServerProcess
 
@@ -150,7 +149,8 @@ def test_bad_flags_are_usage_errors(args):
 
 
 def test_help_lists_the_vllm_style_flags():
-    text = CliRunner().invoke(make_serve_command(fake_engine), ["--help"]).output
+    _, result = parse(["--help"])
+    text = result.output
     for flag in [
         "--model",
         "--host",
