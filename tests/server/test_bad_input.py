@@ -6,12 +6,13 @@ import json
 import httpx
 import pytest
 from fake_engine import FakeAsyncLLM
-from server_helpers import MODEL
+from server_helpers import MODEL, TINY_POOL
 
 from refengine.entrypoints.app import ServerConfig, build_app
 from refengine.model.tiny import tiny_config
 
 VOCAB_SIZE = tiny_config("qwen3").vocab_size  # tiny-qwen3's
+MAX_MODEL_LEN = TINY_POOL["max_model_len"]
 
 pytestmark = pytest.mark.anyio
 
@@ -128,6 +129,7 @@ CASES = [
     ("max_tokens-float", CHAT, chat(max_tokens=1.5), 400, "max_tokens"),
     ("max_tokens-huge", COMP, comp(max_tokens=10**30), 400, "max_tokens"),
     ("max_tokens-over-context", CHAT, chat(max_tokens=10_000), 400, "max_tokens"),
+    ("max_tokens-one-over-context", COMP, comp(prompt=[72] * (MAX_MODEL_LEN - 6), max_tokens=7), 400, "max_tokens"),
     ("max_completion_tokens-zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
     (
         "max_completion_tokens-conflict",
@@ -179,6 +181,7 @@ CASES = [
     ("stop-too-long", CHAT, chat(stop=["x" * 2000]), 400, "stop"),
     ("stop_token_ids-negative", COMP, comp(stop_token_ids=[-1]), 400, "stop_token_ids.[0]"),
     ("stop_token_ids-over-vocab", CHAT, chat(stop_token_ids=[999_999]), 400, "stop_token_ids"),
+    ("stop_token_ids-equal-vocab", COMP, comp(stop_token_ids=[5, VOCAB_SIZE]), 400, "stop_token_ids"),
     ("stop_token_ids-string", COMP, comp(stop_token_ids="1"), 400, "stop_token_ids"),
     ("bad_words-empty-word", CHAT, chat(bad_words=[""]), 400, "bad_words.[0]"),
     # n / stream / stream_options
@@ -213,6 +216,7 @@ CASES = [
     ("ignore_eos-string", COMP, comp(ignore_eos="true"), 400, "ignore_eos"),
     ("min_tokens-negative", CHAT, chat(min_tokens=-1), 400, "min_tokens"),
     ("min_tokens-over-max", COMP, comp(max_tokens=4, min_tokens=50), 400, "min_tokens"),
+    ("min_tokens-one-over-max", COMP, comp(max_tokens=4, min_tokens=5), 400, "min_tokens"),
     ("min_tokens-float", CHAT, chat(min_tokens=1.5), 400, "min_tokens"),
     # logprobs
     ("logprobs-comp-too-many", COMP, comp(logprobs=21), 400, "logprobs"),
@@ -292,6 +296,9 @@ ACCEPTED = [
     ("unknown-field-ignored", COMP, comp(some_future_field={"x": 1})),
     ("prompt-token-ids", COMP, comp(prompt=[72, 105])),
     ("prompt-token-id-last-of-vocab", COMP, comp(prompt=[72, VOCAB_SIZE - 1])),
+    ("stop_token_ids-last-of-vocab", COMP, comp(stop_token_ids=[VOCAB_SIZE - 1])),
+    ("min_tokens-equal-max", COMP, comp(max_tokens=4, min_tokens=4)),
+    ("max_tokens-fills-the-context", COMP, comp(prompt=[72] * (MAX_MODEL_LEN - 6), max_tokens=6)),
     ("prompt-wrapped", COMP, comp(prompt=[[72, 105]])),
     ("text-parts", CHAT, chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}])),
     ("top_k-off", CHAT, chat(top_k=-1, temperature=0)),
