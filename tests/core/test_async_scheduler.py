@@ -324,3 +324,17 @@ def test_a_step_whose_drafts_are_all_pads_is_not_a_drafting_step():
     assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 2)
     assert scheduler.spec_decoding_stats.num_drafts == 1
     assert [scheduler.requests[f"r{i}"].spec_decoding_stats.num_drafts for i in range(4)] == [1, 0, 0, 0]
+
+
+def test_stale_requests_passed_over_keep_their_order_at_the_front():
+    """Invariant 9 lets a later request pass preempted ones whose stale output is still in flight; the
+    passed-over requests stay at the front of the queue in their own order (b before c: b was admitted
+    first), so FCFS resumes when their output drains."""
+    scheduler = make_scheduler(async_scheduling=True, block_size=1, num_blocks=13, max_model_len=12, max_num_seqs=3)
+    for req_id in "abcd":
+        scheduler.add_request(make_request(req_id, 3, max_tokens=20))
+    apply(scheduler, scheduler.schedule(), {"a": [1], "b": [1], "c": [1]})
+    frames = [scheduler.schedule() for _ in range(5)]
+    assert [set(f.preempted_req_ids) for f in frames] == [set(), {"c"}, set(), {"b"}, set()]
+    assert frames[-1].num_scheduled_tokens == {"a": 1, "d": 3}  # d passed the stale b and c
+    assert [(r.request_id, r.num_stale_output_tokens > 0) for r in scheduler.waiting] == [("b", True), ("c", True)]
