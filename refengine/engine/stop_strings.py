@@ -30,7 +30,8 @@ class StopStringChecker:
         detok, pieces, seen = self._state.get(request.request_id) or (IncrementalDetokenizer(self._tokenizer), [], 0)
         outputs = request.output_token_ids
         if len(outputs) <= seen:
-            # A preempted request resumes with its outputs intact, so the list only ever grows.
+            # Called once per appended token, and a preempted request resumes with its outputs intact,
+            # so the list grows between calls.
             raise RuntimeError(f"request {request.request_id!r}: output went from {seen} to {len(outputs)} tokens")
         # Tokens appended while below min_tokens were not checked; only the last one is new here.
         pieces.append(detok.push(outputs[seen:-1]))
