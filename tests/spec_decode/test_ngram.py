@@ -9,6 +9,11 @@ def test_longest_and_latest_match_wins():
     assert propose_ngram(ids, 2, 2, 3) == [4, 5]
 
 
+def test_a_match_right_before_the_suffix_counts():
+    # [5, 5]'s 1-gram suffix [5] last occurred just before it, at 1: followed by the suffix itself.
+    assert propose_ngram([7, 5, 5], 2, 1, 1) == [5]
+
+
 def test_short_and_empty_drafts():
     assert propose_ngram([5, 6, 5], 4, 1, 3) == [6, 5]  # continuation runs into the end: shorter than k
     assert propose_ngram([1, 2, 3], 4, 1, 3) == []
