@@ -12,6 +12,8 @@ def test_longest_and_latest_match_wins():
 def test_a_match_right_before_the_suffix_counts():
     # [5, 5]'s 1-gram suffix [5] last occurred just before it, at 1: followed by the suffix itself.
     assert propose_ngram([7, 5, 5], 2, 1, 1) == [5]
+    # The longest possible n-gram is num - 1 tokens long: [5]'s only earlier occurrence starts at 0.
+    assert propose_ngram([5, 5], 2, 1, 3) == [5]
 
 
 def test_short_and_empty_drafts():
