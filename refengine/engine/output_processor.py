@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from refengine.core.outputs import EngineCoreOutputs
 from refengine.engine.outputs import RequestDelta
+from refengine.engine.stop_strings import find_stop_string
 from refengine.tokenizer.detokenizer import IncrementalDetokenizer
 from refengine.tokenizer.tokenizer import Tokenizer
 
@@ -41,16 +42,20 @@ class OutputProcessor:
             if tracked is None:
                 continue
             finished = out.finish_reason is not None
-            tracked.text += tracked.detokenizer.push(out.new_token_ids)
+            # The last token apart: a stop string's match ends in its text (see StopStringChecker).
+            tracked.text += tracked.detokenizer.push(out.new_token_ids[:-1])
+            last_text = tracked.detokenizer.push(out.new_token_ids[-1:])
+            tracked.text += last_text
             tracked.num_output_tokens += len(out.new_token_ids)
             if finished:
-                tracked.text += tracked.detokenizer.flush()
+                match = None
                 if isinstance(out.stop_reason, str):
+                    match = find_stop_string(tracked.text, len(last_text), (out.stop_reason,))
+                if match is not None:
                     # vLLM's default: the stop string and anything after it are not part of the output.
-                    # The match ends in the last token, so it is the last occurrence.
-                    cut = tracked.text.rfind(out.stop_reason)
-                    if cut >= 0:
-                        tracked.text = tracked.text[:cut]
+                    tracked.text = tracked.text[: match[1]]
+                else:
+                    tracked.text += tracked.detokenizer.flush()
                 end = len(tracked.text)
             else:
                 end = max(tracked.num_emitted_chars, len(tracked.text) - tracked.holdback)

@@ -1,8 +1,8 @@
 """Test doubles for the core: a fake runner that keeps its own per-request state (as the real one
-does), and an engine loop that drives sync (depth 1) or async (depth-2 batch queue) scheduling."""
+does), and a probe that drives the real EngineCore over it, sync (depth 1) or async (depth-2 batch
+queue), checking the scheduler after every schedule and every update."""
 
 import random
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -10,6 +10,7 @@ from refengine.config import EngineConfig
 from refengine.core.async_scheduler import AsyncScheduler
 from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from refengine.core.scheduler import Scheduler
+from refengine.engine.engine_core import EngineCore
 from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams
 
@@ -66,8 +67,10 @@ class _RunnerRequest:
 
 
 class FakeRunner:
-    """Produces rows the way a real runner would, from its own state: output position i of a request is
-    always token_at(req_id, i), so the final outputs must not depend on scheduling at all."""
+    """The ModelRunner surface EngineCore drives (execute_model, sample_tokens, take_draft_token_ids).
+    Produces rows the way a real runner would, from its own state: output position i of a request is
+    always token_at(req_id, i), so the final outputs must not depend on scheduling at all.
+    `check_frame(runner, so)` runs on the runner's thread after a frame is received, before sampling."""
 
     def __init__(
         self,
@@ -75,16 +78,18 @@ class FakeRunner:
         token_at: Callable[[str, int], int],
         num_accepted: Callable[[str, int, int], int],
         propose: Callable[[str, int], list[int]],
+        check_frame: Callable[["FakeRunner", SchedulerOutput], None] | None = None,
     ) -> None:
         self.config = config
         self.token_at = token_at
         self.num_accepted = num_accepted
         self.propose = propose
+        self.check_frame = check_frame
         self.states: dict[str, _RunnerRequest] = {}
         self.frame_start: dict[str, tuple[bool, list[int]]] = {}
-        self.last_executed: SchedulerOutput | None = None
+        self._executed: tuple[SchedulerOutput, dict[str, tuple[int, tuple[int, ...]]]] | None = None
 
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids | so.preempted_req_ids:
             self.states.pop(req_id, None)
         starts = {}
@@ -101,16 +106,23 @@ class FakeRunner:
             c.req_id: (self.states[c.req_id].sampled, self.states[c.req_id].drafts)
             for c in so.scheduled_cached_reqs
         }
-        self.last_executed = so
+        for req_id, num_scheduled in so.num_scheduled_tokens.items():
+            start, block_ids = starts[req_id]
+            needed = start + num_scheduled + self.config.num_lookahead_tokens
+            assert len(block_ids) * self.config.block_size >= needed, f"{req_id}: blocks do not cover {needed}"
+        if self.check_frame is not None:
+            self.check_frame(self, so)
+        self._executed = (so, {r: start for r, (start, _) in starts.items()})
+
+    def sample_tokens(self, draft_overrides: dict[str, list[int]] | None = None) -> ModelRunnerOutput:
+        # The deferred branch pads invalid drafts in the frame itself (and passes the same lists as
+        # overrides); the number of valid drafts is what this runner needs from them.
+        assert self._executed is not None, "sample_tokens without execute_model"
+        (so, starts), self._executed = self._executed, None
         rows = []
         for req_id, num_scheduled in so.num_scheduled_tokens.items():
             state = self.states[req_id]
-            start, block_ids = starts[req_id]
-            needed = start + num_scheduled + self.config.num_lookahead_tokens
-            assert len(block_ids) * self.config.block_size >= needed, (
-                f"{req_id}: blocks do not cover {needed}"
-            )
-            if not state.sampled and start + num_scheduled < state.num_known_tokens:
+            if not state.sampled and starts[req_id] + num_scheduled < state.num_known_tokens:
                 rows.append([])  # a prefill chunk that does not reach the last known token
                 continue
             state.sampled = True
@@ -131,75 +143,69 @@ def hashed_rng(*parts: object) -> random.Random:
     return random.Random("/".join(map(str, parts)))
 
 
-class EngineLoop:
-    """The engine's two fronts: step() for sync (depth 1), and the depth-2 batch queue for async
-    (schedule n+1 before applying n; FIFO; a step with a pending constrained output is deferred)."""
+class EngineProbe:
+    """Drives the real EngineCore (step at depth 1, step_with_batch_queue under async) over a FakeRunner,
+    and watches the scheduler through its two entry points: `check(probe, phase)` runs on the engine
+    thread right after every schedule() ("schedule") and every update_from_output() ("update"). It also
+    records what each request was scheduled and delivered, and which frames are in flight."""
 
     def __init__(
-        self, scheduler: Scheduler, runner: FakeRunner, check: Callable[["EngineLoop", str], None]
+        self, scheduler: Scheduler, runner: FakeRunner, check: Callable[["EngineProbe", str], None]
     ) -> None:
+        self.core = EngineCore(scheduler, runner)
         self.scheduler = scheduler
         self.runner = runner
         self.check = check
-        self.queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
-        self.deferred: SchedulerOutput | None = None
+        self.in_flight: list[SchedulerOutput] = []  # scheduled, not yet applied
         self.last_output: SchedulerOutput | None = None
         self.delivered: dict[str, list[int]] = {}
         self.finish_reasons: dict[str, str] = {}
         self.scheduled_tokens: dict[str, int] = {}
         self.preempted_ids: set[str] = set()
         self.num_steps = 0
+        schedule, update_from_output = scheduler.schedule, scheduler.update_from_output
 
-    def in_flight_outputs(self) -> list[SchedulerOutput]:
-        frames = [so for so, _ in self.queue]
-        return frames + ([self.deferred] if self.deferred is not None else [])
+        def watched_schedule() -> SchedulerOutput:
+            so = self.last_output = schedule()
+            for req_id, n in so.num_scheduled_tokens.items():
+                self.scheduled_tokens[req_id] = self.scheduled_tokens.get(req_id, 0) + n
+            self.preempted_ids |= so.preempted_req_ids
+            if so.num_scheduled_tokens:
+                self.in_flight.append(so)
+            self.check(self, "schedule")
+            return so
 
-    def _schedule(self) -> SchedulerOutput:
-        so = self.last_output = self.scheduler.schedule()
-        for req_id, n in so.num_scheduled_tokens.items():
-            self.scheduled_tokens[req_id] = self.scheduled_tokens.get(req_id, 0) + n
-        self.preempted_ids |= so.preempted_req_ids
-        return so
+        def watched_update(so: SchedulerOutput, ro: ModelRunnerOutput) -> EngineCoreOutputs:
+            outputs = update_from_output(so, ro)
+            self.in_flight = [f for f in self.in_flight if f is not so]
+            for out in outputs.outputs:
+                self.delivered.setdefault(out.req_id, []).extend(out.new_token_ids)
+                if out.finish_reason is not None:
+                    self.finish_reasons[out.req_id] = out.finish_reason
+            self.check(self, "update")
+            return outputs
 
-    def _apply(self, so: SchedulerOutput, ro: ModelRunnerOutput) -> EngineCoreOutputs:
-        outputs = self.scheduler.update_from_output(so, ro)
-        for out in outputs.outputs:
-            self.delivered.setdefault(out.req_id, []).extend(out.new_token_ids)
-            if out.finish_reason is not None:
-                self.finish_reasons[out.req_id] = out.finish_reason
-        return outputs
+        scheduler.schedule = watched_schedule
+        scheduler.update_from_output = watched_update
 
     def step(self) -> None:
         self.num_steps += 1
         # A scheduler that stops making progress must fail the test, not hang it (mutants do this).
-        assert self.num_steps <= MAX_LOOP_STEPS, f"the engine loop did not drain in {MAX_LOOP_STEPS} steps"
-        if not self.scheduler.async_scheduling():
-            so = self._schedule()
-            self.queue.appendleft((so, self.runner.execute(so)))
-            self.check(self, "schedule")
-            self._apply(*self.queue.pop())
-            self.check(self, "update")
-            self.scheduler.update_draft_token_ids(self.runner.take_draft_token_ids())
-            return
-        if self.scheduler.has_requests():
-            so = self._schedule()
-            if so.pending_constrained_output:
-                self.deferred = so
-            else:
-                self.queue.appendleft((so, self.runner.execute(so)))
-            self.check(self, "schedule")
-            if self.deferred is None and len(self.queue) < 2 and so.total_num_scheduled_tokens > 0:
-                return  # keep a frame in flight before blocking on the oldest one
-        if self.queue:
-            self._apply(*self.queue.pop())
-            self.check(self, "update")
-        if self.deferred is not None:
-            so, self.deferred = self.deferred, None
-            self.scheduler.update_draft_token_ids_in_output(self.runner.take_draft_token_ids(), so)
-            self.queue.appendleft((so, self.runner.execute(so)))
+        assert self.num_steps <= MAX_LOOP_STEPS, f"the engine did not drain in {MAX_LOOP_STEPS} steps"
+        if self.scheduler.async_scheduling():
+            self.core.step_with_batch_queue()
+        else:
+            self.core.step()
 
     def busy(self) -> bool:
-        return self.scheduler.has_requests() or bool(self.queue) or self.deferred is not None
+        return self.core.has_work()
+
+    def run(self) -> None:
+        try:
+            while self.busy():
+                self.step()
+        finally:
+            self.core.shutdown()
 
 
 def check_blocks(scheduler: Scheduler) -> None:

@@ -7,7 +7,7 @@ import pytest
 from refengine.core.scheduler import SchedulerInvariantError
 from refengine.request import RequestStatus
 
-from .harness import EOS, EngineLoop, FakeRunner, make_request, make_scheduler, runner_output
+from .harness import EOS, EngineProbe, FakeRunner, make_request, make_scheduler, runner_output
 
 K = 3
 
@@ -122,9 +122,8 @@ def test_stop_by_max_tokens_schedules_no_extra_step(max_tokens):
     for req_id, n in prompt_lens.items():
         scheduler.add_request(make_request(req_id, n, max_tokens=max_tokens))
     runner = FakeRunner(scheduler.config, lambda r, i: 5, lambda r, i, n: n, lambda r, i: [])
-    loop = EngineLoop(scheduler, runner, lambda loop, phase: None)
-    while loop.busy():
-        loop.step()
+    loop = EngineProbe(scheduler, runner, lambda loop, phase: None)
+    loop.run()
     for req_id, n in prompt_lens.items():
         assert loop.delivered[req_id] == [5] * max_tokens
         assert loop.scheduled_tokens[req_id] == n + max_tokens - 1
@@ -298,3 +297,44 @@ def test_depth2_keeps_the_seat_of_a_request_finishing_in_flight():
     assert set(s4.num_scheduled_tokens) == {"b", "c"}
     out = apply(scheduler, s3, {"b": [7]})
     assert [o.req_id for o in out.outputs] == ["b"]  # the frame's share for "a" was discarded
+
+
+def test_a_real_draft_of_token_id_0_is_not_a_pad():
+    """Token id 0 is a real token; only negative ids are pads (-1). The deferred branch must keep a 0
+    draft, in an unconstrained request and past the validator of a constrained one."""
+    scheduler, so = deferred_step()
+    scheduler.update_draft_token_ids_in_output({"r0": [0, 0, 0], "r1": [5, 0], "r3": [0, 2, 0]}, so)
+    assert so.scheduled_spec_decode_tokens == {
+        "r0": [0, 0, 0],
+        "r1": [5, 0, -1],
+        "r2": [-1, -1, -1],
+        "r3": [0, 2, 0],
+    }
+    assert so.num_invalid_spec_tokens == {"r1": 1, "r2": 3}
+
+
+def test_a_step_whose_drafts_are_all_pads_is_not_a_drafting_step():
+    """vllm:spec_decode_num_drafts counts verify steps that carried at least one real draft: a request
+    whose slots were all padded (no draft, or every draft invalid) verified nothing."""
+    scheduler, so = deferred_step()
+    scheduler.update_draft_token_ids_in_output({"r0": [1, 2, 3], "r3": [13, 2, 2]}, so)  # r1, r2: none
+    assert so.num_invalid_spec_tokens == {"r1": 3, "r2": 3, "r3": 3}
+    out = apply(scheduler, so, {"r0": [1, 2, 9], "r1": [5], "r2": [5], "r3": [5]})
+    stats = out.spec_decoding_stats
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 2)
+    assert scheduler.spec_decoding_stats.num_drafts == 1
+    assert [scheduler.requests[f"r{i}"].spec_decoding_stats.num_drafts for i in range(4)] == [1, 0, 0, 0]
+
+
+def test_stale_requests_passed_over_keep_their_order_at_the_front():
+    """Invariant 9 lets a later request pass preempted ones whose stale output is still in flight; the
+    passed-over requests stay at the front of the queue in their own order (b before c: b was admitted
+    first), so FCFS resumes when their output drains."""
+    scheduler = make_scheduler(async_scheduling=True, block_size=1, num_blocks=13, max_model_len=12, max_num_seqs=3)
+    for req_id in "abcd":
+        scheduler.add_request(make_request(req_id, 3, max_tokens=20))
+    apply(scheduler, scheduler.schedule(), {"a": [1], "b": [1], "c": [1]})
+    frames = [scheduler.schedule() for _ in range(5)]
+    assert [set(f.preempted_req_ids) for f in frames] == [set(), {"c"}, set(), {"b"}, set()]
+    assert frames[-1].num_scheduled_tokens == {"a": 1, "d": 3}  # d passed the stale b and c
+    assert [(r.request_id, r.num_stale_output_tokens > 0) for r in scheduler.waiting] == [("b", True), ("c", True)]

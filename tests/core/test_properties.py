@@ -15,7 +15,7 @@ from refengine.core.async_scheduler import AsyncScheduler
 from refengine.core.scheduler import Scheduler
 from refengine.request import RequestStatus
 
-from .harness import EOS, EngineLoop, FakeRunner, Spec, check_blocks, hashed_rng, make_request
+from .harness import EOS, EngineProbe, FakeRunner, Spec, check_blocks, hashed_rng, make_request
 
 VOCAB = 24
 BANNED = 13  # the token the draft validator refuses in constrained (bad_words) requests
@@ -108,7 +108,7 @@ def num_accepted(seed: int, req_id: str, i: int, num_valid: int) -> int:
     return rng.randint(0, num_valid)
 
 
-def run_workload(w: Workload, async_scheduling: bool) -> EngineLoop:
+def run_workload(w: Workload, async_scheduling: bool) -> EngineProbe:
     config = EngineConfig(
         max_num_seqs=w.max_num_seqs,
         max_num_batched_tokens=w.max_num_batched_tokens,
@@ -138,9 +138,18 @@ def run_workload(w: Workload, async_scheduling: bool) -> EngineLoop:
         token_at=lambda req_id, i: token_at(w.seed, req_id, i),
         num_accepted=lambda req_id, i, n: num_accepted(w.seed, req_id, i, n),
         propose=propose,
+        check_frame=check_num_scheduled,
     )
-    loop = EngineLoop(scheduler, runner, check_state)
+    loop = EngineProbe(scheduler, runner, check_state)
     pending = sorted(w.requests, key=lambda r: r.arrival_step)
+    try:
+        drive(loop, pending)
+    finally:
+        loop.core.shutdown()
+    return loop
+
+
+def drive(loop: EngineProbe, pending: list[ReqSpec]) -> None:
     while pending or loop.busy():
         while pending and pending[0].arrival_step <= loop.num_steps:
             r = pending.pop(0)
@@ -151,16 +160,17 @@ def run_workload(w: Workload, async_scheduling: bool) -> EngineLoop:
                 stop_token_ids=list(r.stop_token_ids),
                 bad_words=["banned"] if r.constrained else [],
             )
-            scheduler.add_request(make_request(r.req_id, r.prompt_len, **params))
+            loop.core.add_request(make_request(r.req_id, r.prompt_len, **params))
         if loop.busy():
             loop.step()
         else:
             loop.num_steps += 1
         assert loop.num_steps < MAX_STEPS, "the workload did not finish"
-    return loop
 
 
-def check_state(loop: EngineLoop, phase: str) -> None:
+def check_state(loop: EngineProbe, phase: str) -> None:
+    """On the engine thread, after every schedule and update; the runner may be executing a frame on
+    its own thread meanwhile, so this reads the scheduler only."""
     scheduler = loop.scheduler
     config = scheduler.config
     check_blocks(scheduler)
@@ -174,9 +184,7 @@ def check_state(loop: EngineLoop, phase: str) -> None:
             assert 1 <= len(drafts) <= min(config.num_speculative_tokens, so.num_scheduled_tokens[req_id] - 1)
             if scheduler.async_scheduling():
                 assert drafts == [-1] * len(drafts), "async ships only placeholders"
-        if loop.runner.last_executed is so:
-            check_num_scheduled(loop, so)
-    frames = loop.in_flight_outputs()
+    frames = loop.in_flight
     for req_id, r in scheduler.requests.items():
         nc, ph, nt = r.num_computed_tokens, r.num_output_placeholders, r.num_tokens
         assert ph >= 0 and r.num_stale_output_tokens >= 0
@@ -185,8 +193,8 @@ def check_state(loop: EngineLoop, phase: str) -> None:
         assert r.num_stale_output_tokens <= r.num_in_flight_tokens
         assert nc <= config.max_model_len - 1
         if r.status == RequestStatus.RUNNING:
-            state = loop.runner.states.get(req_id)
-            decoding = ph > 0 or (state is not None and state.sampled)
+            # Past its last prefill chunk, a request has sampled (sync) or has a token in flight (async).
+            decoding = not r.is_prefill_chunk
             if decoding and (scheduler.async_scheduling() or phase == "update"):
                 assert nc - ph == nt - 1, r  # Invariant 4
             elif not decoding:
@@ -195,30 +203,31 @@ def check_state(loop: EngineLoop, phase: str) -> None:
             assert nc == 0 and ph == 0 and not r.spec_token_ids and not r.is_finished, r
 
 
-def check_num_scheduled(loop: EngineLoop, so) -> None:
+def check_num_scheduled(runner: FakeRunner, so) -> None:
     """Invariant 2, exactly: each request gets what it lacks (1 + drafts for a decode), in order, capped
-    by the budget left and by max_model_len."""
-    config = loop.scheduler.config
+    by the budget left and by max_model_len. On the runner's thread, from the frame and the runner's
+    own state as the frame reached it."""
+    config = runner.config
     remaining = config.max_num_batched_tokens
     known = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in so.scheduled_new_reqs}
     for data in (*so.scheduled_cached_reqs, *so.scheduled_new_reqs):
         cap = config.max_model_len - 1 - data.num_computed_tokens
-        sampled, drafts = loop.runner.frame_start.get(data.req_id, (False, []))
-        if sampled and loop.scheduler.async_scheduling():
+        sampled, drafts = runner.frame_start.get(data.req_id, (False, []))
+        if sampled and config.async_scheduling:
             wanted = 1 + config.num_speculative_tokens
         elif sampled:
             wanted = 1 + len(drafts)
             got = so.scheduled_spec_decode_tokens.get(data.req_id, [])
             assert got == drafts[: len(got)], "sync schedules the drafts it was given"
         else:
-            num_known = known.get(data.req_id, loop.runner.states[data.req_id].num_known_tokens)
+            num_known = known.get(data.req_id, runner.states[data.req_id].num_known_tokens)
             wanted = num_known - data.num_computed_tokens
         n = so.num_scheduled_tokens[data.req_id]
         assert n == min(wanted, remaining, cap), (data, n, wanted, remaining, cap)
         remaining -= n
 
 
-def check_final(loop: EngineLoop, w: Workload) -> None:
+def check_final(loop: EngineProbe, w: Workload) -> None:
     scheduler = loop.scheduler
     assert not scheduler.requests and not scheduler.running and not scheduler.waiting
     assert scheduler.kv_cache_manager.num_free_blocks == w.num_blocks, "the pool is not full again"

@@ -241,3 +241,19 @@ def test_update_from_output_needs_one_row_per_scheduled_request():
         scheduler.update_from_output(so, ModelRunnerOutput([], []))
     with pytest.raises(SchedulerInvariantError, match=r"row \[1, 2\] for drafts \[\]"):
         scheduler.update_from_output(so, ModelRunnerOutput(["a"], [[1, 2]]))
+
+
+def test_a_preempted_request_is_readmitted_before_those_already_waiting():
+    """vLLM puts a preempted request at the front of the waiting queue: it was admitted first, so FCFS
+    resumes it before a request that has been waiting all along (here d, held back by max_num_seqs)."""
+    scheduler = make_scheduler(block_size=1, num_blocks=10, max_model_len=10, max_num_seqs=3)
+    for req_id in "abcd":
+        scheduler.add_request(make_request(req_id, 3, max_tokens=20))
+    step(scheduler, {"a": [1], "b": [1], "c": [1]})
+    assert [r.request_id for r in scheduler.waiting] == ["d"]
+    so, _ = step(scheduler, {"a": [1], "b": [1]})
+    assert so.preempted_req_ids == {"c"}
+    assert [r.request_id for r in scheduler.waiting] == ["c", "d"]
+    scheduler.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    so = scheduler.schedule()
+    assert [r.req_id for r in so.scheduled_new_reqs] == ["c", "d"]

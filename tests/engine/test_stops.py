@@ -73,3 +73,20 @@ def test_bad_words_single_and_multi_token(llm, base):
     prefix = base.token_ids[: i + 1]
     assert multi.token_ids[: i + 1] == prefix
     assert multi.token_ids[i + 1] != base.token_ids[i + 1]
+
+
+EOS_PROMPT = [ord(c) for c in ',\\Rp*"']  # greedy emits eos as its 4th token on this model
+
+
+def test_eos_stops_and_is_masked_below_min_tokens(llm):
+    """Without ignore_eos: eos ends the request, and below min_tokens it is masked out of sampling
+    (not merely ignored by the stop check), as vLLM's min_tokens does."""
+    eos = llm.tokenizer.eos_token_ids[0]
+    (ignored,) = llm.generate([EOS_PROMPT], greedy(max_tokens=12))
+    assert ignored.token_ids[3] == eos and eos not in ignored.token_ids[:3]
+    (stopped,) = llm.generate([EOS_PROMPT], SamplingParams(temperature=0.0, max_tokens=12))
+    assert stopped.token_ids == ignored.token_ids[:4] and stopped.finish_reason == "stop"
+    (late,) = llm.generate([EOS_PROMPT], SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6))
+    assert late.token_ids[:3] == ignored.token_ids[:3] and len(late.token_ids) >= 6
+    assert eos not in late.token_ids[:6]
+    assert late.finish_reason == "length" or late.token_ids[-1] == eos

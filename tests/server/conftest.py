@@ -1,11 +1,12 @@
-"""Fixtures: a fake engine, the app over it, an in-process client, and a live uvicorn server."""
+"""Fixtures: a fake engine, the app over it, an in-process client, and a live uvicorn server; and the
+real engine on tiny-qwen3, which a test module puts in the fake's place by overriding `engine` with it."""
 
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from fake_engine import FakeAsyncLLM
-from server_helpers import MODEL, serve_in_thread
+from server_helpers import MODEL, TINY_MODEL, TINY_POOL, TINY_SPEC, serve_in_thread
 
 from refengine.entrypoints.app import ServerConfig, build_app
 
@@ -38,3 +39,16 @@ async def client(app) -> httpx.AsyncClient:
 def live_url(app) -> Iterator[str]:
     with serve_in_thread(app) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def real_engine():
+    # Imported here: the modules that use only the fake engine need no torch.
+    from refengine.engine.async_llm import AsyncLLM
+    from refengine.engine.engine_args import EngineArgs
+    from refengine.spec_decode.config import SpeculativeConfig
+
+    spec = SpeculativeConfig.from_json(TINY_SPEC)
+    engine = AsyncLLM(EngineArgs(TINY_MODEL, **TINY_POOL, speculative_config=spec), served_model_name=MODEL)
+    yield engine
+    engine.shutdown()

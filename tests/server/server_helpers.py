@@ -10,6 +10,11 @@ import httpx
 import uvicorn
 
 MODEL = "fake-model"
+# The real engine the server tests run against: tiny-qwen3 (seeded random weights, built in
+# milliseconds) with ngram drafting, so that accepted drafts reach a stream several tokens at a time.
+TINY_MODEL = "tiny-qwen3"
+TINY_POOL = {"max_model_len": 256, "num_blocks": 512, "block_size": 4}
+TINY_SPEC = '{"method": "ngram", "num_speculative_tokens": 3}'
 
 
 def free_port() -> int:

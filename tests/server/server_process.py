@@ -13,7 +13,6 @@ from server_helpers import free_port
 HERE = Path(__file__).parent
 # The installed console script, as a user runs it.
 REAL_SERVE = [str(Path(sys.executable).with_name("refengine")), "serve"]
-FAKE_SERVE = [sys.executable, str(HERE / "serve_fake.py")]
 
 
 class ServerProcess:

@@ -1,17 +1,28 @@
-"""Every malformed request gets its 4xx with an OpenAI error body, and the server keeps serving."""
+"""Every malformed request gets its 4xx with an OpenAI error body, and the server keeps serving: against
+the real engine on tiny-qwen3, and the fake only for a chat template that refuses a conversation."""
 
 import json
 
 import httpx
 import pytest
 from fake_engine import FakeAsyncLLM
-from server_helpers import MODEL
+from server_helpers import MODEL, TINY_POOL
 
 from refengine.entrypoints.app import ServerConfig, build_app
+from refengine.model.tiny import tiny_config
+
+VOCAB_SIZE = tiny_config("qwen3").vocab_size  # tiny-qwen3's
+MAX_MODEL_LEN = TINY_POOL["max_model_len"]
 
 pytestmark = pytest.mark.anyio
 
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def engine(real_engine):
+    return real_engine
+
 MSGS = [{"role": "user", "content": "hi"}]
 
 
@@ -89,13 +100,6 @@ CASES = [
         "messages.[0].content",
     ),
     (
-        "messages-template-rejects",
-        CHAT,
-        chat(messages=[{"role": "assistant", "content": "x"}]),
-        400,
-        "messages",
-    ),
-    (
         "messages-second-bad",
         CHAT,
         chat(messages=[*MSGS, {"role": "user", "content": {}}]),
@@ -112,6 +116,8 @@ CASES = [
     ("prompt-mixed-list", COMP, comp(prompt=[1, "a"]), 400, "prompt"),
     ("prompt-negative-id", COMP, comp(prompt=[-1]), 400, "prompt"),
     ("prompt-id-over-vocab", COMP, comp(prompt=[10**6]), 400, "prompt"),
+    ("prompt-id-equal-vocab", COMP, comp(prompt=[72, VOCAB_SIZE]), 400, "prompt"),
+    ("prompt-id-equal-vocab-wrapped", COMP, comp(prompt=[[VOCAB_SIZE]]), 400, "prompt"),
     ("prompt-float-id", COMP, comp(prompt=[1.5]), 400, "prompt"),
     ("prompt-bool-id", COMP, comp(prompt=[True]), 400, "prompt"),
     ("prompt-object", COMP, comp(prompt={"text": "x"}), 400, "prompt"),
@@ -123,6 +129,7 @@ CASES = [
     ("max_tokens-float", CHAT, chat(max_tokens=1.5), 400, "max_tokens"),
     ("max_tokens-huge", COMP, comp(max_tokens=10**30), 400, "max_tokens"),
     ("max_tokens-over-context", CHAT, chat(max_tokens=10_000), 400, "max_tokens"),
+    ("max_tokens-one-over-context", COMP, comp(prompt=[72] * (MAX_MODEL_LEN - 6), max_tokens=7), 400, "max_tokens"),
     ("max_completion_tokens-zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
     (
         "max_completion_tokens-conflict",
@@ -174,6 +181,7 @@ CASES = [
     ("stop-too-long", CHAT, chat(stop=["x" * 2000]), 400, "stop"),
     ("stop_token_ids-negative", COMP, comp(stop_token_ids=[-1]), 400, "stop_token_ids.[0]"),
     ("stop_token_ids-over-vocab", CHAT, chat(stop_token_ids=[999_999]), 400, "stop_token_ids"),
+    ("stop_token_ids-equal-vocab", COMP, comp(stop_token_ids=[5, VOCAB_SIZE]), 400, "stop_token_ids"),
     ("stop_token_ids-string", COMP, comp(stop_token_ids="1"), 400, "stop_token_ids"),
     ("bad_words-empty-word", CHAT, chat(bad_words=[""]), 400, "bad_words.[0]"),
     # n / stream / stream_options
@@ -208,6 +216,7 @@ CASES = [
     ("ignore_eos-string", COMP, comp(ignore_eos="true"), 400, "ignore_eos"),
     ("min_tokens-negative", CHAT, chat(min_tokens=-1), 400, "min_tokens"),
     ("min_tokens-over-max", COMP, comp(max_tokens=4, min_tokens=50), 400, "min_tokens"),
+    ("min_tokens-one-over-max", COMP, comp(max_tokens=4, min_tokens=5), 400, "min_tokens"),
     ("min_tokens-float", CHAT, chat(min_tokens=1.5), 400, "min_tokens"),
     # logprobs
     ("logprobs-comp-too-many", COMP, comp(logprobs=21), 400, "logprobs"),
@@ -286,6 +295,10 @@ ACCEPTED = [
     ),
     ("unknown-field-ignored", COMP, comp(some_future_field={"x": 1})),
     ("prompt-token-ids", COMP, comp(prompt=[72, 105])),
+    ("prompt-token-id-last-of-vocab", COMP, comp(prompt=[72, VOCAB_SIZE - 1])),
+    ("stop_token_ids-last-of-vocab", COMP, comp(stop_token_ids=[VOCAB_SIZE - 1])),
+    ("min_tokens-equal-max", COMP, comp(max_tokens=4, min_tokens=4)),
+    ("max_tokens-fills-the-context", COMP, comp(prompt=[72] * (MAX_MODEL_LEN - 6), max_tokens=6)),
     ("prompt-wrapped", COMP, comp(prompt=[[72, 105]])),
     ("text-parts", CHAT, chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}])),
     ("top_k-off", CHAT, chat(top_k=-1, temperature=0)),
@@ -361,8 +374,22 @@ async def test_chunked_body_over_the_limit_is_413(client):
     assert_error_body(await client.post(COMP, content=chunks()), 413)
 
 
+async def test_a_chat_template_that_refuses_the_conversation_is_a_400():
+    # tiny-qwen3's template renders any conversation; the fake's refuses one that starts with the
+    # assistant, as real templates do (raise_exception).
+    engine = FakeAsyncLLM(model_name=MODEL)
+    app = build_app(engine, ServerConfig(served_model_name=MODEL))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            body = chat(messages=[{"role": "assistant", "content": "x"}])
+            assert assert_error_body(await send(client, CHAT, body), 400)["param"] == "messages"
+            assert (await send(client, CHAT, chat())).status_code == 200
+    finally:
+        engine.shutdown()
+
+
 @pytest.fixture
-async def keyed_client(engine: FakeAsyncLLM):
+async def keyed_client(engine):
     app = build_app(engine, ServerConfig(served_model_name=MODEL, api_key="sesame"))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
         yield c

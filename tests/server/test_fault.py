@@ -1,14 +1,18 @@
 """Honest failure: when the engine loop raises, every request says so with a 500 naming the reason,
-/health turns 503, and the server process keeps answering."""
+/health turns 503, and the server process keeps answering. The fault mid-flight needs the fake (it
+must strike while exactly two requests run and one waits); a fault before any output is the real
+engine's own (fault_after_steps=0)."""
 
 import asyncio
 
 import httpx
 import pytest
 from fake_engine import FakeAsyncLLM, wait_until
-from server_helpers import MODEL, serve_in_thread
+from server_helpers import MODEL, TINY_MODEL, TINY_POOL, serve_in_thread
 from sse_client import parse_events
 
+from refengine.engine.async_llm import AsyncLLM
+from refengine.engine.engine_args import EngineArgs
 from refengine.entrypoints.app import ServerConfig, build_app
 
 pytestmark = pytest.mark.anyio
@@ -97,15 +101,21 @@ async def test_fault_mid_flight_then_dead_engine_answers_500(faulty):
         assert (await client.get("/v1/models")).status_code == 200
 
 
+@pytest.fixture
+def engine():
+    engine = AsyncLLM(EngineArgs(TINY_MODEL, **TINY_POOL, fault_after_steps=0), served_model_name=MODEL)
+    yield engine
+    engine.shutdown()
+
+
 async def test_engine_dead_before_the_request_arrives(client, engine):
-    engine.fault_after_steps = 0
     first = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
-    assert first.status_code == 500
-    assert wait_until(lambda: engine.dead_reason is not None)
+    reason = engine.dead_reason
+    assert reason is not None and "injected fault" in reason
+    assert_engine_dead(first, reason)
     response = await client.post(
         "/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True},
     )
-    assert response.status_code == 500
-    assert response.json()["error"]["message"] == "engine is dead: RuntimeError: injected fault after 0 steps"
+    assert_engine_dead(response, reason)
     assert (await client.get("/health")).status_code == 503

@@ -1,14 +1,17 @@
-"""No client input produces a 5xx or a hang: random JSON bodies over every request field."""
+"""No client input produces a 5xx or a hang: random JSON bodies over every request field, served by the
+real engine on tiny-qwen3 (so stop strings, bad_words, logprobs and seeds run the engine's own paths)."""
 
 import asyncio
 import json
 
 import httpx
 import pytest
-from fake_engine import FakeAsyncLLM
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from server_helpers import MODEL, TINY_MODEL
 
+from refengine.engine.async_llm import AsyncLLM
+from refengine.engine.engine_args import EngineArgs
 from refengine.entrypoints.app import ServerConfig, build_app
 
 FIELDS = [
@@ -26,7 +29,7 @@ scalars = st.one_of(
     st.integers(min_value=-3, max_value=70),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=20),
-    st.sampled_from(["fake-model", "user", "assistant", "system", "text"]),
+    st.sampled_from([MODEL, "user", "assistant", "system", "text"]),
 )
 values = st.recursive(
     scalars,
@@ -58,8 +61,9 @@ bodies = st.dictionaries(st.sampled_from(FIELDS), values, max_size=8).flatmap(
 
 @pytest.fixture(scope="module")
 def fuzz_app():
-    engine = FakeAsyncLLM(model_name="fake-model", max_model_len=64, step_interval=0.0002)
-    yield build_app(engine, ServerConfig(served_model_name="fake-model"))
+    # A short context keeps every accepted body's generation short.
+    engine = AsyncLLM(EngineArgs(TINY_MODEL, max_model_len=64, num_blocks=256, block_size=4), served_model_name=MODEL)
+    yield build_app(engine, ServerConfig(served_model_name=MODEL))
     engine.shutdown()
 
 

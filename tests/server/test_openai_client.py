@@ -1,21 +1,21 @@
-"""The official openai client against a live server: chat and completions, streaming and not, usage."""
+"""The official openai client against a live server over the real engine on tiny-qwen3: chat and
+completions, streaming and not, usage, errors, and an engine dying mid-stream."""
 
 import openai
 import pytest
-from fake_engine import FakeAsyncLLM
-from server_helpers import MODEL, serve_in_thread
+from server_helpers import MODEL, TINY_MODEL, TINY_POOL, serve_in_thread
 
+from refengine.engine.async_llm import AsyncLLM
+from refengine.engine.engine_args import EngineArgs
 from refengine.entrypoints.app import ServerConfig, build_app
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    engine = FakeAsyncLLM(model_name=MODEL, step_interval=0.001)
-    with serve_in_thread(build_app(engine, ServerConfig(served_model_name=MODEL, api_key="k"))) as url:
-        yield url, engine
-    engine.shutdown()
+def server(real_engine):
+    with serve_in_thread(build_app(real_engine, ServerConfig(served_model_name=MODEL, api_key="k"))) as url:
+        yield url, real_engine
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +114,18 @@ def test_errors_map_to_the_client_exceptions(oai, server):
 
 
 def test_engine_death_mid_stream_raises_in_the_client():
-    engine = FakeAsyncLLM(model_name=MODEL, step_interval=0.002)
+    engine = AsyncLLM(EngineArgs(TINY_MODEL, **TINY_POOL, fault_after_steps=6), served_model_name=MODEL)
     try:
         with serve_in_thread(build_app(engine, ServerConfig(served_model_name=MODEL))) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
             stream = client.completions.create(
-                model=MODEL, prompt="x", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+                model=MODEL, prompt="x", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
             )
-            with pytest.raises(openai.APIError, match="engine is dead: RuntimeError: injected fault"):
-                for i, _ in enumerate(stream):
-                    if i == 2:
-                        engine.inject_fault()
+            num_chunks = 0
+            with pytest.raises(openai.APIError, match="engine is dead: .*injected fault"):
+                for _ in stream:
+                    num_chunks += 1
+            assert num_chunks >= 2, "the engine died mid-stream, after some output"
             with pytest.raises(openai.InternalServerError, match="engine is dead"):
                 client.completions.create(model=MODEL, prompt="x", max_tokens=4)
     finally:

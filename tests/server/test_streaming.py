@@ -1,19 +1,32 @@
-"""Streams against a live server: token identity with the offline reference, multi-token chunks,
-exact usage (final and continuous), logprobs and token ids for cross-server comparison."""
+"""Streams against a live server over the real engine on tiny-qwen3 (ngram drafts): token identity with
+offline LLM.generate, multi-token chunks, exact usage (final and continuous), logprobs and token ids for
+cross-server comparison. How a request maps onto SamplingParams is read from the fake, which records it."""
 
 import asyncio
 
 import httpx
 import pytest
-from fake_engine import FakeTokenizer, reference_output
-from server_helpers import MODEL
+from fake_engine import FakeAsyncLLM
+from server_helpers import MODEL, TINY_MODEL, TINY_POOL, TINY_SPEC
 from sse_client import parse_events, streamed_token_ids
 
+from refengine.engine.llm import LLM
+from refengine.entrypoints.app import ServerConfig, build_app
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.config import SpeculativeConfig
 
 pytestmark = pytest.mark.anyio
 
-TOKENIZER = FakeTokenizer()
+
+@pytest.fixture(scope="module")
+def engine(real_engine):
+    return real_engine
+
+
+@pytest.fixture(scope="module")
+def offline() -> LLM:
+    """The same model and drafter, offline: what every stream must equal."""
+    return LLM(TINY_MODEL, **TINY_POOL, speculative_config=SpeculativeConfig.from_json(TINY_SPEC))
 
 
 class _Msg:
@@ -21,8 +34,9 @@ class _Msg:
         self.role, self.content = role, content
 
 
-def chat_prompt_ids(content: str) -> list[int]:
-    return TOKENIZER.encode(TOKENIZER.apply_chat_template([_Msg("user", content)]), add_special_tokens=False)
+def chat_prompt_ids(engine, content: str) -> list[int]:
+    text = engine.tokenizer.apply_chat_template([_Msg("user", content)])
+    return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
 async def stream(client: httpx.AsyncClient, path: str, body: dict) -> tuple[list[dict], bool]:
@@ -32,7 +46,7 @@ async def stream(client: httpx.AsyncClient, path: str, body: dict) -> tuple[list
         return parse_events((await response.aread()).decode())
 
 
-async def test_concurrent_streams_match_the_offline_reference(live_url):
+async def test_concurrent_streams_match_the_offline_reference(live_url, engine, offline):
     prompts = [f"prompt number {i}: tell me something" for i in range(8)]
     params = [dict(max_tokens=40 + 5 * i, temperature=0.0 if i % 2 else 0.8, seed=i) for i in range(8)]
     async with httpx.AsyncClient(base_url=live_url, timeout=30) as client:
@@ -48,18 +62,19 @@ async def test_concurrent_streams_match_the_offline_reference(live_url):
                 for i, (p, kw) in enumerate(zip(prompts, params))
             ]
         )
-    for i, (events, done) in enumerate(results):
+    prompt_ids = [engine.tokenizer.encode(p) if i % 2 else chat_prompt_ids(engine, p) for i, p in enumerate(prompts)]
+    expected = offline.generate(prompt_ids, [SamplingParams(**kw) for kw in params])
+    for (events, done), reference in zip(results, expected, strict=True):
         assert done
-        prompt_ids = TOKENIZER.encode(prompts[i]) if i % 2 else chat_prompt_ids(prompts[i])
-        expected, reason = reference_output(prompt_ids, SamplingParams(**params[i]))
-        assert streamed_token_ids(events) == expected
-        assert events[-1]["choices"][0]["finish_reason"] == reason
+        assert streamed_token_ids(events) == reference.token_ids
+        assert events[-1]["choices"][0]["finish_reason"] == reference.finish_reason
 
 
-async def test_chunks_carry_several_tokens_and_continuous_usage_is_exact(client):
+async def test_chunks_carry_several_tokens_and_continuous_usage_is_exact(client, engine):
     body = {
         "prompt": "abc",
         "max_tokens": 60,
+        "temperature": 0,  # greedy on the random model repeats itself, so ngram drafts get accepted
         "ignore_eos": True,
         "return_token_ids": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -68,17 +83,27 @@ async def test_chunks_carry_several_tokens_and_continuous_usage_is_exact(client)
     assert done
     *chunks, usage_chunk = events
     assert usage_chunk["choices"] == []
-    assert usage_chunk["usage"] == {"prompt_tokens": 3, "completion_tokens": 60, "total_tokens": 63}
+    num_prompt = len(engine.tokenizer.encode("abc"))
+    assert usage_chunk["usage"] == {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": 60,
+        "total_tokens": num_prompt + 60,
+    }
     sizes = [len(c["choices"][0]["token_ids"]) for c in chunks]
     assert max(sizes) > 1, "accepted drafts arrive together"
     seen = 0
     for chunk, size in zip(chunks, sizes):
         seen += size
-        assert chunk["usage"] == {"prompt_tokens": 3, "completion_tokens": seen, "total_tokens": 3 + seen}
-    assert "".join(c["choices"][0]["text"] for c in chunks) == TOKENIZER.decode(streamed_token_ids(chunks))
+        assert chunk["usage"] == {
+            "prompt_tokens": num_prompt,
+            "completion_tokens": seen,
+            "total_tokens": num_prompt + seen,
+        }
+    text = engine.tokenizer.decode(streamed_token_ids(chunks), skip_special_tokens=True)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text
 
 
-async def test_chat_stream_shape(client):
+async def test_chat_stream_shape(client, engine):
     body = {
         "messages": [{"role": "user", "content": "hello"}],
         "max_completion_tokens": 12,
@@ -95,7 +120,7 @@ async def test_chat_stream_shape(client):
     assert all("usage" not in c for c in events[:-1]), "usage only on the last chunk without continuous stats"
     assert [c["choices"][0]["finish_reason"] for c in content_chunks][-1] == "length"
     assert events[-1]["usage"]["completion_tokens"] == 12
-    assert events[-1]["usage"]["prompt_tokens"] == len(chat_prompt_ids("hello"))
+    assert events[-1]["usage"]["prompt_tokens"] == len(chat_prompt_ids(engine, "hello"))
 
 
 async def test_stream_without_usage_option_has_no_usage_chunk(client):
@@ -124,7 +149,7 @@ async def test_non_streaming_equals_streaming(client):
     assert whole["object"] == "text_completion" and whole["model"] == MODEL
 
 
-async def test_logprobs_with_token_ids_as_strings(client):
+async def test_logprobs_with_token_ids_as_strings(client, engine, offline):
     body = {
         "prompt": "q",
         "max_tokens": 10,
@@ -134,13 +159,14 @@ async def test_logprobs_with_token_ids_as_strings(client):
         "temperature": 0,
     }
     whole = (await client.post("/v1/completions", json={"model": MODEL, **body})).json()
-    expected, _ = reference_output(
-        TOKENIZER.encode("q"), SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0)
+    (expected,) = offline.generate(
+        [engine.tokenizer.encode("q")], SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0)
     )
     logprobs = whole["choices"][0]["logprobs"]
-    assert logprobs["tokens"] == [f"token_id:{t}" for t in expected]
+    assert logprobs["tokens"] == [f"token_id:{t}" for t in expected.token_ids]
     assert len(logprobs["token_logprobs"]) == 10 and logprobs["top_logprobs"] is None
-    assert logprobs["text_offset"] == list(range(10))  # one character per toy token
+    assert all(lp <= 0.0 for lp in logprobs["token_logprobs"])
+    assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"] == sorted(logprobs["text_offset"])
 
 
 async def test_chat_top_logprobs(client):
@@ -148,6 +174,7 @@ async def test_chat_top_logprobs(client):
         "model": MODEL,
         "messages": [{"role": "user", "content": "q"}],
         "max_tokens": 6,
+        "temperature": 0,  # greedy: the chosen token is the top one
         "ignore_eos": True,
         "logprobs": True,
         "top_logprobs": 3,
@@ -165,7 +192,7 @@ async def test_chat_top_logprobs(client):
     assert no_logprobs.json()["choices"][0]["logprobs"] is None
 
 
-async def test_request_maps_onto_sampling_params(client, engine):
+async def test_request_maps_onto_sampling_params():
     body = {
         "model": MODEL,
         "prompt": "p",
@@ -180,8 +207,15 @@ async def test_request_maps_onto_sampling_params(client, engine):
         "min_tokens": 2,
         "bad_words": ["no"],
     }
-    assert (await client.post("/v1/completions", json=body)).status_code == 200
-    params = engine.requests_seen[-1].sampling_params
+    fake = FakeAsyncLLM(model_name=MODEL)
+    try:
+        app = build_app(fake, ServerConfig(served_model_name=MODEL))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            assert (await client.post("/v1/completions", json=body)).status_code == 200
+    finally:
+        fake.shutdown()
+    (seen,) = fake.requests_seen
+    params = seen.sampling_params
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.seed) == (
         9,
         0.5,
@@ -196,15 +230,15 @@ async def test_request_maps_onto_sampling_params(client, engine):
         2,
     )
     assert params.bad_words == ["no"]
-    assert engine.requests_seen[-1].logprobs is None
+    assert seen.logprobs is None
 
 
 async def test_max_tokens_defaults_to_the_rest_of_the_context(client, engine):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "p"}], "ignore_eos": True}
     response = await client.post("/v1/chat/completions", json=body)
-    num_prompt = len(chat_prompt_ids("p"))
-    assert engine.requests_seen[-1].sampling_params.max_tokens == engine.max_model_len - num_prompt
-    assert response.json()["usage"]["total_tokens"] == engine.max_model_len
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] == len(chat_prompt_ids(engine, "p"))
+    assert usage["total_tokens"] == engine.max_model_len and response.json()["choices"][0]["finish_reason"] == "length"
 
 
 async def test_models_health_and_metrics(client, engine):
