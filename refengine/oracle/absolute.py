@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from refengine.model.attention_metadata import AttentionMetadata
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.sample.sampler import RowParams, apply_constraints
@@ -81,7 +81,7 @@ def greedy_argmax_mismatches(
     device = next(model.parameters()).device
     num_blocks = -(-length // BLOCK_SIZE)
     cache = KVCache.allocate(loaded.config, num_blocks, BLOCK_SIZE, dtype=next(model.parameters()).dtype, device=device)
-    meta = AttentionMetadata.build([0], [length], [list(range(num_blocks))], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [length], [list(range(num_blocks))], BLOCK_SIZE)
     if device.type != "cpu":
         meta = meta.to(device)
     with torch.inference_mode():
