@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.sample.sampler import RowParams, apply_constraints
 from refengine.sampling_params import SamplingParams
 from refengine.tokenizer.detokenizer import IncrementalDetokenizer
 from refengine.tokenizer.tokenizer import Tokenizer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 16  # the scratch cache's own layout, unrelated to the engine's
 
