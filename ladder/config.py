@@ -1,7 +1,10 @@
 """RunConfig: everything one `ladder run` needs, with every default pinned here, plus the exit codes."""
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ladder.audit import AuditThresholds
 
 # Exit codes (also in `ladder run --help` and ladder/README.md).
 EXIT_OK = 0  # every rung OK
@@ -39,30 +42,71 @@ class RunConfig:
     model: str | None = None
     backend: str = "openai-chat"
     concurrencies: tuple[int, ...] = DEFAULT_CONCURRENCIES
-    input_len: int = DEFAULT_INPUT_LEN
-    output_len: int = DEFAULT_OUTPUT_LEN
+    request_rates: tuple[float, ...] | None = None  # open loop: one rung per rate, instead of concurrencies
+    burstiness: float = 1.0  # gamma shape of the arrival intervals; 1 = Poisson
+    max_concurrency: int | None = None  # open loop: at most this many requests in flight
+    max_duration_s: float | None = None  # per rung: no request is sent after this many seconds
+    dataset: str = "random"  # random | sharegpt[:PATH] | jsonl:PATH
+    max_input_len: int | None = None  # datasets: drop prompts longer than this (needs --tokenizer)
+    input_len: int | None = None  # random only; None = DEFAULT_INPUT_LEN
+    output_len: int | None = None  # None = the dataset's lengths (random: DEFAULT_OUTPUT_LEN)
+    ignore_eos: bool | None = None  # None = on for random, off for the other datasets
+    cache_bust: bool = True  # a per-run nonce at the start of every prompt
     prompts_per_rung: int | None = None
     prompts_per_concurrency: int = DEFAULT_PROMPTS_PER_CONCURRENCY
-    warmup: int = 0
+    warmup: int | None = None  # None = c (closed loop) or 0 (open loop)
     label: str = "run"
     metadata: dict[str, str] = field(default_factory=dict)
     api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # --header K=V, redacted in files
+    insecure: bool = False  # skip TLS certificate checks
     timeout_s: float = DEFAULT_TIMEOUT_S
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     serve_timeout_s: float = DEFAULT_SERVE_TIMEOUT_S
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    goodput: dict[str, float] = field(default_factory=dict)  # SLO name (ttft, tpot, e2el) -> ms
     out_dir: Path | None = None
+    overwrite: bool = False
     seed: int = DEFAULT_SEED
     temperature: float = DEFAULT_TEMPERATURE
     tokenizer: Path | None = None
     allow_chunk_count: bool = False
+    save_text: bool = False  # prompt and output of every request in requests.jsonl
+    audit: AuditThresholds = AuditThresholds()
 
-    def num_prompts(self, c: int) -> int:
-        return self.prompts_per_rung if self.prompts_per_rung is not None else self.prompts_per_concurrency * c
+    @property
+    def open_loop(self) -> bool:
+        return self.request_rates is not None
 
-    def num_warmup(self, c: int) -> int:
-        # NOTE: at least one full wave of c requests, so the first measured wave meets a warm engine.
-        return max(self.warmup, c)
+    @property
+    def loads(self) -> tuple[int | float, ...]:
+        """The rung keys, in order: concurrencies, or request rates in open loop."""
+        return self.request_rates if self.request_rates is not None else self.concurrencies
+
+    def num_prompts(self, load: int | float) -> int:
+        if self.prompts_per_rung is not None:
+            return self.prompts_per_rung
+        return self.prompts_per_concurrency * max(1, math.ceil(load))
+
+    def num_warmup(self, load: int | float) -> int:
+        if self.warmup is not None:
+            return self.warmup
+        # NOTE: one full wave of c requests, so the first measured wave meets a warm engine.
+        return 0 if self.open_loop else int(load)
+
+    def concurrency_of(self, load: int | float) -> int:
+        """The in-flight cap of a rung: c, or --max-concurrency (else every request) in open loop."""
+        if not self.open_loop:
+            return int(load)
+        return self.max_concurrency or self.num_prompts(load)
+
+    @property
+    def dataset_kind(self) -> str:
+        return self.dataset.partition(":")[0]
+
+    @property
+    def eos_ignored(self) -> bool:
+        return self.ignore_eos if self.ignore_eos is not None else self.dataset_kind == "random"
 
     @property
     def chat(self) -> bool:

@@ -1,59 +1,128 @@
-"""Console output: a rich live progress bar per phase on a terminal, plain lines everywhere else."""
+"""Console output: a rich live line per phase on a terminal, a plain progress line every PLAIN_EVERY_S
+elsewhere, one line per finished rung, and a p50/p90/p99 table at the end."""
 
+from collections.abc import Callable, Sequence
+from time import perf_counter
+
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from ladder.metrics import DEFINITIONS, Summary
+from ladder.records import RequestRecord, output_tokens
 from ladder.rung import RungOk, RungResult, RungVoid
+
+PLAIN_EVERY_S = 10.0
+PLAIN_WIDTH = 160  # columns of the console off a terminal
+END_PERCENTILES = ("p50", "p90", "p99")
 
 
 def _mid(s: Summary | None) -> str:
+    """The median when it was recorded, else the mean, always labelled with which it is."""
     if s is None:
         return "-"
-    return f"{s.percentiles.get('p50', s.mean):.1f}"
+    if "p50" in s.percentiles:
+        return f"p50 {s.percentiles['p50']:.1f}"
+    return f"mean {s.mean:.1f}"
+
+
+def load_label(rung: RungResult) -> str:
+    return f"rate={rung.request_rate:g}" if rung.request_rate is not None else f"c={rung.concurrency}"
 
 
 def rung_line(rung: RungResult) -> str:
-    head = f"c={rung.concurrency:<4} {rung.status:<8}"
+    head = f"{load_label(rung):<6} {rung.status:<8}"
     if isinstance(rung, RungOk):
         st = rung.stats
-        parts = [f"{rung.num_ok} ok",
+        parts = [f"{st.num_requests} measured ok (+{rung.num_ok - st.num_requests} warmup)",
                  f"ttft {_mid(st.ttft_ms)} ms", f"tpot {_mid(st.tpot_ms)} ms",
                  f"out {st.output_throughput:.1f} tok/s",
                  f"user {st.per_user_tok_s:.1f} tok/s" if st.per_user_tok_s else "user -",
                  f"tok/chunk {st.tokens_per_chunk.mean:.2f}",
                  f"client cpu {rung.audit.cpu_pct:.0f}%"]
+        if st.goodput is not None:
+            parts.append(f"goodput {st.goodput:.2f} req/s ({100 * st.goodput_fraction:.0f}%)")
         if rung.spec:
             parts.append(f"accept len {rung.spec.acceptance_length:.2f}")
-        return head + "  ".join(parts + list(rung.flags))
+        if rung.num_unsent:
+            parts.append(f"{rung.num_unsent} unsent (--max-duration)")
+        notes = {rung.audit.flag: f"({rung.audit.criterion})",
+                 "BELOW_C": f"(peak {rung.peak_in_flight} in flight < c={rung.concurrency})"}
+        if rung.lateness is not None:
+            notes["LATE"] = (f"({rung.lateness.num_late} of {st.num_requests} sent late, "
+                             f"max {rung.lateness.max_ms:.0f} ms)")
+        return head + "  ".join(parts + [f"{flag} {notes[flag]}" for flag in rung.flags])
     if isinstance(rung, RungVoid):
         first = f"  ({rung.errors[0]})" if rung.errors else ""
-        return head + f"ok={rung.num_ok} failed={rung.num_failed}  {rung.reason}{first}"
+        where = (" (" + ", ".join(f"{phase} {n}" for phase, n in rung.failed_phases.items()) + ")"
+                 if rung.failed_phases else "")
+        return head + f"ok={rung.num_ok} failed={rung.num_failed}{where}  {rung.reason}{first}"
     return head + rung.reason
 
 
 class Display:
-    def __init__(self, console: Console | None = None):
+    def __init__(self, console: Console | None = None, explain: bool = False,
+                 clock: Callable[[], float] = perf_counter):
         self.console = console or Console(highlight=False, soft_wrap=True)
+        if console is None and not self.console.is_terminal:
+            self.console.width = PLAIN_WIDTH  # a log is read later: nothing limits its width, keep tables whole
+        self.explain = explain
+        self.clock = clock
         self._progress: Progress | None = None
         self._task = None
+        self._phase = ""
+        self._done = self._failed = self._total = self._tokens = 0
+        self._ttfts: list[float] = []
+        self._t0 = self._last_plain = 0.0
+        self._rungs: list[RungResult] = []
+        self._num_rungs = 0
 
     def note(self, text: str) -> None:
         self.console.print(escape(text), highlight=False)
 
-    def phase_start(self, concurrency: int, phase: str, total: int) -> None:
+    def start(self, num_rungs: int) -> None:
+        self._num_rungs = num_rungs
+
+    def phase_start(self, rung: str, phase: str, total: int) -> None:
+        """rung: how the rung is named, e.g. "c=4" or "rate=2"."""
+        self._phase = f"rung {len(self._rungs) + 1}/{self._num_rungs or '?'} {rung} {phase}"
+        self._done = self._failed = self._tokens = 0
+        self._total = total
+        self._ttfts = []
+        self._t0 = self._last_plain = self.clock()
         if not self.console.is_terminal:
             return
-        self._progress = Progress(TextColumn(f"c={concurrency} {phase}"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+        self._progress = Progress(TextColumn(self._phase), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[live]}"), TimeElapsedColumn(),
                                   console=self.console, transient=True)
-        self._task = self._progress.add_task(phase, total=total, failed=0)
+        self._task = self._progress.add_task(phase, total=total, live="")
         self._progress.start()
 
-    def request_done(self, num_failed: int) -> None:
+    def live(self) -> str:
+        """failed count, output tok/s so far, TTFT p50 so far, and an ETA once a few requests finished."""
+        elapsed = max(self.clock() - self._t0, 1e-9)
+        parts = [f"{self._failed} failed", f"{self._tokens / elapsed:.1f} out tok/s"]
+        if self._ttfts:
+            ttfts = sorted(self._ttfts)
+            parts.append(f"ttft p50 {1e3 * ttfts[len(ttfts) // 2]:.0f} ms")
+        if self._done >= 3:  # calibrated: the rate so far predicts the rest
+            parts.append(f"eta {elapsed / self._done * (self._total - self._done):.0f} s")
+        return "  ".join(parts)
+
+    def request_done(self, rec: RequestRecord, failed: bool) -> None:
+        self._done += 1
+        self._failed += failed
+        if not failed:
+            self._tokens += output_tokens(rec)
+            self._ttfts.append(rec.chunk_times[0] - rec.t_send)
         if self._progress is not None:
-            self._progress.update(self._task, advance=1, failed=num_failed)
+            self._progress.update(self._task, advance=1, live=self.live())
+        elif self.clock() - self._last_plain >= PLAIN_EVERY_S:
+            self._last_plain = self.clock()
+            self.console.print(escape(f"{self._phase}: {self._done}/{self._total} done  {self.live()}"),
+                               highlight=False)
 
     def phase_end(self) -> None:
         if self._progress is not None:
@@ -61,9 +130,28 @@ class Display:
             self._progress = None
 
     def rung_end(self, rung: RungResult) -> None:
+        self._rungs.append(rung)
         self.console.print(escape(rung_line(rung)), highlight=False)
 
-    def definitions(self) -> None:
-        self.console.print("Definitions (ttft/tpot shown as p50):")
-        for name, formula in DEFINITIONS.items():
-            self.console.print(escape(f"  {name:<19} {formula}"), highlight=False)
+    def finish(self) -> None:
+        """The end table, then the metric definitions when --explain asked for them."""
+        self.console.print(end_table(self._rungs))
+        if self.explain:
+            self.console.print("Definitions:")
+            for name, formula in DEFINITIONS.items():
+                self.console.print(escape(f"  {name:<19} {formula}"), highlight=False)
+
+
+def end_table(rungs: Sequence[RungResult]) -> Table:
+    """One row per rung; each latency cell is p50 / p90 / p99 in ms ("-" where not recorded)."""
+    table = Table(title="latency per rung, ms: " + " / ".join(END_PERCENTILES), box=box.ASCII)
+    for name in ("rung", "status", "TTFT", "TPOT", "E2E"):
+        table.add_column(name, no_wrap=True)
+    for rung in rungs:
+        cells = ["-"] * 3
+        if isinstance(rung, RungOk):
+            st = rung.stats
+            cells = [" / ".join(f"{s.percentiles[p]:.1f}" if s is not None and p in s.percentiles else "-"
+                                for p in END_PERCENTILES) for s in (st.ttft_ms, st.tpot_ms, st.e2e_ms)]
+        table.add_row(load_label(rung), rung.status, *cells)
+    return table

@@ -10,6 +10,8 @@ from ladder.config import SetupError
 from ladder.metrics import parse_counters
 from ladder.records import RequestRecord, failure
 
+CANARY_TRIES, CANARY_FAILS = 3, 2  # 2 of 3 failed canaries mean the engine is dead
+
 
 class NotReadyError(SetupError):
     """Nothing usable answers at the base URL yet: no connection, or a 5xx while the server starts."""
@@ -18,14 +20,19 @@ class NotReadyError(SetupError):
 class Endpoint:
     """One OpenAI-compatible server and the HTTP session every request to it shares."""
 
-    def __init__(self, base_url: str, api_key: str | None, chat: bool):
+    def __init__(self, base_url: str, api_key: str | None, chat: bool, headers: dict[str, str] | None = None,
+                 insecure: bool = False):
         url = base_url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise SetupError(f"base URL {base_url!r} has no scheme: write http://{url} or https://{url}")
         self.base_url = url[:-3] if url.endswith("/v1") else url  # accept either spelling of the base
         self.chat = chat
         self.path = "/v1/chat/completions" if chat else "/v1/completions"
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._headers.update(headers or {})
+        self._insecure = insecure
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "Endpoint":
@@ -36,7 +43,8 @@ class Endpoint:
         # that connection fails with "Can not write request body", and a POST is never retried. The
         # price is a loopback connect inside each TTFT (~0.1 ms).
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True), headers=self._headers,
+            connector=aiohttp.TCPConnector(limit=0, force_close=True, ssl=False if self._insecure else True),
+            headers=self._headers,
             read_bufsize=1 << 20,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         return self
@@ -106,12 +114,21 @@ class Endpoint:
         return rec
 
     async def canary(self, model: str, timeout_s: float) -> str | None:
-        """Why a 1-token completion failed, or None: catches an engine that stopped behind a live HTTP
-        front, which /health and /v1/models miss (vllm#1492)."""
+        """Why 1-token completions failed, or None: catches an engine that stopped behind a live HTTP
+        front, which /health and /v1/models miss (vllm#1492). One failure can be a flaky but live server,
+        so the canary is tried up to CANARY_TRIES times and only CANARY_FAILS failures mean dead."""
         body = request_body("ping", model=model, chat=self.chat, max_tokens=1, temperature=0.0,
                             continuous_usage=False)
-        err = failure(await self.probe(body, timeout_s), 1, ignore_eos=True, allow_chunk_count=True)
-        return f"canary failed: {err}" if err else None
+        errors = []
+        for tries in range(1, CANARY_TRIES + 1):
+            err = failure(await self.probe(body, timeout_s), 1, ignore_eos=True, allow_chunk_count=True)
+            if err:
+                errors.append(err)
+            if len(errors) >= CANARY_FAILS:
+                return f"canary failed {len(errors)} of {tries} tries: {errors[0]}"
+            if tries - len(errors) > CANARY_TRIES - CANARY_FAILS:
+                return None  # too many successes left for the failures to reach CANARY_FAILS
+        return None
 
     async def check_alive(self, model: str, timeout_s: float) -> str | None:
         """Why the engine is dead, or None: /health first (cheap), then the canary."""

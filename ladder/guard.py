@@ -73,15 +73,27 @@ def _length_differences(runs: Sequence[Run], c: int, key: str, name: str, tolera
                                                  for r, (a, b) in measured), note)]
 
 
+def _dataset(run: Run) -> str | None:
+    """The dataset as the guard compares it: not its path, which differs between machines."""
+    d = run.workload.get("dataset")
+    if not d:
+        return None
+    return ", ".join(f"{k}={d[k]}" for k in ("kind", "num_records", "max_input_len") if d.get(k) is not None)
+
+
 def workload_differences(runs: Sequence[Run]) -> list[Difference]:
     out: list[Difference] = []
     for key in ("seed", "input_len", "output_len", "sampling", "endpoint_kind"):
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
+    out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
+    out += _differs("load", runs, lambda r: "request rate" if "request_rate" in (r.workload.get("load") or {})
+                    else "concurrency", "a rate rung and a concurrency rung do not measure the same thing")
     common = sorted(set.intersection(*(set(r.rungs) for r in runs)))
     for c in common:
         out += _differs(f"prompt texts at c={c}", runs,
                         lambda r, c=c: (r.workload.get("rung_prompt_hashes") or {}).get(str(c), "")[:12] or None,
-                        "sha256 of the measured prompts")
+                        "sha256 of the measured requests, nonce excluded; random prompts sized by probing "
+                        "differ between servers, --tokenizer sizes them alike")
         out += _length_differences(runs, c, "input_tokens", "input tokens", INPUT_TOLERANCE)
         out += _length_differences(runs, c, "output_tokens", "output tokens", 0)
     return out

@@ -18,13 +18,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import aiohttp
+from time import perf_counter
 
 from ladder import prompts
+from ladder.client import Progress, Target, stream
 from ladder.config import SetupError
 from ladder.endpoint import Endpoint
-from ladder.sse import SSEParser
+from ladder.records import RequestRecord
 
 CONTEXT = 4  # tokens (or 4x as many characters) shown either side of a divergence
 
@@ -55,6 +55,7 @@ class Completion:
     text: str = ""
     token_ids: list[int] | None = None
     error: str | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,17 @@ def divergence_context(a: Sequence, b: Sequence, position: int, width: int) -> s
             f"| B: {show(b[position:position + width])}")
 
 
+def eos_note(seq_a: Sequence, seq_b: Sequence, pos: int, a: Completion, b: Completion) -> str:
+    """Say so when the divergence is one side stopping at end-of-sequence while the other went on: engines
+    treat EOS differently (with ignore_eos llama.cpp bans it, vLLM emits it and goes on), so the text up to
+    there can look identical."""
+    for name, seq, done, other in (("A", seq_a, a, "B"), ("B", seq_b, b, "A")):
+        if pos == len(seq) and done.finish_reason == "stop":
+            return (f"; the divergence falls on an end-of-sequence token: {name} stopped there "
+                    f"(finish_reason stop) and {other} went on")
+    return ""
+
+
 def compare(c: int, index: int, a: Completion, b: Completion) -> Verdict:
     if a.error or b.error:
         why = "; ".join(f"{side}: {c.error}" for side, c in (("A", a), ("B", b)) if c.error)
@@ -112,50 +124,17 @@ def compare(c: int, index: int, a: Completion, b: Completion) -> Verdict:
         text_pos = first_divergence(a.text, b.text)
         if mode == IDS and text_pos is not None:  # the text is what a person can read
             context += f"; text from char {text_pos}: {divergence_context(a.text, b.text, text_pos, 4 * CONTEXT)}"
+        context += eos_note(seq_a, seq_b, pos, a, b)
     return Verdict(c, index, pos is None, mode, len(seq_a), len(seq_b), pos, context, a, b)
 
 
-def _token_ids(choice: dict) -> list[int] | None:
-    """The ids a chunk's choice carries, from token_ids or from "token_id:N" logprob tokens."""
-    if isinstance(choice.get("token_ids"), list):
-        return choice["token_ids"]
-    logprobs = choice.get("logprobs") or {}
-    tokens = [e.get("token") for e in logprobs.get("content") or ()] or logprobs.get("tokens") or []
-    if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-        return [int(t.split(":", 1)[1]) for t in tokens]
-    return None
-
-
-async def fetch(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float) -> Completion:
-    """One streamed request; text and token ids joined over its chunks."""
-    out = Completion()
-    ids: list[int] = []
-    seen_ids = False
-    try:
-        async with asyncio.timeout(timeout_s), session.post(url, json=body) as resp:
-            if resp.status != 200:
-                out.error = f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:160]}"
-                return out
-            parser = SSEParser()
-            while data := await resp.content.readany():
-                for event in parser.feed(data):
-                    if event == b"[DONE]":
-                        continue
-                    obj = json.loads(event)
-                    if "error" in obj and not obj.get("choices"):
-                        out.error = f"stream error: {obj['error']}"
-                    for choice in obj.get("choices") or ():
-                        out.text += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                        chunk_ids = _token_ids(choice)
-                        if chunk_ids is not None:
-                            seen_ids = True
-                            ids += chunk_ids
-    except TimeoutError:
-        out.error = f"timeout after {timeout_s:g} s"
-    except (aiohttp.ClientError, ValueError) as e:
-        out.error = f"{type(e).__name__}: {e}"
-    out.token_ids = ids if seen_ids else None
-    return out
+async def fetch(target: Target, body: dict, timeout_s: float) -> Completion:
+    """One streamed request through the ladder's client; text and token ids joined over its chunks."""
+    rec = RequestRecord(concurrency=0, phase="identity", index=0, output_text="", token_ids=[])
+    await stream(target, json.dumps(body).encode(), rec, Progress(perf_counter()), timeout_s)
+    error = rec.error or (None if rec.done else "truncated: the stream ended without [DONE]")
+    return Completion(text=rec.output_text, token_ids=rec.token_ids or None, error=error,
+                      finish_reason=rec.finish_reason)
 
 
 @dataclass
@@ -188,9 +167,7 @@ class Side:
         return body
 
     async def request(self, config: IdentityConfig, prompt: str, max_tokens: int, seed: int | None) -> Completion:
-        ep = self.endpoint
-        return await fetch(ep.session, ep.base_url + ep.path, self.body(config, prompt, max_tokens, seed),
-                           config.timeout_s)
+        return await fetch(self.endpoint.target, self.body(config, prompt, max_tokens, seed), config.timeout_s)
 
     async def setup(self, config: IdentityConfig) -> None:
         """Model, then the first way of getting token ids that the server answers with ids."""
@@ -267,4 +244,6 @@ def summary(verdicts: Sequence[Verdict]) -> str:
 
 def write_json(path: Path, config: IdentityConfig, verdicts: Sequence[Verdict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"config": asdict(config), "verdicts": [asdict(v) for v in verdicts]}, indent=1) + "\n")
+    recorded = asdict(config)
+    recorded["api_key"] = "<set>" if config.api_key else None  # a secret never reaches a file
+    path.write_text(json.dumps({"config": recorded, "verdicts": [asdict(v) for v in verdicts]}, indent=1) + "\n")

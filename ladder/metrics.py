@@ -26,6 +26,7 @@ DEFINITIONS = {
     "output_throughput": "sum N / window (tok/s)",
     "total_throughput": "sum (prompt_tokens + N) / window (tok/s)",
     "per_user_tok_s": "median over requests of 1 / tpot",
+    "goodput": "requests meeting every --goodput SLO (ttft, tpot, e2el in ms) / window (req/s)",
     "acceptance_rate": "d accepted / d draft_tokens from vllm:spec_decode_* counters over the measured phase",
     "acceptance_length": "1 + d accepted / d drafts",
     "statistics": "mean and linear-interpolated percentiles over requests (chunk gaps and token ITL pooled)",
@@ -75,6 +76,8 @@ class RungStats:
     chunk_gap_ms: Summary | None  # None when every request came in one chunk
     itl_token_ms: Summary | None
     tokens_per_chunk: Summary
+    goodput: float | None = None  # req/s meeting every SLO; None without --goodput
+    goodput_fraction: float | None = None  # the share of requests meeting every SLO
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,36 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         token_itls=token_itls(times, rec.chunk_usage) if has_usage else None)
 
 
+# --goodput names, as vLLM spells them -> the RequestMetrics attribute (seconds)
+SLO_METRICS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
+
+
+def meets_slos(m: RequestMetrics, slos_ms: dict[str, float]) -> bool:
+    """Every SLO holds; a request without a TPOT (one token) meets any TPOT SLO, as in vLLM."""
+    for name, limit_ms in slos_ms.items():
+        value = getattr(m, SLO_METRICS[name])
+        if value is not None and value * 1e3 > limit_ms:
+            return False
+    return True
+
+
+def request_fields(rec: RequestRecord | None) -> dict:
+    """The per-request metrics in requests.jsonl, in ms; all None for a failed request (rec None)."""
+    if rec is None:
+        return {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "itl_ms": None, "output_tokens": None}
+    m = request_metrics(rec)
+    return {"ttft_ms": 1e3 * m.ttft, "tpot_ms": 1e3 * m.tpot if m.tpot is not None else None,
+            "e2e_ms": 1e3 * m.e2e, "itl_ms": [1e3 * g for g in m.chunk_gaps], "output_tokens": m.output_tokens}
+
+
 def summarize(values: Sequence[float], percentiles: Iterable[float], scale: float = 1.0) -> Summary:
     arr = np.asarray(values, dtype=float) * scale
     return Summary(mean=float(arr.mean()),
                    percentiles={f"p{p:g}": float(np.percentile(arr, p)) for p in percentiles})
 
 
-def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float]) -> RungStats:
+def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float],
+               slos_ms: dict[str, float] | None = None) -> RungStats:
     """Statistics over successful measured records (the caller never passes a failed one)."""
     per = [request_metrics(r) for r in records]
     window = max(r.t_end for r in records) - min(r.t_send for r in records)
@@ -129,6 +155,7 @@ def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float]) -
     gaps = [g for m in per for g in m.chunk_gaps]
     itls = [x for m in per for x in (m.token_itls or ())]
     have_itls = bool(itls) and all(m.token_itls is not None for m in per)
+    good = sum(meets_slos(m, slos_ms) for m in per) if slos_ms else 0
 
     def ms(values: Sequence[float]) -> Summary | None:
         return summarize(values, percentiles, 1e3) if len(values) else None
@@ -142,7 +169,8 @@ def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float]) -
         output_tokens=LengthStats(min(n_out), sum(n_out) / len(n_out), max(n_out)),
         ttft_ms=ms([m.ttft for m in per]), e2e_ms=ms([m.e2e for m in per]), tpot_ms=ms(tpots),
         chunk_gap_ms=ms(gaps), itl_token_ms=ms(itls) if have_itls else None,
-        tokens_per_chunk=summarize([m.tokens_per_chunk for m in per], percentiles))
+        tokens_per_chunk=summarize([m.tokens_per_chunk for m in per], percentiles),
+        goodput=good / window if slos_ms else None, goodput_fraction=good / len(per) if slos_ms else None)
 
 
 def _per_user(tpots: Sequence[float]) -> float | None:

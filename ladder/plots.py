@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ladder.runs import Run, concurrencies
-from ladder.table import OUTPUT_TPUT, PER_USER, TPOT, TTFT, Metric, value
+from ladder.table import OUTPUT_TPUT, PER_USER, TPOT, TTFT, Metric, rung_name, value
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "*")
 DPI = 120
@@ -43,8 +43,13 @@ def _missing(run: Run, cs: Sequence[int]) -> list[tuple[int, str]]:
     return [(c, run.rungs[c].status) for c in cs if c in run.rungs and run.rungs[c].status != "OK"]
 
 
+def _open_loop(runs: Sequence[Run]) -> bool:
+    return any(row.request_rate is not None for run in runs for row in run.rungs.values())
+
+
 def _against_c(ax, runs: Sequence[Run], metric: Metric, pct: str, ylabel: str) -> None:
-    cs = concurrencies(runs)
+    # NOTE: a log axis has no place for rate inf ("all at once"); the tables still show that rung.
+    cs = [c for c in concurrencies(runs) if math.isfinite(c)]
     for i, run in enumerate(runs):
         line, = ax.plot(cs, _series(run, cs, metric, pct), marker=MARKERS[i % len(MARKERS)], label=run.label)
         for c, status in _missing(run, cs):
@@ -54,9 +59,9 @@ def _against_c(ax, runs: Sequence[Run], metric: Metric, pct: str, ylabel: str) -
             ax.annotate(status, (c, 0.03), xycoords=ax.get_xaxis_transform(), xytext=(6, 4),
                         textcoords="offset points", fontsize=7, color=line.get_color())
     ax.set_xscale("log", base=2)
-    ax.set_xticks(cs, [str(c) for c in cs])
+    ax.set_xticks(cs, [f"{c:g}" for c in cs])
     ax.minorticks_off()
-    ax.set_xlabel("concurrency c (requests in flight)")
+    ax.set_xlabel("request rate (req/s, open loop)" if _open_loop(runs) else "concurrency c (requests in flight)")
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
@@ -107,9 +112,9 @@ def interactivity_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) 
         line, = ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], label=run.label)
         for c, x, y in zip(cs, xs, ys):
             if not (math.isnan(x) or math.isnan(y)):
-                ax.annotate(f"c={c}", (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                ax.annotate(f"rate={c:g}" if run.rungs[c].request_rate is not None else f"c={c}", (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7,
                             color=line.get_color())
-        voids += [f"{run.label} c={c}: {status}" for c, status in _missing(run, cs)]
+        voids += [f"{run.label} {rung_name(run.rungs[c])}: {status}" for c, status in _missing(run, cs)]
     if voids:
         ax.text(0.98, 0.02, "no numbers (gaps):\n" + "\n".join(voids), transform=ax.transAxes, ha="right",
                 va="bottom", fontsize=7, bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})

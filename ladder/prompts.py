@@ -2,11 +2,11 @@
 
 Without a tokenizer the size comes from the server itself: two probe prompts of different word counts give
 their `usage.prompt_tokens`, and a line through the two points (template overhead + tokens per word)
-says how many words make `input_len` tokens. `--tokenizer` sizes each prompt exactly instead (prompt text
-only; a chat template adds its own tokens on the server).
+says how many words make `input_len` tokens. `--tokenizer` sizes each prompt's text exactly instead, to
+`input_len` less the tokens the server adds around it (template, BOS), measured from one probe: either
+way --input-len is the server's prompt_tokens.
 """
 
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,15 +90,19 @@ def calibrated_sizer(num_words: int) -> Sizer:
     return lambda rng: words_text(rng, num_words)
 
 
-def tokenizer_sizer(path: Path, input_len: int) -> Sizer:
-    """Each prompt gets the word count whose token count lands nearest to input_len."""
+def load_tokenizer(path: Path):
+    """A `tokenizers` Tokenizer from tokenizer.json or the folder holding it."""
     from tokenizers import Tokenizer
 
     file = path / "tokenizer.json" if path.is_dir() else path
     try:
-        tokenizer = Tokenizer.from_file(str(file))
+        return Tokenizer.from_file(str(file))
     except Exception as e:  # the tokenizers library raises its own untyped errors
         raise SetupError(f"cannot load tokenizer {file}: {e}") from e
+
+
+def tokenizer_sizer(tokenizer, input_len: int) -> Sizer:
+    """Each prompt gets the word count whose token count (text only) lands nearest to input_len."""
 
     def count(words: list[str]) -> int:
         return len(tokenizer.encode(" ".join(words), add_special_tokens=False).ids)
@@ -120,7 +124,3 @@ def rung_prompts(seed: int, concurrency: int, phase: str, count: int, sizer: Siz
     prompts depend neither on the other rungs nor on the warmup count."""
     rng = random.Random(f"ladder:{seed}:{concurrency}:{phase}")
     return [sizer(rng) for _ in range(count)]
-
-
-def prompt_hash(texts: list[str]) -> str:
-    return hashlib.sha256("\0".join(texts).encode()).hexdigest()

@@ -11,6 +11,7 @@ class RequestRecord:
     concurrency: int
     phase: str  # "warmup" | "measured"
     index: int
+    max_tokens: int = 0  # what the request asked for
     t_due: float = 0.0  # when a concurrency slot became free for this request
     t_send: float = 0.0  # when the request was handed to the HTTP client
     t_end: float = 0.0  # when the stream closed (or the request failed)
@@ -23,6 +24,10 @@ class RequestRecord:
     completion_tokens: int | None = None
     done: bool = False  # [DONE] arrived
     error: str | None = None  # "kind: detail", set by the client
+    prompt: list[tuple[str, str]] | None = None  # --save-text: the messages as sent, nonce included
+    output_text: str | None = None  # --save-text: the content the stream carried
+    token_ids: list[int] | None = None  # collected only when a list is given (ladder identity)
+    finish_reason: str | None = None  # the last one the stream carried
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:
@@ -38,6 +43,8 @@ def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_c
     n = output_tokens(rec)
     if ignore_eos and n != output_len:
         return f"length_mismatch: {n} output tokens, {output_len} requested with ignore_eos"
+    if n > output_len:  # without ignore_eos a natural stop is fine, but never more than max_tokens
+        return f"length_mismatch: {n} output tokens, more than max_tokens {output_len}"
     return None
 
 

@@ -4,8 +4,10 @@ A VOID rung is a different type from an OK one, and it has no field that could h
 statistics cannot be written for it, by construction.
 """
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 
+from ladder.arrivals import Lateness
 from ladder.audit import Audit
 from ladder.metrics import RungStats, SpecAcceptance
 
@@ -20,12 +22,22 @@ class RungOk:
     stats: RungStats
     audit: Audit
     spec: SpecAcceptance | None
+    request_rate: float | None = None  # open loop; concurrency is then the in-flight cap
+    num_measured: int = 0
+    num_unsent: int = 0  # measured requests --max-duration cut off before they were sent
+    peak_in_flight: int = 0  # the most measured requests in flight at once
+    lateness: Lateness | None = None  # open loop: requests sent after they were due
 
     status = "OK"
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return ("CLIENT_BOUND",) if self.audit.client_bound else ()
+        out = [self.audit.flag] if self.audit.flag else []
+        if self.request_rate is None and self.peak_in_flight < self.concurrency:
+            out.append("BELOW_C")  # the rung never had c requests in flight: it did not measure c
+        if self.lateness is not None and self.lateness.num_late:
+            out.append("LATE")  # the client fell behind the arrival schedule
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,8 @@ class RungVoid:
     reason: str
     errors: tuple[str, ...]
     prompt_hash: str
+    request_rate: float | None = None
+    failed_phases: dict[str, int] | None = None  # failures per phase, e.g. {"warmup": 1}
 
     status = "VOID"
     flags = ()
@@ -45,6 +59,7 @@ class RungVoid:
 class RungNotRun:
     concurrency: int
     reason: str
+    request_rate: float | None = None
 
     status = "NOT_RUN"
     flags = ()
@@ -54,18 +69,21 @@ RungResult = RungOk | RungVoid | RungNotRun
 
 
 def void_from_failures(concurrency: int, num_ok: int, failures: list[str], prompt_hash: str,
-                       engine_dead: str | None) -> RungVoid:
+                       engine_dead: str | None, request_rate: float | None = None,
+                       phases: list[str] | None = None) -> RungVoid:
     """reason: engine_dead (with its cause) or the failure kinds in order of first appearance."""
     distinct = list(dict.fromkeys(failures))
     kinds = list(dict.fromkeys(f.split(":", 1)[0] for f in failures))
     reason = f"engine_dead: {engine_dead}" if engine_dead else ", ".join(kinds)
     return RungVoid(concurrency=concurrency, num_ok=num_ok, num_failed=len(failures), reason=reason,
-                    errors=tuple(distinct[:MAX_ERRORS]), prompt_hash=prompt_hash)
+                    errors=tuple(distinct[:MAX_ERRORS]), prompt_hash=prompt_hash, request_rate=request_rate,
+                    failed_phases=dict(Counter(phases)) if phases else None)
 
 
 def to_dict(rung: RungResult) -> dict:
     row = {"concurrency": rung.concurrency, "status": rung.status, "flags": list(rung.flags)}
     row.update((k, v) for k, v in asdict(rung).items() if k != "concurrency")
     if isinstance(rung, RungOk):
-        row["audit"]["client_bound"] = rung.audit.client_bound
+        row["audit"]["flag"] = rung.audit.flag
+        row["audit"]["criterion"] = rung.audit.criterion
     return row

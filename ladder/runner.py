@@ -1,54 +1,43 @@
-"""The ladder: one rung per concurrency, in order. A rung with any failed request is VOID; once the engine
-is dead, the rung in flight is VOID(engine_dead) and every later rung NOT_RUN.
+"""The ladder: one rung per concurrency (closed loop) or per request rate (open loop), in order. A rung with
+any failed request is VOID; once the engine is dead, the rung in flight is VOID(engine_dead) and every later
+rung NOT_RUN.
 
 Engine death is any of: the --serve-cmd process exited; no chunk from any in-flight request for
---stall-timeout; /health unreachable or 5xx; a 1-token canary completion failing. The last two are checked
-between rungs and whenever a request fails.
+--stall-timeout; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
+checked between rungs and whenever a request fails.
+
+A rung's warmup always runs closed loop (at c, or at --max-concurrency in open loop): it only has to warm
+the engine; the measured phase follows the rung's load.
 """
 
 import asyncio
+import hashlib
 import os
 import platform
-import random
 import signal
 import socket
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import engine_info, prompts
+from ladder import arrivals, engine_info
 from ladder.audit import AuditProbe
-from ladder.client import Progress, request_body, run_phase
-from ladder.config import EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
-from ladder.display import Display
+from ladder.client import Progress, run_open_loop, run_phase
+from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
+from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.records import RequestRecord, failure
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
+from ladder.workload import Workload, prepare, with_nonce
 
 WATCH_INTERVAL_S = 0.1
-
-
-@dataclass(frozen=True)
-class RungWorkload:
-    warmup: list[bytes]
-    measured: list[bytes]
-    prompt_hash: str  # of the measured prompts
-
-
-@dataclass(frozen=True)
-class Workload:
-    model: str
-    model_info: dict
-    server_engine: dict  # engine keys as the server reports them (engine_info.from_server)
-    continuous_usage: bool
-    sizing: dict
-    rungs: dict[int, RungWorkload]
+INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
 
 
 def resolve_target(config: RunConfig) -> tuple[str, str | None]:
@@ -64,71 +53,19 @@ def resolve_target(config: RunConfig) -> tuple[str, str | None]:
     return config.base_url, cmd
 
 
-async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
-    """Model, server capabilities and every request body, all before any clock starts."""
-    models = await ep.models()
-    if not models and not config.model:
-        raise SetupError("/v1/models lists no model; pass --model")
-    model = config.model or models[0]["id"]
-    info = next((m for m in models if m.get("id") == model), {})
-    server_engine = engine_info.from_server(info, await ep.optional_text("/metrics"),
-                                            await ep.optional_json("/props"))
-
-    rng = random.Random(f"ladder-probe:{config.seed}")
-    continuous = True
-
-    async def probe(num_words: int):
-        nonlocal continuous
-        while True:
-            body = request_body(prompts.words_text(rng, num_words), model=model, chat=config.chat,
-                                max_tokens=1, temperature=config.temperature, continuous_usage=continuous)
-            rec = await ep.probe(body, config.timeout_s)
-            # NOTE: a server that rejects continuous_usage_stats gets requests without it.
-            if continuous and (rec.error or "").startswith("http_error: HTTP 400"):
-                continuous = False
-                continue
-            err = failure(rec, 1, ignore_eos=True, allow_chunk_count=True)
-            if err:
-                raise SetupError(f"probe request to {ep.base_url + ep.path} failed: {err}")
-            if rec.completion_tokens is None and not config.allow_chunk_count:
-                raise SetupError("the server sends no usage.completion_tokens; pass --allow-chunk-count "
-                                 "to count one token per chunk")
-            return rec
-
-    words = (max(16, config.input_len), max(8, config.input_len // 2))
-    first = await probe(words[0])
-    if config.tokenizer is not None:
-        sizer = prompts.tokenizer_sizer(config.tokenizer, config.input_len)
-        sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer)}
-    else:
-        if first.prompt_tokens is None:
-            raise SetupError("the server reports no usage.prompt_tokens, so prompts cannot be sized; "
-                             "pass --tokenizer PATH")
-        second = await probe(words[1])
-        cal = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
-        num_words = cal.words_for(config.input_len)
-        sizer = prompts.calibrated_sizer(num_words)
-        sizing = {"method": "probe", "words": num_words, **asdict(cal)}
-
-    def bodies(texts: list[str]) -> list[bytes]:
-        return [request_body(t, model=model, chat=config.chat, max_tokens=config.output_len,
-                             temperature=config.temperature, continuous_usage=continuous) for t in texts]
-
-    rungs = {}
-    for c in config.concurrencies:
-        measured = prompts.rung_prompts(config.seed, c, "measured", config.num_prompts(c), sizer)
-        warmup = prompts.rung_prompts(config.seed, c, "warmup", config.num_warmup(c), sizer)
-        rungs[c] = RungWorkload(bodies(warmup), bodies(measured), prompts.prompt_hash(measured))
-    return Workload(model, info, server_engine, continuous, sizing, rungs)
+def redacted_flags(config: RunConfig) -> dict:
+    """The flags as recorded: secrets (the API key, header values) never reach a file."""
+    flags = {k: v for k, v in asdict(config).items() if k != "metadata"}
+    flags["api_key"] = "<set>" if config.api_key else None
+    flags["headers"] = {k: "<set>" for k in config.headers}
+    return flags
 
 
 def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Workload, epoch: float) -> dict:
     """Everything `ladder compare` needs to decide whether two runs are like for like."""
-    flags = {k: v for k, v in asdict(config).items() if k != "metadata"}
-    flags["api_key"] = "<set>" if config.api_key else None
     engine, sources = engine_info.resolve(config.metadata, work.server_engine,
                                           engine_info.from_serve_cmd(serve_cmd))
-    hashes = {str(c): w.prompt_hash for c, w in work.rungs.items()}
+    hashes = {str(load): w.prompt_hash for load, w in work.rungs.items()}
     return {
         "tool": "ladder", "version": version("specladder"),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
@@ -138,13 +75,22 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
         "model": work.model, "server_model_info": work.model_info, "engine": engine,
         "engine_sources": sources,
         "workload": {
-            "prompt_hash": prompts.prompt_hash(list(hashes.values())), "rung_prompt_hashes": hashes,
-            "seed": config.seed, "input_len": config.input_len, "output_len": config.output_len,
-            "sampling": {"temperature": config.temperature, "ignore_eos": True, "max_tokens": config.output_len},
+            "prompt_hash": hashlib.sha256("\0".join(hashes.values()).encode()).hexdigest(),
+            "rung_prompt_hashes": hashes, "dataset": work.dataset,
+            "seed": config.seed, "input_len": config.input_len if work.dataset["kind"] == "random" else None,
+            "output_len": config.output_len,
+            "sampling": {"temperature": config.temperature, "ignore_eos": config.eos_ignored,
+                         "max_tokens": config.output_len},
+            "load": ({"request_rate": list(config.request_rates), "burstiness": config.burstiness,
+                      "max_concurrency": config.max_concurrency} if config.open_loop
+                     else {"concurrency": list(config.concurrencies)}),
+            "max_duration_s": config.max_duration_s,
+            "cache_bust": {"nonce": work.nonce} if work.nonce else False,
             "endpoint_kind": config.backend, "prompt_sizing": work.sizing,
-            "continuous_usage_stats": work.continuous_usage,
+            "continuous_usage_requested": work.continuous_usage,
+            "continuous_usage_stats": None,  # what the server sent; set once requests came back
             "output_count": "usage, else chunks" if config.allow_chunk_count else "usage"},
-        "flags": flags, "metadata": config.metadata,
+        "flags": redacted_flags(config), "metadata": config.metadata,
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "python": sys.version.split()[0], "cpu_count": os.cpu_count()},
         "definitions": DEFINITIONS,
@@ -156,9 +102,12 @@ class Ladder:
                  store: RunStore, display: Display, epoch: float):
         self.config, self.ep, self.server, self.work = config, ep, server, work
         self.store, self.display, self.epoch = store, display, epoch
+        self.usage_seen = False  # did any chunk carry continuous usage?
+        self.warnings: list[str] = []
 
     def _failure(self, rec: RequestRecord) -> str | None:
-        return failure(rec, self.config.output_len, ignore_eos=True, allow_chunk_count=self.config.allow_chunk_count)
+        return failure(rec, rec.max_tokens, ignore_eos=self.config.eos_ignored,
+                       allow_chunk_count=self.config.allow_chunk_count)
 
     def _server_exited(self) -> str | None:
         if self.server is not None and (rc := self.server.exit_code()) is not None:
@@ -198,18 +147,35 @@ class Ladder:
             if probe is not None:
                 probe.cancel()
 
-    async def _phase(self, c: int, phase: str, bodies: list[bytes]) -> tuple[list[RequestRecord], str | None]:
-        records = [RequestRecord(c, phase, i) for i in range(len(bodies))]
+    def _launch(self, load: int | float, phase: str, bodies: list[bytes], records: list[RequestRecord],
+                progress: Progress, on_done) -> asyncio.Task:
+        cfg = self.config
+        if cfg.open_loop and phase == "measured":
+            due = arrivals.due_times(len(bodies), load, cfg.burstiness, seed=hash_seed(cfg.seed, load))
+            return asyncio.create_task(run_open_loop(self.ep.target, bodies, records, due, cfg.max_concurrency,
+                                                     progress, cfg.timeout_s, on_done, cfg.max_duration_s))
+        # NOTE: --max-duration bounds the measured phase only: an unsent warmup request would read as failed.
+        stop_after_s = cfg.max_duration_s if phase == "measured" else None
+        return asyncio.create_task(run_phase(self.ep.target, bodies, records, cfg.concurrency_of(load), progress,
+                                             cfg.timeout_s, on_done, stop_after_s))
+
+    async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes]
+                     ) -> tuple[list[RequestRecord], str | None, Progress]:
+        c = self.config.concurrency_of(load)
+        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens) for i, r in enumerate(requests)]
+        if self.config.save_text:
+            for rec, req in zip(records, requests):
+                rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
         progress = Progress(perf_counter())
 
         def on_done(rec: RequestRecord) -> bool:
             failed = self._failure(rec) is not None
-            self.display.request_done(progress.num_failed + failed)
+            self.usage_seen = self.usage_seen or bool(rec.chunk_usage)
+            self.display.request_done(rec, failed)
             return failed
 
-        self.display.phase_start(c, phase, len(bodies))
-        task = asyncio.create_task(run_phase(self.ep.target, bodies, records, c, progress,
-                                             self.config.timeout_s, on_done))
+        self.display.phase_start(f"rate={load:g}" if self.config.open_loop else f"c={load}", phase, len(bodies))
+        task = self._launch(load, phase, bodies, records, progress, on_done)
         try:
             dead = await self._watch(task, progress)
         finally:
@@ -217,44 +183,78 @@ class Ladder:
         if dead:
             for rec in records:
                 if not rec.done and rec.error is None:
-                    rec.error = f"engine_dead: {dead}"
-        return records, dead
+                    rec.error = f"engine_dead: {dead}"  # never sent, or cut off: failed either way
+        return records, dead, progress
 
-    async def run_rung(self, c: int) -> tuple[RungResult, list[RequestRecord], str | None]:
-        work = self.work.rungs[c]
-        records, dead = await self._phase(c, "warmup", work.warmup)
-        measured: list[RequestRecord] = [RequestRecord(c, "measured", i) for i in range(len(work.measured))]
+    async def run_rung(self, load: int | float) -> tuple[RungResult, list[RequestRecord], str | None]:
+        cfg, work = self.config, self.work.rungs[load]
+        c = cfg.concurrency_of(load)
+        rate = load if cfg.open_loop else None
+        records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies)
+        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens) for i, r in enumerate(work.measured)]
+        progress = Progress(0.0)
         if dead is None:
             before = await self.ep.counters()
-            audit_probe = AuditProbe()
-            measured, dead = await self._phase(c, "measured", work.measured)
+            audit_probe = AuditProbe(cfg.audit)
+            measured, dead, progress = await self._phase(load, "measured", work.measured, work.measured_bodies)
             audit = audit_probe.stop(measured)
             spec = spec_acceptance(before, await self.ep.counters())
+        # NOTE: with --max-duration, requests the clock cut off were never sent: not part of the rung.
+        sent = [r for r in measured if r.t_send or r.error is not None]
+        num_unsent = len(measured) - len(sent)
+        measured = sent
         records += measured
         failures = [f for r in records if (f := self._failure(r)) is not None]
+        phases = [r.phase for r in records if self._failure(r) is not None]
         if failures and dead is None:
             dead = await self.check_alive()
         if failures or dead:
-            return void_from_failures(c, len(records) - len(failures), failures, work.prompt_hash, dead), \
-                records, dead
-        stats = rung_stats(measured, self.config.percentiles)
-        return RungOk(c, len(records), work.prompt_hash, stats, audit, spec), records, None
+            return void_from_failures(c, len(records) - len(failures), failures, work.prompt_hash, dead,
+                                      request_rate=rate, phases=phases), records, dead
+        stats = rung_stats(measured, cfg.percentiles, cfg.goodput)
+        late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
+                if cfg.open_loop else None)
+        return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
+                      num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
+                      lateness=late), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []
         dead = None
-        for i, c in enumerate(self.config.concurrencies):
+        for i, load in enumerate(self.config.loads):
+            rate = load if self.config.open_loop else None
+            c = self.config.concurrency_of(load)
             if dead is None and i > 0:
                 dead = await self.check_alive()
             if dead is not None:
-                rungs.append(RungNotRun(c, f"engine_dead: {dead}"))
+                rungs.append(RungNotRun(c, f"engine_dead: {dead}", request_rate=rate))
             else:
-                rung, records, dead = await self.run_rung(c)
+                rung, records, dead = await self.run_rung(load)
                 rungs.append(rung)
-                self.store.append_records(records, self.epoch)
+                self.store.append_records(records, self.epoch, self._failure)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
+            if (warning := self._input_len_warning(rungs[-1])) is not None:
+                self.warnings.append(warning)
+                self.display.note(f"warning: {warning}")
         return rungs, dead
+
+    def _input_len_warning(self, rung: RungResult) -> str | None:
+        """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
+        more than INPUT_LEN_TOLERANCE."""
+        asked = self.config.input_len or DEFAULT_INPUT_LEN
+        if self.work.dataset["kind"] != "random" or not isinstance(rung, RungOk) or rung.stats.input_tokens is None:
+            return None
+        got = rung.stats.input_tokens.mean
+        if abs(got - asked) <= INPUT_LEN_TOLERANCE * asked:
+            return None
+        return (f"{load_label(rung)}: the server counted {got:.0f} prompt tokens on average for --input-len {asked} "
+                f"({100 * (got - asked) / asked:+.0f}%); with --tokenizer, is it the server's tokenizer?")
+
+
+def hash_seed(seed: int, load: float) -> int:
+    """A stable integer seed for the arrival schedule of one rung."""
+    return int.from_bytes(hashlib.sha256(f"ladder-arrivals:{seed}:{load}".encode()).digest()[:8], "little")
 
 
 def exit_code(rungs: list[RungResult], dead: str | None) -> int:
@@ -272,7 +272,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
     base_url, serve_cmd = resolve_target(config)
     server = None
     try:
-        async with Endpoint(base_url, config.api_key, config.chat) as ep:
+        async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure) as ep:
             if serve_cmd:
                 display.note(f"starting: {serve_cmd}")
                 server = ServerProcess(serve_cmd, store.path("server.log"))
@@ -280,13 +280,18 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
             work = await prepare(config, ep)
             info = manifest(config, base_url, serve_cmd, work, epoch)
             store.write_manifest(info)
-            display.note(f"ladder {base_url} model={work.model} c={','.join(map(str, config.concurrencies))} "
-                         f"in={config.input_len} out={config.output_len} -> {store.dir}")
-            rungs, dead = await Ladder(config, ep, server, work, store, display, epoch).run()
+            loads = ",".join(f"{x:g}" for x in config.loads)
+            display.note(f"ladder {base_url} model={work.model} dataset={work.dataset['kind']} "
+                         f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
+            ladder = Ladder(config, ep, server, work, store, display, epoch)
+            display.start(len(config.loads))
+            rungs, dead = await ladder.run()
             code = exit_code(rungs, dead)
+            info["workload"]["continuous_usage_stats"] = ladder.usage_seen
+            info["warnings"] = ladder.warnings
             info["result"] = {"exit_code": code, "engine_dead": dead}
             store.write_manifest(info)
-            display.definitions()
+            display.finish()
             return code
     finally:
         if server is not None:
@@ -299,6 +304,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def run_ladder(config: RunConfig, display: Display) -> int:
     store = RunStore(config.out_dir or default_out_dir(config.label))
+    store.claim(config.overwrite)
     # NOTE: SIGTERM, and SIGINT too where a non-interactive shell started the ladder in the background
     # (it is then ignored), would otherwise end the ladder and leave its --serve-cmd server running.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -16,6 +16,7 @@ class RungRow:
     """One row of rungs.json. `stats`, `audit` and `spec` exist only on an OK row."""
 
     concurrency: int
+    request_rate: float | None  # open-loop rungs are keyed by rate
     status: str  # "OK" | "VOID" | "NOT_RUN"
     flags: tuple[str, ...]
     reason: str | None
@@ -26,14 +27,21 @@ class RungRow:
     stats: dict | None
     audit: dict | None
     spec: dict | None
+    peak_in_flight: int | None = None
+    lateness: dict | None = None
+
+    @property
+    def load(self) -> float:
+        return self.request_rate if self.request_rate is not None else self.concurrency
 
     @classmethod
     def from_dict(cls, row: dict) -> "RungRow":
-        return cls(concurrency=int(row["concurrency"]), status=row["status"], flags=tuple(row.get("flags") or ()),
+        return cls(concurrency=int(row["concurrency"]), request_rate=row.get("request_rate"), status=row["status"], flags=tuple(row.get("flags") or ()),
                    reason=row.get("reason"), num_ok=row.get("num_ok"), num_failed=row.get("num_failed"),
                    errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
                    stats=row.get("stats") if row["status"] == "OK" else None,
-                   audit=row.get("audit"), spec=row.get("spec"))
+                   audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
+                   lateness=row.get("lateness"))
 
 
 @dataclass(frozen=True)
@@ -45,9 +53,9 @@ class Run:
     workload: dict
     definitions: dict[str, str]
     flags: dict  # the run's RunConfig as recorded
-    rungs: dict[int, RungRow]  # by concurrency, in ladder order
+    rungs: dict[float, RungRow]  # by load (concurrency, or request rate in open loop), in ladder order
 
-    def ok(self, c: int) -> RungRow | None:
+    def ok(self, c: float) -> RungRow | None:
         row = self.rungs.get(c)
         return row if row is not None and row.status == "OK" else None
 
@@ -66,7 +74,7 @@ def load_run(path: Path, label: str | None = None) -> Run:
                engine_sources=manifest.get("engine_sources") or {},
                workload=manifest.get("workload") or {}, definitions=manifest.get("definitions") or {},
                flags=manifest.get("flags") or {},
-               rungs={r.concurrency: r for r in map(RungRow.from_dict, rows)})
+               rungs={r.load: r for r in map(RungRow.from_dict, rows)})
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:

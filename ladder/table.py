@@ -56,6 +56,7 @@ GROUPS = (
         OUTPUT_TPUT,
         Metric("total_throughput", "total", "tok/s", 1, _stat("total_throughput")),
         Metric("request_throughput", "requests", "req/s", 3, _stat("request_throughput")),
+        Metric("goodput", "goodput", "req/s", 3, _stat("goodput")),
     )),
     Group("Latency, {pct} over requests", "lower is better", (
         TTFT, TPOT, Metric("e2e_ms", "E2E", "ms", 1, _summary("e2e_ms")),
@@ -64,6 +65,7 @@ GROUPS = (
         PER_USER,
         Metric("tokens_per_chunk", "tokens per chunk (mean)", "tok", 2, _summary("tokens_per_chunk", "mean")),
         Metric("acceptance_length", "acceptance length", "tok", 2, _spec("acceptance_length")),
+        Metric("acceptance_rate", "acceptance rate", "accepted / drafted", 2, _spec("acceptance_rate")),
     )),
 )
 
@@ -86,16 +88,37 @@ def status_note(run: Run, row: RungRow) -> str:
     """The footnote for a VOID or NOT_RUN rung: what happened, with the first error."""
     if row.status == "VOID":
         first = f"; first error: `{row.errors[0]}`" if row.errors else ""
-        return (f"{run.label}, c={row.concurrency}: VOID, {row.num_ok} ok and {row.num_failed} failed "
+        return (f"{run.label}, {rung_name(row)}: VOID, {row.num_ok} ok and {row.num_failed} failed "
                 f"({row.reason}){first}. A VOID rung has no numbers.")
-    return f"{run.label}, c={row.concurrency}: NOT_RUN ({row.reason})."
+    return f"{run.label}, {rung_name(row)}: NOT_RUN ({row.reason})."
 
 
-def client_bound_note(run: Run, row: RungRow) -> str:
-    audit = row.audit or {}
-    return (f"{run.label}, c={row.concurrency}: CLIENT_BOUND, client CPU {audit.get('cpu_pct', 0):.0f}% of a core, "
-            f"event-loop lag p99 {audit.get('loop_lag_p99_ms', 0):.1f} ms: the numbers may describe the "
-            f"client as much as the server.")
+def _audit(row: RungRow) -> str:
+    return (row.audit or {}).get("criterion", "no audit recorded")
+
+
+def _late(row: RungRow) -> str:
+    late = row.lateness or {}
+    return f"{late.get('num_late', '?')} requests sent late (max {late.get('max_ms', 0):.0f} ms)"
+
+
+# flag -> (what it says about the rung, the detail from its row)
+FLAG_NOTES: dict[str, tuple[str, Callable[[RungRow], str]]] = {
+    "CLIENT_BOUND": ("the numbers may describe the client as much as the server", _audit),
+    "HOST_CONTENTION": ("another process delayed the client; the numbers may describe the machine's load", _audit),
+    "BELOW_C": ("the rung never had c requests in flight, so it did not measure c",
+                lambda row: f"peak {row.peak_in_flight} in flight"),
+    "LATE": ("the client fell behind the arrival schedule, so the server saw less than the rate", _late),
+}
+
+
+def flag_note(run: Run, row: RungRow, flag: str) -> str:
+    meaning, detail = FLAG_NOTES[flag]
+    return f"{run.label}, {rung_name(row)}: {flag}, {detail(row)}: {meaning}."
+
+
+def rung_name(row: RungRow) -> str:
+    return f"rate={row.request_rate:g}" if row.request_rate is not None else f"c={row.concurrency}"
 
 
 def fmt(value: float, decimals: int) -> str:
@@ -119,6 +142,7 @@ def cell(run: Run, c: int, metric: Metric, pct: str, baseline: Run | None, notes
         base = value(baseline, c, metric, pct)
         if base:  # no Δ against a missing, VOID or zero baseline value
             text += f" ({100 * (v - base) / base:+.1f}%)"
-    if "CLIENT_BOUND" in row.flags:
-        text += f" CLIENT_BOUND{notes.ref(client_bound_note(run, row))}"
+    for flag in row.flags:
+        if flag in FLAG_NOTES:
+            text += f" {flag}{notes.ref(flag_note(run, row, flag))}"
     return text

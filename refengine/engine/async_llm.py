@@ -4,8 +4,10 @@ The engine loop runs on its own thread, so a forward pass never blocks the event
 aborts reach it through a command queue that it drains before every step, so requests are admitted
 while the engine is busy. Each request's deltas go back to the event loop that asked for them.
 
-If the loop raises, the engine is dead: the reason is logged once, every stream in flight gets an
-EngineDeadError, and so does every later call. The process stays up so that clients can read why.
+A request that fails on its own (it cannot be added, say) fails alone: its caller gets a
+RequestFailedError and the loop goes on. If the loop itself raises, the engine is dead: the reason is
+logged once, every stream in flight gets an EngineDeadError, and so does every later call. The process
+stays up so that clients can read why.
 """
 
 import asyncio
@@ -26,6 +28,7 @@ from refengine.engine.outputs import (
     EngineStats,
     GenerationRequest,
     RequestDelta,
+    RequestFailedError,
 )
 from refengine.request import Request
 
@@ -35,9 +38,9 @@ logger = logging.getLogger("refengine")
 @dataclass(frozen=True, slots=True)
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: "asyncio.Queue[RequestDelta | EngineDeadError]"
+    queue: "asyncio.Queue[RequestDelta | EngineDeadError | RequestFailedError]"
 
-    def put(self, item: "RequestDelta | EngineDeadError") -> None:
+    def put(self, item: "RequestDelta | EngineDeadError | RequestFailedError") -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
@@ -102,7 +105,7 @@ class AsyncLLM:
         try:
             while not finished:
                 item = await stream.queue.get()
-                if isinstance(item, EngineDeadError):
+                if isinstance(item, EngineDeadError | RequestFailedError):
                     raise item
                 finished = item.finished
                 yield item
@@ -156,7 +159,12 @@ class AsyncLLM:
 
     def _apply(self, command: "_Add | _Abort | None") -> None:
         if isinstance(command, _Add):
-            self._add(command)
+            try:
+                self._add(command)
+            except Exception as err:  # noqa: BLE001 - whatever one request raises, it fails alone
+                # Invariant: request-level fault isolation. An error while adding a request ends that
+                # request only; the loop, and every other request, carry on.
+                self._reject(command, f"{type(err).__name__}: {err}")
         elif isinstance(command, _Abort):
             if self._streams.pop(command.request_id, None) is not None:
                 self.engine.core.abort_requests([command.request_id])
@@ -180,6 +188,16 @@ class AsyncLLM:
         self._processor.add_request(req.request_id, len(req.prompt_token_ids), req.sampling_params.stop)
         self._streams[req.request_id] = command.stream
         self._num_prompt_tokens += len(req.prompt_token_ids)
+
+    def _reject(self, command: _Add, reason: str) -> None:
+        """Undoes whatever part of `_add` happened, then tells the request's caller why it failed."""
+        req_id = command.request.request_id
+        logger.warning("request %s failed and was dropped: %s", req_id, reason)
+        self.engine.core.abort_requests([req_id])
+        self._processor.abort(req_id)
+        self.engine.stop_checker.forget(req_id)
+        self._streams.pop(req_id, None)
+        command.stream.put(RequestFailedError(req_id, reason))
 
     def _publish(self, outputs) -> None:
         for req_id, delta in self._processor.process(outputs):

@@ -77,6 +77,16 @@ class EngineDeadError(RuntimeError):
         self.reason = reason
 
 
+class RequestFailedError(RuntimeError):
+    """Raised by generate() when one request failed while the engine stayed alive (it could not be
+    added, say); only that request is lost."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"request {request_id} failed: {reason}")
+        self.request_id = request_id
+        self.reason = reason
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """A finished request, as LLM.generate returns it."""

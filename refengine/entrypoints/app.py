@@ -6,6 +6,7 @@ Every client mistake becomes a 4xx with an OpenAI error body; a 5xx means the en
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import time
 from collections.abc import AsyncGenerator
@@ -18,8 +19,14 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refengine.entrypoints import sse
+from refengine.entrypoints.admission import AdmissionGate, Ticket
 from refengine.entrypoints.builders import ChatBuilder, CompletionBuilder, ResponseBuilder
-from refengine.entrypoints.engine_client import EngineClient, EngineDeadError, RequestDelta
+from refengine.entrypoints.engine_client import (
+    EngineClient,
+    EngineDeadError,
+    RequestDelta,
+    RequestFailedError,
+)
 from refengine.entrypoints.errors import APIError, engine_dead, from_validation_error
 from refengine.entrypoints.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
 from refengine.entrypoints.protocol import (
@@ -27,6 +34,7 @@ from refengine.entrypoints.protocol import (
     CompletionRequest,
     RequestModel,
     SamplingRequest,
+    lone_surrogate,
 )
 from refengine.entrypoints.responses import ModelCard, ModelList
 from refengine.entrypoints.serving import PreparedRequest, chat_logprobs_wanted, new_request_id, prepare
@@ -34,6 +42,8 @@ from refengine.entrypoints.serving import PreparedRequest, chat_logprobs_wanted,
 M = TypeVar("M", bound=RequestModel)
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+# Requests that may queue behind the running batch before new ones get 429 (README, "Overload").
+DEFAULT_MAX_WAITING_REQUESTS = 256
 
 # Status for a request whose client left before the answer; nobody receives it (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -44,13 +54,20 @@ class ServerConfig:
     served_model_name: str
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS  # None: no bound
+    request_timeout: float | None = None  # seconds; None: requests run until they finish
 
 
 class OpenAIServer:
     def __init__(self, engine: EngineClient, config: ServerConfig) -> None:
         self.engine = engine
         self.config = config
-        self.metrics = ServerMetrics(engine, config.served_model_name)
+        self.gate = AdmissionGate(
+            max_num_seqs=engine.engine_info.max_num_seqs,
+            max_waiting_requests=config.max_waiting_requests,
+            request_timeout=config.request_timeout,
+        )
+        self.metrics = ServerMetrics(engine, config.served_model_name, self.gate)
         self.created = int(time.time())
 
     # ---- request edge: auth, body, parsing ---------------------------------------------------------
@@ -90,7 +107,15 @@ class OpenAIServer:
         try:
             return model.model_validate_json(raw)
         except ValidationError as e:
-            raise from_validation_error(e) from None
+            error = from_validation_error(e)
+        if error.code == "invalid_json" and (escape := lone_surrogate(raw)) is not None:
+            raise APIError(
+                400,
+                f"the request body holds the escape {escape}, half of a UTF-16 surrogate pair without "
+                "its other half; it is no Unicode character, so no text can hold it",
+                code="invalid_unicode",
+            )
+        raise error
 
     def check_model(self, req: SamplingRequest) -> None:
         if req.model is not None and req.model != self.config.served_model_name:
@@ -125,7 +150,7 @@ class OpenAIServer:
             self.engine.tokenizer,
             prepared.options,
         )
-        return await self.generate(request, prepared, builder)
+        return await self.generate(request, prepared, builder, req.timeout)
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self.read_request(request, ChatCompletionRequest)
@@ -138,7 +163,7 @@ class OpenAIServer:
             self.engine.tokenizer,
             prepared.options,
         )
-        return await self.generate(request, prepared, builder)
+        return await self.generate(request, prepared, builder, req.timeout)
 
     def _tokenize_chat(self, req: ChatCompletionRequest) -> list[int]:
         tokenizer = self.engine.tokenizer
@@ -165,27 +190,52 @@ class OpenAIServer:
 
     # ---- driving the engine ------------------------------------------------------------------------
 
-    async def generate(
-        self, request: Request, prepared: PreparedRequest, builder: ResponseBuilder
-    ) -> Response:
-        timing = self.metrics.timer()
+    def admit(self, timeout: float | None) -> Ticket:
         try:
-            stream = self.engine.generate(prepared.generation)
+            return self.gate.admit(timeout)
+        except APIError as e:
+            self.metrics.rejected(e.code)
+            raise
+
+    async def generate(
+        self, request: Request, prepared: PreparedRequest, builder: ResponseBuilder, timeout: float | None
+    ) -> Response:
+        """Admits one request and drives it. Its ticket is released on every path: here, unless a
+        stream response takes it over and releases it when the response is done."""
+        ticket = self.admit(timeout)
+        timing = self.metrics.timer()
+        stream = self.engine.generate(prepared.generation)
+        handed_over = False
+        try:
             if not prepared.options.stream:
-                deltas = await sse.until_disconnect(request.receive, self._collect(stream, timing))
+                async with ticket.limit():
+                    deltas = await sse.until_disconnect(request.receive, self._collect(stream, timing))
                 return JSONResponse(builder.response(deltas).model_dump())
             # Headers wait for the first output, so an engine that is dead or dies before producing
             # anything still gets a proper 500 instead of a 200 stream carrying an error.
-            first = await sse.until_disconnect(request.receive, anext(stream))
+            async with ticket.limit():
+                first = await sse.until_disconnect(request.receive, anext(stream))
+            handed_over = True
         except sse.ClientDisconnected:
+            self.metrics.aborted("client_disconnect")
             return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except TimeoutError:
+            self.metrics.aborted(ticket.cutoff_reason)
+            raise ticket.cutoff_error(prepared.generation.request_id) from None
         except EngineDeadError as e:
             self.metrics.failed()
             raise engine_dead(e.reason) from None
+        except RequestFailedError as e:
+            self.metrics.failed()
+            raise APIError(500, str(e), code="request_failed") from None
         except StopAsyncIteration:
             self.metrics.failed()
             raise APIError(500, "the engine ended the request without output", code="engine_error") from None
-        return sse.EventStreamResponse(self._events(stream, first, builder, timing, prepared))
+        finally:
+            if not handed_over:
+                ticket.release()
+        events = self._events(stream, first, builder, timing, prepared, ticket)
+        return sse.EventStreamResponse(events, on_close=ticket.release)
 
     async def _collect(
         self, stream: AsyncGenerator[RequestDelta, None], timing: RequestTimer
@@ -206,36 +256,60 @@ class OpenAIServer:
         builder: ResponseBuilder,
         timing: RequestTimer,
         prepared: PreparedRequest,
+        ticket: Ticket,
     ) -> AsyncGenerator[bytes, None]:
-        async with contextlib.aclosing(stream):
-            for chunk in builder.prelude(first.num_prompt_tokens):
-                yield sse.event(chunk)
-            delta = first
-            try:
-                while True:
-                    timing.observe(delta)
-                    chunk = builder.chunk(delta)
-                    if chunk is not None:
-                        yield sse.event(chunk)
-                    if delta.finished:
-                        break
-                    delta = await anext(stream)
-            except EngineDeadError as e:
-                # The 200 has been sent; the failure travels as an error event, as vLLM does.
-                self.metrics.failed()
-                yield sse.event(engine_dead(e.reason).body())
+        accounted = False  # the request's outcome is in the metrics; if not, the client left first
+        try:
+            async with contextlib.aclosing(stream):
+                for chunk in builder.prelude(first.num_prompt_tokens):
+                    yield sse.event(chunk)
+                delta = first
+                try:
+                    while True:
+                        timing.observe(delta)
+                        accounted = delta.finished
+                        chunk = builder.chunk(delta)
+                        if chunk is not None:
+                            yield sse.event(chunk)
+                        if delta.finished:
+                            break
+                        async with ticket.limit():
+                            delta = await anext(stream)
+                except TimeoutError:
+                    # Cut off mid-stream (its deadline or shutdown): the engine request is already
+                    # aborted; the client gets finish_reason "abort", then the reason as an error event.
+                    self.metrics.aborted(ticket.cutoff_reason)
+                    accounted = True
+                    delta = dataclasses.replace(
+                        delta, token_ids=[], text="", logprobs=None, finished=True, finish_reason="abort"
+                    )
+                    yield sse.event(builder.chunk(delta))
+                    if prepared.options.include_usage:
+                        yield sse.event(builder.usage_chunk(delta))
+                    yield sse.event(ticket.cutoff_error(prepared.generation.request_id).body())
+                    yield sse.DONE
+                    return
+                except EngineDeadError as e:
+                    # The 200 has been sent; the failure travels as an error event, as vLLM does.
+                    self.metrics.failed()
+                    accounted = True
+                    yield sse.event(engine_dead(e.reason).body())
+                    yield sse.DONE
+                    return
+                except StopAsyncIteration:
+                    self.metrics.failed()
+                    accounted = True
+                    yield sse.event(
+                        APIError(500, "the engine ended the stream early", code="engine_error").body()
+                    )
+                    yield sse.DONE
+                    return
+                if prepared.options.include_usage:
+                    yield sse.event(builder.usage_chunk(delta))
                 yield sse.DONE
-                return
-            except StopAsyncIteration:
-                self.metrics.failed()
-                yield sse.event(
-                    APIError(500, "the engine ended the stream early", code="engine_error").body()
-                )
-                yield sse.DONE
-                return
-            if prepared.options.include_usage:
-                yield sse.event(builder.usage_chunk(delta))
-            yield sse.DONE
+        finally:
+            if not accounted:
+                self.metrics.aborted("client_disconnect")
 
     # ---- operations --------------------------------------------------------------------------------
 
@@ -243,7 +317,23 @@ class OpenAIServer:
         reason = self.engine.dead_reason
         if reason is not None:
             return APIError(503, f"engine is dead: {reason}", code="engine_dead").response()
+        if self.gate.draining:
+            return APIError(503, "shutting down", code="shutting_down").response()
         return JSONResponse({"status": "ok"})
+
+    async def blocks_in_use_when_idle(self, timeout: float = 10.0) -> int:
+        """After a drain: waits (up to `timeout`) for the engine to apply the aborts, then returns the
+        KV blocks still in use. Invariant: once every request has ended, every block is back in the
+        pool; a dead engine's pool is not looked at."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            stats = self.engine.stats()
+            idle = stats.num_requests_running == stats.num_requests_waiting == 0
+            if self.engine.dead_reason is not None or (idle and stats.num_free_blocks == stats.num_blocks):
+                return 0
+            if asyncio.get_running_loop().time() > deadline:
+                return stats.num_blocks - stats.num_free_blocks
+            await asyncio.sleep(0.05)
 
     def models(self, request: Request) -> Response:
         self.check_auth(request)
@@ -263,6 +353,7 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
     server = OpenAIServer(engine, config)
     # No generated docs: every route is one of the OpenAI ones below, and nothing else answers 200.
     app = FastAPI(title="refengine", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.openai_server = server  # the HTTP server drains it on shutdown
 
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.render_metrics, methods=["GET"])

@@ -12,18 +12,23 @@ from dataclasses import dataclass
 from types import FrameType
 
 import click
-import uvicorn
 
 from refengine.engine.arg_utils import DEFAULT_MAX_MODEL_LEN, DTYPE_NAMES, FAULT_ENV_VAR, EngineArgs
-from refengine.entrypoints.app import DEFAULT_MAX_REQUEST_BYTES, ServerConfig, build_app
+from refengine.entrypoints.app import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_WAITING_REQUESTS,
+    ServerConfig,
+    build_app,
+)
 from refengine.entrypoints.engine_client import EngineClient
+from refengine.entrypoints.http_server import make_server
 from refengine.model.config import ATTENTION_BACKENDS
 from refengine.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
-# Seconds in-flight streams get to finish on shutdown before uvicorn closes them.
-GRACEFUL_SHUTDOWN_S = 5
+# Seconds requests in flight get to finish on SIGTERM/SIGINT before they are aborted.
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class ServeOptions:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_level: str = "info"
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS
+    request_timeout: float | None = None
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
 
 
 # The flags' defaults come from these two, so `refengine serve --help` shows what the engine uses.
@@ -96,16 +104,17 @@ def run_server(engine: EngineClient, options: ServeOptions, sock: socket.socket)
         served_model_name=options.served_model_name or engine.model_name,
         api_key=options.api_key,
         max_request_bytes=options.max_request_bytes,
+        max_waiting_requests=options.max_waiting_requests,
+        request_timeout=options.request_timeout,
     )
     app = build_app(engine, config)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=options.host,
-            port=sock.getsockname()[1],  # what uvicorn's startup line reports
-            log_level=options.log_level,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
+    server = make_server(
+        app,
+        app.state.openai_server,
+        host=options.host,
+        port=sock.getsockname()[1],  # what uvicorn's startup line reports
+        log_level=options.log_level,
+        shutdown_grace=options.shutdown_grace,
     )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal for the handler it
     # replaced. By then the server has stopped cleanly, so that handler absorbs it and the process
@@ -117,6 +126,8 @@ def run_server(engine: EngineClient, options: ServeOptions, sock: socket.socket)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         engine.shutdown()
+    if server.leaked_blocks:
+        raise click.ClickException(f"{server.leaked_blocks} KV blocks were still in use after the drain")
 
 
 def _absorb(signum: int, frame: FrameType | None) -> None:
@@ -227,6 +238,29 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         "server's own threads need the other core.",
     )
     @click.option(
+        "--max-waiting-requests",
+        type=click.IntRange(min=0),
+        default=SERVE_DEFAULTS.max_waiting_requests,
+        show_default=True,
+        help="Requests that may wait behind the running batch (--max-num-seqs); past that, 429 with "
+        "Retry-After.",
+    )
+    @click.option(
+        "--request-timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="Seconds a request may run before it is aborted (default: no limit); a request's own "
+        "`timeout` field can only shorten it.",
+    )
+    @click.option(
+        "--shutdown-grace",
+        type=click.FloatRange(min=0),
+        default=SERVE_DEFAULTS.shutdown_grace,
+        show_default=True,
+        help="On SIGTERM/SIGINT, seconds requests in flight get to finish (new ones get 503) before "
+        "the rest are aborted.",
+    )
+    @click.option(
         "--log-level",
         type=click.Choice(["critical", "error", "warning", "info", "debug"]),
         default=SERVE_DEFAULTS.log_level,
@@ -256,6 +290,9 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         max_request_bytes: int,
         fault_after_steps: int | None,
         threads: int | None,
+        max_waiting_requests: int,
+        request_timeout: float | None,
+        shutdown_grace: float,
         log_level: str,
     ) -> None:
         """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models,
@@ -287,6 +324,9 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
             max_request_bytes=max_request_bytes,
             log_level=log_level,
             threads=threads,
+            max_waiting_requests=max_waiting_requests,
+            request_timeout=request_timeout,
+            shutdown_grace=shutdown_grace,
         )
         sock = bind(host, port)
         try:

@@ -14,6 +14,7 @@ from refengine.engine.outputs import (
     EngineStats,
     GenerationRequest,
     RequestDelta,
+    RequestFailedError,
     TokenLogprobs,
 )
 from refengine.sampling_params import SamplingParams
@@ -26,6 +27,7 @@ __all__ = [
     "GenerationRequest",
     "Message",
     "RequestDelta",
+    "RequestFailedError",
     "SamplingParams",
     "TokenLogprobs",
     "Tokenizer",

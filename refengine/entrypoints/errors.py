@@ -13,13 +13,20 @@ _TYPE_BY_STATUS = {401: "authentication_error", 500: "server_error", 503: "serve
 
 class APIError(Exception):
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code or HTTPStatus(status).phrase.lower().replace(" ", "_")
+        self.headers = headers or {}
 
     def body(self) -> ErrorResponse:
         error_type = _TYPE_BY_STATUS.get(self.status, "invalid_request_error")
@@ -28,7 +35,9 @@ class APIError(Exception):
         )
 
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body().model_dump(), status_code=self.status, headers=headers)
+        return JSONResponse(
+            self.body().model_dump(), status_code=self.status, headers={**self.headers, **(headers or {})}
+        )
 
 
 def engine_dead(reason: str) -> APIError:

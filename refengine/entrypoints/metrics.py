@@ -10,10 +10,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from refengine.entrypoints.admission import AdmissionGate
 from refengine.entrypoints.engine_client import EngineClient, RequestDelta
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -99,7 +100,7 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """The metrics of one app, on its own registry."""
 
-    def __init__(self, engine: EngineClient, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str, gate: AdmissionGate) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine, model_name))
@@ -115,6 +116,25 @@ class ServerMetrics:
             ["model_name"],
             registry=self.registry,
         )
+        self.request_rejected = Counter(
+            "refengine:request_rejected",
+            "Requests refused before reaching the engine: queue_full (429) or shutting_down (503).",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
+        self.request_aborted = Counter(
+            "refengine:request_aborted",
+            "Requests ended before their last token: client_disconnect, timeout or shutdown.",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
+        in_flight = Gauge(
+            "refengine:requests_in_flight",
+            "Requests the server has admitted and not yet answered in full.",
+            ["model_name"],
+            registry=self.registry,
+        )
+        in_flight.labels(model_name).set_function(lambda: gate.num_in_flight)
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time from the HTTP request to the first generated token.",
@@ -135,6 +155,12 @@ class ServerMetrics:
 
     def failed(self) -> None:
         self.request_failure.labels(self.model_name).inc()
+
+    def rejected(self, reason: str) -> None:
+        self.request_rejected.labels(self.model_name, reason).inc()
+
+    def aborted(self, reason: str) -> None:
+        self.request_aborted.labels(self.model_name, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

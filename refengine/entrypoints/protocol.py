@@ -7,6 +7,7 @@ they carry their no-op value, so a client is never silently given different sema
 Cross-field rules that need the prompt length or the tokenizer live in serving.py.
 """
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -56,6 +57,9 @@ class SamplingRequest(RequestModel):
     return_tokens_as_token_ids: bool | None = None
     return_token_ids: bool | None = None
     user: str | None = None
+    # Seconds the request may take, from its arrival to its last token; the server's --request-timeout
+    # caps it. Past it the request is aborted (its KV freed) and the client gets an error.
+    timeout: FiniteFloat | None = Field(None, gt=0.0)
     # Accepted only at their no-op value (see the module docstring).
     presence_penalty: FiniteFloat | None = None
     frequency_penalty: FiniteFloat | None = None
@@ -230,3 +234,27 @@ class ChatCompletionRequest(SamplingRequest):
         if value is not None and value != {"type": "text"}:
             raise ValueError('only {"type": "text"} is supported')
         return value
+
+
+def lone_surrogate(raw: bytes) -> str | None:
+    """The first unpaired UTF-16 surrogate escape (such as \\ud800) in a JSON body, spelled as sent.
+
+    JSON grammar allows such escapes, but they name no Unicode character, so no text can hold them;
+    the strict parser reports only "unexpected end of hex escape". The lenient standard parser tells
+    the two apart. Called on the error path only."""
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON at all, or nested deeper than Python recurses
+        return None
+    pending = [document]  # walked without recursion: the body may nest as deep as json.loads allows
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            found = next((c for c in value if "\ud800" <= c <= "\udfff"), None)
+            if found is not None:
+                return f"\\u{ord(found):04x}"
+        elif isinstance(value, dict):
+            pending.extend([*value.keys(), *value.values()])
+        elif isinstance(value, list):
+            pending.extend(value)
+    return None

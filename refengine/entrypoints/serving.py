@@ -8,6 +8,10 @@ from refengine.entrypoints.engine_client import GenerationRequest, SamplingParam
 from refengine.entrypoints.errors import APIError
 from refengine.entrypoints.protocol import ChatCompletionRequest, SamplingRequest
 
+# OpenAI's completions API defaults max_tokens to 16, and vLLM follows it. Chat has no such default:
+# without max_tokens / max_completion_tokens it generates until the context is full (vLLM's behaviour).
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
 
 @dataclass(frozen=True)
 class OutputOptions:
@@ -68,7 +72,8 @@ def prepare(
             param=prompt_param,
         )
     if max_tokens is None:
-        max_tokens = room  # as vLLM does: generate until the context is full
+        chat = isinstance(req, ChatCompletionRequest)
+        max_tokens = room if chat else min(DEFAULT_COMPLETION_MAX_TOKENS, room)
     elif max_tokens > room:
         raise APIError(
             400,

@@ -2,7 +2,7 @@
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
 from starlette.responses import Response
@@ -56,9 +56,10 @@ class EventStreamResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
         # Response.__init__ would render a body and a Content-Length; a stream has neither.
         self.events = events
+        self.on_close = on_close
         self.status_code = 200
         self.background = None
         self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})
@@ -74,5 +75,9 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A failed write means the client has gone (ASGI spec >= 2.4); that ends the stream quietly.
-        with contextlib.suppress(ClientDisconnected, OSError):
-            await until_disconnect(receive, self._produce(send))
+        # on_close runs whatever happened, even if the producer never started.
+        try:
+            with contextlib.suppress(ClientDisconnected, OSError):
+                await until_disconnect(receive, self._produce(send))
+        finally:
+            self.on_close()

@@ -21,6 +21,12 @@ Script keys (all optional):
   api_key           require `Authorization: Bearer <api_key>`                        (null)
   spec_k            expose vLLM spec-decode counters as if every chunk were one verify with k drafts
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
+  overload_at       load serials answered 429 (the server sheds load)
+  slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
+  stop_after        finish with finish_reason "stop" after this many tokens (an EOS), unless ignore_eos
+  tls               [certfile, keyfile]: serve HTTPS with this certificate
+  canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
+  plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
   die_after         after this many load requests the engine dies ...
   die_mode          ... "exit" (the process exits), "500" (every completion then fails, /health stays 200,
                     like an engine stopped behind a live HTTP front) or "stall" (every stream then freezes)
@@ -33,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 
 TOKEN_TEXTS = ["é", "日本", " w", "ö", "€"]  # multi-byte UTF-8 on purpose
@@ -42,6 +49,7 @@ class FakeServer:
     def __init__(self, script: dict):
         self.s = script
         self.num_load = 0
+        self.num_canary = 0
         self.dead = False
         self.stalled = asyncio.Event()
         self.drafts = 0
@@ -69,7 +77,8 @@ class FakeServer:
 
     def send_json(self, writer, status: int, obj) -> None:
         data = json.dumps(obj).encode()
-        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Error"}[status]
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
+                  500: "Error"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
 
@@ -110,6 +119,11 @@ class FakeServer:
             self.send_json(writer, 400, {"error": {"message": "unknown field continuous_usage_stats"}})
             return True
         serial = None
+        if max_tokens == 1 and self.num_load:
+            self.num_canary += 1
+            if self.num_canary - 1 in s.get("canary_fail_at", ()):
+                self.send_json(writer, 500, {"error": {"message": "hiccup"}})
+                return True
         if max_tokens > 1:
             serial = self.num_load
             self.num_load += 1
@@ -123,6 +137,15 @@ class FakeServer:
         if self.dead or serial in s.get("fail_at", ()):
             self.send_json(writer, 500, {"error": {"message": "request submitted to a stopped engine"}})
             return True
+        if serial in s.get("overload_at", ()):
+            self.send_json(writer, 429, {"error": {"message": "too many requests", "type": "overloaded"}})
+            return True
+        if s.get("plain_json"):
+            self.send_json(writer, 200, {"choices": [{"message": {"content": "hi"}}]})
+            return True
+        stopped = s.get("stop_after") is not None and not req.get("ignore_eos") and s["stop_after"] < max_tokens
+        if stopped:
+            max_tokens = s["stop_after"]
         if s.get("short_at") and serial in s["short_at"]:
             max_tokens -= 1
         prompt = (req["messages"][0]["content"] if chat else req["prompt"])
@@ -161,7 +184,7 @@ class FakeServer:
 
         if chat and s.get("role_prelude", True):
             await emit(chunk("", 0, role=True))
-        await asyncio.sleep(s.get("ttft", 0.0))
+        await asyncio.sleep(s.get("slow_ttft", 0.0) if serial in s.get("slow_at", ()) else s.get("ttft", 0.0))
         k = s.get("tokens_per_chunk", 1)
         done = 0
         while done < max_tokens:
@@ -179,7 +202,8 @@ class FakeServer:
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
             text = "".join("Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p, d in zip(positions, diverged))
             ids = [99 if d else p % len(TOKEN_TEXTS) for p, d in zip(positions, diverged)]
-            await emit(chunk(text, done, finish="length" if done == max_tokens else None, ids=ids))
+            finish = ("stop" if stopped else "length") if done == max_tokens else None
+            await emit(chunk(text, done, finish=finish, ids=ids))
             if done < max_tokens:
                 gap = s.get("gap", 0.0)
                 await asyncio.sleep(gap) if gap else await asyncio.sleep(0)
@@ -205,7 +229,11 @@ async def emit_raw(writer, data: bytes) -> None:
 
 async def main(port: int, script: dict) -> None:
     fake = FakeServer(script)
-    server = await asyncio.start_server(fake.handle, "127.0.0.1", port)
+    context = None
+    if script.get("tls"):
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*script["tls"])
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", port, ssl=context)
     print("ready", server.sockets[0].getsockname()[1], flush=True)
     async with server:
         await server.serve_forever()

@@ -30,15 +30,19 @@ def summary(mean: float) -> Summary:
 
 
 def ok(c: int, tput: float, ttft: float = 100.0, tpot: float = 20.0, input_tokens: int = 128,
-       output_tokens: int = 64, spec: SpecAcceptance | None = None, cpu_pct: float = 5.0) -> RungOk:
+       output_tokens: int = 64, spec: SpecAcceptance | None = None, cpu_pct: float = 5.0,
+       loop_lag_ms: float = 1.0, output_max: int | None = None, peak: int | None = None) -> RungOk:
+    """An OK rung; output lengths span output_tokens..output_max (default: all equal)."""
+    top = output_tokens if output_max is None else output_max
     stats = RungStats(
         num_requests=4 * c, duration_s=10.0, request_throughput=tput / output_tokens, output_throughput=tput,
         total_throughput=tput * 3, per_user_tok_s=1000.0 / tpot,
         input_tokens=LengthStats(input_tokens, float(input_tokens), input_tokens),
-        output_tokens=LengthStats(output_tokens, float(output_tokens), output_tokens),
+        output_tokens=LengthStats(output_tokens, (output_tokens + top) / 2, top),
         ttft_ms=summary(ttft), e2e_ms=summary(ttft + 63 * tpot), tpot_ms=summary(tpot),
         chunk_gap_ms=summary(tpot), itl_token_ms=None, tokens_per_chunk=summary(1.0))
-    return RungOk(c, 5 * c, f"h{c}" * 32, stats, Audit(cpu_pct, 1.0, 0.5), spec)
+    return RungOk(c, 5 * c, f"h{c}" * 32, stats, Audit(cpu_pct, loop_lag_ms, 0.5), spec, num_measured=4 * c,
+                  peak_in_flight=c if peak is None else peak)
 
 
 def void(c: int, reason: str = "http_error", error: str = "http_error: HTTP 500: boom") -> RungVoid:

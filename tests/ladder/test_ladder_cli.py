@@ -1,5 +1,7 @@
 """Bad input gets one line on stderr and exit code 2, never a traceback."""
 
+import json
+import shutil
 import subprocess
 import sys
 
@@ -24,9 +26,74 @@ def one_line_error(code, out, err) -> str:
     (("--output-len", "1"), "Invalid value for '--output-len'"),
     (("--prompts-per-rung", "4", "--prompts-per-concurrency", "2"), "not both"),
     (("--bogus",), "No such option"),
+    (("--c", "2,1,2"), "a rung appears twice"),
+    (("--request-rate", "1,0"), "positive request rates"),
+    (("--c", "1", "--request-rate", "2"), "exclude each other"),
+    (("--max-concurrency", "2"), "caps --request-rate"),
+    (("--label", "../../x"), "no path"),
+    (("--c", "8", "--prompts-per-rung", "2"), "below c=8"),
+    (("--goodput", "ttft=500"), "NAME:MS"),
+    (("--goodput", "itl:5"), "NAME:MS"),
+    (("--dataset", "csv:x"), "expected random, sharegpt"),
+    (("--dataset", "sharegpt:/no/such.json", "--output-len", "8"), "no such file"),
+    (("--dataset", "jsonl:/dev/null", "--input-len", "8"), "--input-len sizes random prompts"),
 ])
 def test_malformed_flags(ladder, flags, message):
     assert message in one_line_error(*ladder("--base-url", "http://127.0.0.1:9", *flags)[:3])
+
+
+def test_a_url_without_a_scheme_is_one_line(ladder):
+    assert "has no scheme: write http://127.0.0.1:9" in one_line_error(*ladder("--base-url", "127.0.0.1:9")[:3])
+
+
+def test_a_non_empty_out_is_refused_unless_overwrite(fake_server, ladder, tmp_path):
+    url = fake_server()
+    out = tmp_path / "reused"
+    args = ("--base-url", url, "--c", "1", "--input-len", "32", "--output-len", "4", "--prompts-per-rung", "1",
+            "--out", str(out))
+    assert ladder(*args)[0] == 0
+    assert "is not empty; pass --overwrite" in one_line_error(*ladder(*args)[:3])
+    assert ladder(*args, "--overwrite")[0] == 0
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # one warmup + one measured: the first run's records are gone, not appended to
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    err = one_line_error(*ladder(*args[:-1], str(tmp_path / "other"), "--overwrite")[:3])
+    assert "not a ladder run" in err and (tmp_path / "other" / "notes.txt").exists()
+
+
+def test_headers_are_sent_and_redacted_in_files(fake_server, ladder):
+    url = fake_server(api_key="sekrit")
+    code, _, _, run = ladder("--base-url", url, "--header", "Authorization=Bearer sekrit", "--header",
+                             "X-Team=blue", "--c", "1", "--input-len", "32", "--output-len", "4",
+                             "--prompts-per-rung", "1", "--api-key", "other")
+    assert code == 0  # the header overrides the bearer token built from --api-key
+    text = (run / "manifest.json").read_text()
+    assert "sekrit" not in text and "blue" not in text and "other" not in text
+    assert json.loads(text)["flags"]["headers"] == {"Authorization": "<set>", "X-Team": "<set>"}
+
+
+def test_insecure_accepts_a_self_signed_certificate(fake_server, ladder, tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    url = fake_server(tls=[str(cert), str(key)]).replace("http://", "https://")
+    args = ("--base-url", url, "--c", "1", "--input-len", "32", "--output-len", "4", "--prompts-per-rung", "1")
+    err = one_line_error(*ladder(*args)[:3])
+    assert "cannot reach" in err and "certificate" in err.lower()
+    assert ladder(*args, "--insecure")[0] == 0
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    from ladder.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"ladder {version('specladder')}\n"
 
 
 def test_unreachable_url(ladder):

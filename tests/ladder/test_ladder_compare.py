@@ -49,7 +49,7 @@ def test_cells_hold_value_and_delta_against_the_baseline(tmp_path, compare):
 
 
 def test_void_not_run_and_client_bound_stay_visible_with_reasons(tmp_path, compare):
-    a = write_run(tmp_path, "a", [ok(1, 100.0, cpu_pct=97.0), ok(2, 150.0), ok(4, 200.0)])
+    a = write_run(tmp_path, "a", [ok(1, 100.0, cpu_pct=97.0, loop_lag_ms=30.0), ok(2, 150.0), ok(4, 200.0)])
     b = write_run(tmp_path, "b", [ok(1, 90.0), void(2, error="http_error: HTTP 500: request submitted to a "
                                                                     "stopped AsyncLLM"), not_run(4)])
     code, out, _ = compare(a, b, "--baseline", "b")
@@ -64,9 +64,31 @@ def test_void_not_run_and_client_bound_stay_visible_with_reasons(tmp_path, compa
     assert "engine_dead: the server process exited" in footnote(out, output[4][1])
     # CLIENT_BOUND keeps its numbers and says why; Δ% against a VOID baseline cell is not computed
     assert output[1][0].startswith("100.0 (+11.1%) CLIENT_BOUND[^")
-    assert "client CPU 97% of a core" in footnote(out, output[1][0])
+    assert "event-loop lag p99 30.0 ms > 10 ms, client CPU 97% of a core > 90%" in footnote(out, output[1][0])
     assert output[2][0] == "150.0" and output[4][0] == "200.0"
     assert rows(out, "acceptance length")[1][1] == "n/a"  # an OK rung without spec counters
+
+
+def test_a_rung_that_never_reached_c_is_flagged_below_c(tmp_path, compare):
+    a = write_run(tmp_path, "a", [ok(1, 100.0), ok(4, 150.0, peak=2)])
+    code, out, _ = compare(a)
+    output = rows(out, "output")
+    assert code == 0 and output[1] == ["100.0"] and output[4][0].startswith("150.0 BELOW_C[^")
+    assert "a, c=4: BELOW_C, peak 2 in flight: the rung never had c requests in flight" in footnote(out, output[4][0])
+
+
+def test_open_loop_runs_are_keyed_by_rate_and_never_mixed_with_closed_loop(tmp_path, compare):
+    rate_workload = {**WORKLOAD, "load": {"request_rate": [1.0, 2.5], "burstiness": 1.0, "max_concurrency": None}}
+    rungs = [ok(1, 100.0), ok(2, 150.0)]
+    for rung, rate in zip(rungs, (1.0, 2.5)):
+        object.__setattr__(rung, "request_rate", rate)
+    a = write_run(tmp_path, "a", rungs, workload=rate_workload)
+    code, out, _ = compare(a)
+    assert code == 0 and "| metric | rate (req/s) | a |" in out
+    assert [line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| output (")] == ["1", "2.5"]
+    closed = write_run(tmp_path, "b", [ok(1, 100.0)], workload={**WORKLOAD, "load": {"concurrency": [1]}})
+    code, _, err = compare(a, closed)
+    assert code == 2 and "load: a = request rate, b = concurrency" in err
 
 
 def test_formulas_are_footnoted_and_the_percentile_is_stated(tmp_path, compare):
@@ -125,6 +147,8 @@ def test_a_workload_mismatch_is_refused_unless_allowed(tmp_path, compare):
     (ok(1, 90.0, input_tokens=130), None),  # a chat template's extra BOS: within ±2
     (ok(1, 90.0, input_tokens=131), "input tokens at c=1: a = 128, b = 131 (must match within ±2)"),
     (ok(1, 90.0, output_tokens=63), "output tokens at c=1: a = 64, b = 63 (must match exactly)"),
+    # the same shortest output, but b's longest differs: the guard must look at both ends of the span
+    (ok(1, 90.0, output_tokens=64, output_max=70), "output tokens at c=1: a = 64, b = 64–70 (must match exactly)"),
 ])
 def test_realised_lengths_input_within_two_tokens_output_exact(tmp_path, compare, b_rung, refused):
     a = write_run(tmp_path, "a", [ok(1, 100.0)])
@@ -164,3 +188,14 @@ def test_runs_sharing_a_label_are_told_apart_by_directory(tmp_path, compare):
     (tmp_path / "y" / "run").rename(tmp_path / "y" / "second")
     code, out, _ = compare(a.parent / "first", b.parent / "second")
     assert code == 0 and "| metric | c | first | second |" in out
+
+
+def test_plots_of_an_open_loop_run_skip_rate_inf_and_say_rate(tmp_path, compare):
+    rate_workload = {**WORKLOAD, "load": {"request_rate": [1.0, 2.0, float("inf")]}}
+    rungs = [ok(1, 100.0), ok(2, 150.0), ok(4, 160.0)]
+    for rung, rate in zip(rungs, (1.0, 2.0, float("inf"))):
+        object.__setattr__(rung, "request_rate", rate)
+    a = write_run(tmp_path, "a", rungs, workload=rate_workload)
+    code, out, _ = compare(a, "--out", tmp_path / "r.md", "--plots", tmp_path / "p")
+    assert code == 0 and (tmp_path / "p" / "throughput.png").stat().st_size > 10_000
+    assert "| output (tok/s)[^1] | inf | 160.0 |" in (tmp_path / "r.md").read_text()

@@ -76,3 +76,28 @@ def test_text_is_compared_where_a_server_gives_no_ids(fake_server, identity):
 def test_unreachable_endpoint_is_a_usage_error(identity):
     code, _, err = identity("--a", "http://127.0.0.1:9", "--b", "http://127.0.0.1:9")
     assert code == 2 and err.startswith("ladder: error: cannot reach")
+
+
+def test_the_api_key_is_redacted_in_the_verdict_file(fake_server, identity, tmp_path):
+    a = fake_server(api_key="sekrit")
+    code, _, _ = identity("--a", a, "--b", a, "--c", "1", "--prompts", "1", "--max-tokens", "4",
+                          "--api-key", "sekrit", "--out", tmp_path / "v.json")
+    text = (tmp_path / "v.json").read_text()
+    assert code == 0 and "sekrit" not in text and json.loads(text)["config"]["api_key"] == "<set>"
+
+
+def test_a_divergence_on_an_eos_token_says_so(fake_server, identity):
+    a, b = fake_server(stop_after=5), fake_server()  # A's model ends at token 5, B's goes on
+    code, out, _ = identity("--a", a, "--b", b, "--c", "1", "--prompts", "1", "--max-tokens", "8")
+    assert code == 1 and "DIVERGED at token 5 (of 5 / 8 tokens)" in out
+    assert "the divergence falls on an end-of-sequence token: A stopped there (finish_reason stop)" in out
+    # the default is --no-ignore-eos; with ignore_eos the scripted server does not stop
+    code, out, _ = identity("--a", a, "--b", b, "--c", "1", "--prompts", "1", "--max-tokens", "8", "--ignore-eos")
+    assert code == 0
+
+
+def test_a_failed_request_is_an_error_verdict_not_a_divergence(fake_server, identity):
+    a, b = fake_server(fail_at=[0]), fake_server()
+    code, out, _ = identity("--a", a, "--b", b, "--c", "1", "--prompts", "2", "--max-tokens", "4")
+    assert code == 1
+    assert "c=1 #0  ERROR  A: http_error: HTTP 500: " in out and "c=1 #1  identical  (4 tokens)" in out

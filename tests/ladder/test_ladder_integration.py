@@ -26,6 +26,7 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     for r in rungs:
         st = r["stats"]
         assert st["num_requests"] == 3 * r["concurrency"]
+        assert r["peak_in_flight"] == r["concurrency"] and r["flags"] == []  # the rung really ran at c
         assert st["output_tokens"] == {"min": 10, "mean": 10.0, "max": 10}
         assert st["tokens_per_chunk"]["mean"] == 10 / 4  # chunks of 3, 3, 3, 1
         assert abs(st["input_tokens"]["mean"] - 64) <= 2  # calibrated through two probes
@@ -34,7 +35,7 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
         assert 50 <= st["ttft_ms"]["percentiles"]["p50"] < 1000
         assert 10 <= st["chunk_gap_ms"]["percentiles"]["p50"] < 500
         assert st["itl_token_ms"]["mean"] < st["chunk_gap_ms"]["mean"]  # 3 tokens share most gaps
-        assert st["e2e_ms"]["mean"] >= st["ttft_ms"]["mean"] + 30
+        assert st["e2e_ms"]["mean"] >= st["ttft_ms"]["mean"] + 25  # three 10 ms gaps, less timer slack
     records = load_records(run)
     assert len(records) == 4 + 8
     assert all(r["chunk_usage"] == [3, 6, 9, 10] and r["num_events"] == 7 for r in records)  # +prelude, usage, DONE
@@ -46,9 +47,17 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     assert manifest["engine_sources"]["dtype"] == "metadata"
     assert manifest["engine_sources"]["max_model_len"] == "server"
     assert manifest["workload"]["continuous_usage_stats"] is True
+    nonce = manifest["workload"]["cache_bust"]["nonce"]
+    assert len(nonce) == 8
+    # a second run: another nonce (no prefix cache can serve it), the same requests as far as compare goes
+    _, _, _, again = ladder("--base-url", url, "--c", "1,2", *FAST)
+    other = json.loads((again / "manifest.json").read_text())["workload"]
+    assert other["cache_bust"]["nonce"] != nonce
+    assert other["rung_prompt_hashes"] == manifest["workload"]["rung_prompt_hashes"]
     assert manifest["workload"]["rung_prompt_hashes"]["1"] == rungs[0]["prompt_hash"]
     assert len((run / "rungs.csv").read_text().splitlines()) == 3
-    assert "Definitions" in out and "c=2" in out
+    assert "latency per rung, ms: p50 / p90 / p99" in out and "c=2" in out and "Definitions" not in out  # definitions only with --explain
+    assert "6 measured ok (+2 warmup)" in out  # warmup requests are not counted as measured
 
 
 def test_one_failed_request_voids_its_rung_only(fake_server, ladder):
@@ -64,6 +73,58 @@ def test_one_failed_request_voids_its_rung_only(fake_server, ladder):
     assert "VOID" in out
 
 
+def test_a_failed_warmup_request_voids_its_rung(fake_server, ladder):
+    url = fake_server(fail_at=[4])  # the first warmup request of rung c=2
+    code, _, _, run = ladder("--base-url", url, "--c", "1,2", *FAST)
+    rungs = load_rungs(run)
+    assert code == 1
+    assert [r["status"] for r in rungs] == ["OK", "VOID"]
+    assert (rungs[1]["num_ok"], rungs[1]["num_failed"], rungs[1]["reason"]) == (7, 1, "http_error")
+    assert rungs[1]["failed_phases"] == {"warmup": 1}
+
+
+def test_one_failed_canary_of_a_live_server_is_not_engine_death(fake_server, ladder):
+    url = fake_server(fail_at=[1], canary_fail_at=[0])  # a request fails, then the first canary after it
+    code, out, _, run = ladder("--base-url", url, "--c", "1,2", *FAST)
+    rungs = load_rungs(run)
+    assert code == 1  # VOID, not 3: 2 of 3 canaries must fail before the engine counts as dead
+    assert [(r["status"], r.get("reason")) for r in rungs] == [("VOID", "http_error"), ("OK", None)]
+    assert "failed=1 (measured 1)" in out
+
+
+def test_goodput_halves_when_half_the_requests_miss_the_ttft_slo(fake_server, ladder):
+    # the slow half answers after 2.5 s, beyond the 2 s SLO whatever the load; the fast half after 50 ms,
+    # which leaves nearly 2 s of slack for a loaded machine
+    url = fake_server(ttft=0.05, gap=0.01, slow_at=[1, 3], slow_ttft=2.5)
+    code, out, _, run = ladder("--base-url", url, "--c", "2", "--input-len", "64", "--output-len", "10",
+                               "--prompts-per-rung", "4", "--warmup", "0", "--goodput", "ttft:2000 e2el:60000")
+    (rung,) = load_rungs(run)
+    assert code == 0 and rung["stats"]["goodput_fraction"] == 0.5 and "goodput" in out
+    records = load_records(run)
+    assert len(records) == 4 and [r["phase"] for r in records] == ["measured"] * 4  # --warmup 0 is honoured
+    # per-request fields, one-sided: the scripted server never answers faster than its script
+    for r in records:
+        assert r["output_tokens"] == 10 and len(r["itl_ms"]) == 9
+        assert r["ttft_ms"] >= 50 and r["e2e_ms"] >= r["ttft_ms"] and r["tpot_ms"] > 0
+        assert min(r["itl_ms"]) >= 5  # 10 ms scripted gaps, less timer slack
+    assert sorted(r["ttft_ms"] >= 2500 for r in records) == [False, False, True, True]
+
+
+def test_a_429_is_reported_as_overloaded(fake_server, ladder):
+    url = fake_server(overload_at=[1])
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
+    (rung,) = load_rungs(run)
+    assert (code, rung["status"], rung["reason"]) == (1, "VOID", "overloaded")
+    assert rung["errors"][0].startswith("overloaded: HTTP 429")
+
+
+def test_a_server_that_does_not_stream_is_named_by_its_content_type(fake_server, ladder):
+    url = fake_server(plain_json=True)
+    code, _, err, _ = ladder("--base-url", url, "--c", "1", *FAST)
+    assert code == 2 and "application/json" in err and "does it support streaming?" in err
+    assert "[DONE]" not in err
+
+
 def test_truncated_and_short_streams_void_with_their_reasons(fake_server, ladder):
     url = fake_server(truncate_at=[1], short_at=[2])
     code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
@@ -73,7 +134,7 @@ def test_truncated_and_short_streams_void_with_their_reasons(fake_server, ladder
     assert rung["errors"][1] == "length_mismatch: 9 output tokens, 10 requested with ignore_eos"
 
 
-@pytest.mark.parametrize("mode, cause", [("500", "canary failed: http_error: HTTP 500"),
+@pytest.mark.parametrize("mode, cause", [("500", "canary failed 2 of 2 tries: http_error: HTTP 500"),
                                          ("exit", "/health unreachable")])
 def test_engine_death_voids_the_rung_and_skips_the_rest(fake_server, ladder, mode, cause):
     url = fake_server(die_after=6, die_mode=mode)
@@ -175,6 +236,53 @@ def test_missing_usage_needs_allow_chunk_count_and_a_tokenizer(fake_server, ladd
     assert rung["stats"]["input_tokens"] is None and rung["stats"]["total_throughput"] is None
 
 
+def test_tokenizer_mode_sizes_to_the_servers_prompt_tokens_and_warns_when_it_cannot(fake_server, ladder, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from ladder.prompts import WORDS
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)} | {"[UNK]": len(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tok.json"))
+    url = fake_server()  # counts 4/3 tokens per word + 7 for the template: not this tokenizer's 1 per word
+    code, out, _, run = ladder("--base-url", url, "--c", "1", *FAST, "--tokenizer", str(tmp_path / "tok.json"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    sizing = manifest["workload"]["prompt_sizing"]
+    assert code == 0 and sizing["method"] == "tokenizer"
+    assert sizing["overhead_tokens"] == (64 + 1) * 4 // 3 + 7 - 64  # template and nonce (one more word)
+    (warning,) = manifest["warnings"]
+    assert warning.startswith("c=1: the server counted") and "--input-len 64" in warning and warning in out
+
+
+def test_save_text_keeps_prompt_and_output_and_no_cache_bust_keeps_prompts_exact(fake_server, ladder):
+    url = fake_server()
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST, "--save-text", "--no-cache-bust")
+    records = load_records(run)
+    assert code == 0 and len(records) == 4
+    assert all(r["output_text"] == "é日本 wö€é日本 wö€" for r in records)  # the fake's 10 tokens, in order
+    assert all(len(r["prompt"]) == 1 and r["prompt"][0][0] == "user" for r in records)
+    assert not records[0]["prompt"][0][1].startswith("[")  # no nonce
+    assert json.loads((run / "manifest.json").read_text())["workload"]["cache_bust"] is False
+    code, _, _, again = ladder("--base-url", url, "--c", "1", *FAST, "--save-text", "--no-cache-bust")
+    assert [r["prompt"] for r in load_records(again)] == [r["prompt"] for r in records]  # exactly reproduced
+    _, _, _, busted = ladder("--base-url", url, "--c", "1", *FAST, "--save-text")
+    nonce = json.loads((busted / "manifest.json").read_text())["workload"]["cache_bust"]["nonce"]
+    assert all(r["prompt"][0][1].startswith(f"[{nonce}] ") for r in load_records(busted))
+    _, _, _, plain = ladder("--base-url", url, "--c", "1", *FAST)
+    assert all(r["prompt"] is None and r["output_text"] is None for r in load_records(plain))
+
+
+def test_max_duration_stops_sending_and_counts_the_unsent(fake_server, ladder):
+    url = fake_server(gap=0.12)  # each request streams for at least 1.08 s
+    code, out, _, run = ladder("--base-url", url, "--c", "1", "--input-len", "64", "--output-len", "10",
+                               "--prompts-per-rung", "6", "--warmup", "2", "--max-duration", "1")
+    (rung,) = load_rungs(run)
+    assert code == 0 and (rung["num_measured"], rung["num_unsent"]) == (1, 5)
+    assert rung["stats"]["num_requests"] == 1 and "5 unsent (--max-duration)" in out
+    # the second warmup request starts after 1 s and is still sent; unsent requests are not results
+    assert [r["phase"] for r in load_records(run)] == ["warmup", "warmup", "measured"]
+
+
 def test_server_rejecting_continuous_usage_gets_requests_without_it(fake_server, ladder):
     url = fake_server(reject_continuous=True, tokens_per_chunk=2)
     code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
@@ -182,6 +290,14 @@ def test_server_rejecting_continuous_usage_gets_requests_without_it(fake_server,
     assert code == 0
     assert rung["stats"]["itl_token_ms"] is None and rung["stats"]["tokens_per_chunk"]["mean"] == 2.0
     assert json.loads((run / "manifest.json").read_text())["workload"]["continuous_usage_stats"] is False
+
+
+def test_the_manifest_records_the_usage_the_server_sent_not_what_was_asked(fake_server, ladder):
+    url = fake_server(continuous=False)  # accepts continuous_usage_stats, never sends it (as llama.cpp)
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *FAST)
+    workload = json.loads((run / "manifest.json").read_text())["workload"]
+    assert code == 0 and workload["continuous_usage_requested"] is True
+    assert workload["continuous_usage_stats"] is False
 
 
 def test_pings_split_writes_and_completions_backend(fake_server, ladder):

@@ -5,7 +5,15 @@ import json
 import pytest
 
 from ladder.client import _on_event
-from ladder.metrics import parse_counters, request_metrics, rung_stats, spec_acceptance, summarize, token_itls
+from ladder.metrics import (
+    parse_counters,
+    request_fields,
+    request_metrics,
+    rung_stats,
+    spec_acceptance,
+    summarize,
+    token_itls,
+)
 from ladder.records import RequestRecord, failure, output_tokens
 
 
@@ -70,6 +78,30 @@ def test_rung_stats_exact():
     assert s.itl_token_ms is None  # request a has no continuous usage
 
 
+def test_per_user_rate_is_the_median_of_the_request_rates_not_their_mean():
+    # tpot 1.0, 0.5 and 0.1 s: rates 1, 2 and 10 tok/s; median 2, mean 4.33 (two requests cannot tell them apart)
+    records = [rec(0.0, [1.0, 1.0 + 9 * tpot], 10) for tpot in (1.0, 0.5, 0.1)]
+    assert rung_stats(records, [50]).per_user_tok_s == pytest.approx(2.0)
+
+
+def test_goodput_is_the_rate_of_requests_meeting_every_slo():
+    fast = [rec(0.0, [0.1, 0.2, 0.3], 3, t_end=0.3), rec(0.0, [0.2, 0.3, 0.4], 3, t_end=4.0)]
+    slow_first = rec(0.0, [0.6, 0.7, 0.8], 3, t_end=0.8)  # misses ttft:500
+    slow_decode = rec(0.0, [0.1, 1.1, 2.1], 3, t_end=2.1)  # tpot 1000 ms misses tpot:100
+    s = rung_stats([*fast, slow_first, slow_decode], [50], {"ttft": 500.0, "tpot": 100.0})
+    assert s.goodput_fraction == 0.5 and s.goodput == 2 / 4.0  # two good requests over a 4 s window
+    assert rung_stats(fast, [50]).goodput is None  # no --goodput, no number
+
+
+def test_per_request_fields_come_from_the_rung_metric_functions_exactly():
+    r = rec(10.0, [10.5, 10.75, 11.0, 11.5], 4)
+    assert request_fields(r) == {"ttft_ms": 500.0, "tpot_ms": 1000.0 / 3, "e2e_ms": 1500.0,
+                                 "itl_ms": [250.0, 250.0, 500.0], "output_tokens": 4}
+    s = rung_stats([r], [50])
+    assert (s.ttft_ms.mean, s.tpot_ms.mean, s.e2e_ms.mean) == (500.0, 1000.0 / 3, 1500.0)
+    assert set(request_fields(None).values()) == {None}  # a failed request has no metrics
+
+
 def test_rung_stats_without_prompt_usage_has_no_total_throughput():
     s = rung_stats([rec(0.0, [1.0, 2.0], 2)], [50])
     assert s.total_throughput is None and s.input_tokens is None
@@ -86,6 +118,14 @@ def test_rung_stats_without_prompt_usage_has_no_total_throughput():
 def test_failure_rules(r, allow, expected):
     got = failure(r, output_len=2, ignore_eos=True, allow_chunk_count=allow)
     assert (got.split(":")[0] if got else None) == expected
+
+
+def test_without_ignore_eos_a_natural_stop_is_fine_but_never_more_than_max_tokens():
+    assert failure(rec(0, [1], 1), output_len=2, ignore_eos=False, allow_chunk_count=False) is None
+    assert failure(rec(0, [1, 2], 1), output_len=2, ignore_eos=True, allow_chunk_count=False).startswith(
+        "length_mismatch: 1 output tokens, 2 requested with ignore_eos")
+    assert failure(rec(0, [1, 2, 3], 3), output_len=2, ignore_eos=False, allow_chunk_count=False) == (
+        "length_mismatch: 3 output tokens, more than max_tokens 2")
 
 
 def test_missing_usage_counts_chunks_only_when_allowed():

