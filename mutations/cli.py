@@ -24,6 +24,7 @@ from mutations.gate import STATS_PATH, GateError, evaluate, load_stats, load_thr
 from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
+from mutations.parallel import run_parallel
 from mutations.report import closing_line, keep_marked_section, print_table, render_markdown, write_json
 from mutations.runner import JournalPending, Runner, check_apply
 
@@ -171,6 +172,13 @@ def show(ctx: Context, mutant_id: str) -> None:
 @click.option(
     "--write-report", is_flag=True, help=f"Also rewrite ROOT/{MARKDOWN_REPORT} (full catalogue only)."
 )
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run the mutants in N copies of the tree at once (one core each); the tree itself is then never mutated.",
+)
 @pass_context
 def run(
     ctx: Context,
@@ -178,18 +186,24 @@ def run(
     budget_seconds: float | None,
     report_path: Path | None,
     write_report: bool,
+    jobs: int,
 ) -> None:
     """Run the named mutants: green baseline, mutate, focused tests, verified restore."""
     if write_report and only:
         raise ConfigError("--write-report describes the whole catalogue; it cannot be combined with --only")
+    if jobs > 1 and budget_seconds is not None:
+        raise ConfigError("--budget-seconds applies to one tree; it cannot be combined with --jobs")
     catalogue = ctx.catalogue()
     mutants = ctx.select(catalogue, only)
-    runner = Runner(ctx.root, ctx.state_dir, budget_s=budget_seconds, on_result=_print_progress)
-    try:
-        with _sigterm_unwinds():
-            results = runner.run(mutants)
-    except JournalPending as exc:
-        raise ConfigError(str(exc)) from exc
+    if jobs > 1:
+        results = run_parallel(ctx.root, catalogue.path, mutants, jobs)
+    else:
+        runner = Runner(ctx.root, ctx.state_dir, budget_s=budget_seconds, on_result=_print_progress)
+        try:
+            with _sigterm_unwinds():
+                results = runner.run(mutants)
+        except JournalPending as exc:
+            raise ConfigError(str(exc)) from exc
     print_table(console, results)
     write_json(results, catalogue, report_path or ctx.state_dir / "report.json")
     if write_report:

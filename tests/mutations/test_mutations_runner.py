@@ -288,3 +288,15 @@ def test_regenerated_report_keeps_the_mutmut_section():
     assert "new table" in new and "old table" not in new
     assert new.endswith(f"{KEEP_MARKER}\n## mutmut\n\nscore 0.86\n")
     assert keep_marked_section("# t\n", "# no marker\n") == "# t\n"
+
+
+def test_parallel_run_gives_each_mutant_the_same_status_and_never_touches_the_tree(full_run, tmp_path):
+    """--jobs 2: the same verdicts as the one-tree run, in catalogue order, from copies of the tree."""
+    root = copy_fixture(tmp_path / "project")
+    before = {p: p.read_bytes() for p in root.rglob("*.py")}
+    result = invoke(root, "run", "--jobs", "2")
+    assert statuses(root / ".mutations" / "report.json") == statuses(full_run[0] / ".mutations" / "report.json")
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == "named-mutations: 2 passed, 7 failed"
+    assert {p: p.read_bytes() for p in root.rglob("*.py")} == before
+    assert not (root / ".mutations" / "journal.json").exists()
