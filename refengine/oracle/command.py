@@ -191,10 +191,11 @@ def _run_passes(
 def with_stop(workload: Workload, unstopped: ArmResult, tokenizer: Tokenizer) -> Workload:
     """Request 0 stops on the second token it emits without a stop, but only after min_tokens = half its
     max_tokens (at least 2): so the min_tokens mask certainly bites at position 1. Request 1 stops on the
-    text of one of its own tokens from the third on, so the stop string certainly matches."""
+    text of two of its own tokens from half way on, so the stop string certainly matches, and late."""
     min_tokens = min(workload.max_tokens, max(2, workload.max_tokens // 2))
-    texts = [detokenize(tokenizer, [t]) for t in (unstopped.tokens[1][2:] if len(unstopped.tokens) > 1 else [])]
-    # A token that is a whole character (or more): a lone byte of a multi-byte one has no text.
+    later = unstopped.tokens[1][workload.max_tokens // 2 :] if len(unstopped.tokens) > 1 else []
+    texts = [detokenize(tokenizer, later[j : j + 2]) for j in range(len(later) - 1)]
+    # Whole characters only: a lone byte of a multi-byte character has no text of its own.
     stop_string = next((t for t in texts if t and "\ufffd" not in t), None)
     return replace(workload, stop_token_id=unstopped.tokens[0][1], min_tokens=min_tokens, stop_string=stop_string)
 

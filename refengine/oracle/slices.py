@@ -123,7 +123,7 @@ RULES = (
     "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
     "- Request 0 of every arm has a stop token (the second token the baseline emits without it) and "
     "min_tokens = max_tokens / 2, so the min_tokens mask bites at position 1 in every arm; request 1 has a stop "
-    "string (the text of one of the tokens it emits without it, from the third on).\n"
+    "string (the text of two tokens it emits without it, from half way on).\n"
     "- WRONG: an absolute check failed: a stop token before min_tokens, output going on after a stop token or "
     "string, a text not cut exactly where the stop string begins, max_tokens not exact without a stop, a banned sequence in the output, or (greedy) a token that is not the "
     "argmax of a fresh single-sequence forward of the target on the same prefix, with the same constraints "
