@@ -21,7 +21,7 @@ from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
 from refengine.oracle.run import ArmResult, Workload
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
-from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, merge, render, summary
+from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, render, summary
 from refengine.tokenizer.tokenizer import Tokenizer
 
 REPORT_PATH = Path("reports/oracle.md")
@@ -155,14 +155,15 @@ def merge_command(slices: tuple[Path, ...], out: Path) -> None:
     """Combine the JSON slices of `oracle --write-report --report ...` runs (one per --c slice) into one
     report. Exits 1 if any slice has a failed arm, 2 if the slices are not one matrix."""
     try:
-        text = merge(list(slices))
+        reports = [SliceReport.from_json(path.read_text()) for path in slices]
+        text = render(reports)
     except (SliceMismatchError, ValueError, TypeError, KeyError) as e:
         raise click.UsageError(f"cannot merge: {e}") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    result = text.split("**Result: ", 1)[1].split(".**", 1)[0]
-    click.echo(f"{out}: {result}")
-    sys.exit(0 if result.startswith("0 failed") else 1)
+    failed = sum(r.num_failed for r in reports)
+    click.echo(f"{out}: {len(reports)} slice(s), {failed} failed arm(s)")
+    sys.exit(1 if failed else 0)
 
 
 def _run_passes(
@@ -240,7 +241,11 @@ class _Progress:
 
 def _title(workload: Workload) -> str:
     temp = workload.temperature
-    return f"c={workload.concurrency}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
+    title = f"c={workload.concurrency}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
+    if workload.stop_token_id is not None:
+        title += (f"; request 0 stops on token {workload.stop_token_id} after {workload.min_tokens}, request 1 on "
+                  f"{workload.stop_string!r}")
+    return title
 
 
 def _judge(arm: Arm, results: Results, workload: Workload) -> Verdict:

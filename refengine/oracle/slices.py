@@ -5,7 +5,6 @@ and `refengine oracle merge` renders the slices as one report, with a log line p
 import collections
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 # What every slice of one report must share; the slices differ only in c (and where they ran).
 SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants")
@@ -130,6 +129,3 @@ RULES = (
     "(every output position is checked; column 'argmax checked').\n"
 )
 
-
-def merge(paths: list[Path]) -> str:
-    return render([SliceReport.from_json(p.read_text()) for p in paths])
