@@ -221,8 +221,10 @@ def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -
 def _needed(arms: list[Arm]) -> list[Arm]:
     """The arms and their references, in matrix order after the baseline, which every pass runs
     because the bad_words arms take their banned words from its output."""
-    needed = set(arms) | {a.sync_twin() for a in arms if a.method is not None} | {a.baseline() for a in arms}
-    return [BASELINE] + [arm for arm in arms if arm in needed and arm != BASELINE]
+    references = {a.sync_twin() for a in arms if a.method is not None} | {a.baseline() for a in arms}
+    # References outside the matrix (--methods without none) run too, after it.
+    extra = sorted(references - set(arms) - {BASELINE}, key=lambda a: a.name)
+    return [BASELINE] + [arm for arm in arms if arm != BASELINE] + extra
 
 
 @dataclass
