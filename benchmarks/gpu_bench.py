@@ -542,8 +542,9 @@ def hf_peer(bench: Bench) -> None:
 def oracle(bench: Bench, backend: str) -> None:
     from refengine.oracle.arms import Arm
     from refengine.oracle.command import derive_bad_words
+    from refengine.oracle.judge import judge
     from refengine.oracle.prompts import text_prompts
-    from refengine.oracle.run import Workload, judge, run_arm
+    from refengine.oracle.run import Workload, run_arm
 
     Qwen8b.loaded = None
     Qwen8b.cache = None
@@ -564,13 +565,12 @@ def oracle(bench: Bench, backend: str) -> None:
             results = {arm: run_arm(loaded, arm, workload, BLOCK, attention_backend=backend) for arm in arms}
             results.setdefault(Arm("sync", None, False, False, False), base)
             for arm in arms:
-                if temperature != 0.0 and not arm.async_scheduling:
-                    continue
+                # Greedy and seeded alike: every arm against the no-spec baseline, token for token.
                 twin = results.get(arm.sync_twin()) if arm.method is not None else None
-                reference = results[arm.baseline()] if temperature == 0.0 else results[arm.sync_twin()]
-                v = judge(results[arm], reference, twin, temperature == 0.0)
+                v = judge(results[arm], results[arm.baseline()], twin)
                 verdicts.append({"c": c, "temperature": temperature, "arm": arm.name, "vs": v.reference,
-                                 "ok": v.ok, "divergence": repr(v.divergence), "step_mismatch": v.step_mismatch,
+                                 "ok": v.ok, "verdict": v.label, "divergence": repr(v.divergence),
+                                 "step_mismatch": v.step_mismatch,
                                  "drafts": results[arm].num_draft_tokens, "accepted": results[arm].num_accepted_tokens})
     failures = [v for v in verdicts if not v["ok"]]
     bench.results[f"oracle_{backend}"] = {

@@ -22,7 +22,7 @@ from refengine.oracle.prompts import text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
 from refengine.oracle.run import ArmResult, Workload
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
-from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, merge, render, summary
+from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, render, summary
 from refengine.tokenizer.tokenizer import Tokenizer
 
 REPORT_PATH = Path("reports/oracle.md")
@@ -156,14 +156,15 @@ def merge_command(slices: tuple[Path, ...], out: Path) -> None:
     """Combine the JSON slices of `oracle --write-report --report ...` runs (one per --c slice) into one
     report. Exits 1 if any slice has a failed arm, 2 if the slices are not one matrix."""
     try:
-        text = merge(list(slices))
+        reports = [SliceReport.from_json(path.read_text()) for path in slices]
+        text = render(reports)
     except (SliceMismatchError, ValueError, TypeError, KeyError) as e:
         raise click.UsageError(f"cannot merge: {e}") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    result = text.split("**Result: ", 1)[1].split(".**", 1)[0]
-    click.echo(f"{out}: {result}")
-    sys.exit(0 if result.startswith("0 failed") else 1)
+    failed = sum(r.num_failed for r in reports)
+    click.echo(f"{out}: {len(reports)} slice(s), {failed} failed arm(s)")
+    sys.exit(1 if failed else 0)
 
 
 def _run_passes(
@@ -192,10 +193,11 @@ def _run_passes(
 def with_stop(workload: Workload, unstopped: ArmResult, tokenizer: Tokenizer) -> Workload:
     """Request 0 stops on the second token it emits without a stop, but only after min_tokens = half its
     max_tokens (at least 2): so the min_tokens mask certainly bites at position 1. Request 1 stops on the
-    text of one of its own tokens from the third on, so the stop string certainly matches."""
+    text of two of its own tokens from half way on, so the stop string certainly matches, and late."""
     min_tokens = min(workload.max_tokens, max(2, workload.max_tokens // 2))
-    texts = [detokenize(tokenizer, [t]) for t in (unstopped.tokens[1][2:] if len(unstopped.tokens) > 1 else [])]
-    # A token that is a whole character (or more): a lone byte of a multi-byte one has no text.
+    later = unstopped.tokens[1][workload.max_tokens // 2 :] if len(unstopped.tokens) > 1 else []
+    texts = [detokenize(tokenizer, later[j : j + 2]) for j in range(len(later) - 1)]
+    # Whole characters only: a lone byte of a multi-byte character has no text of its own.
     stop_string = next((t for t in texts if t and "\ufffd" not in t), None)
     return replace(workload, stop_token_id=unstopped.tokens[0][1], min_tokens=min_tokens, stop_string=stop_string)
 
@@ -220,8 +222,10 @@ def _run_wave(runner: Runner, jobs_per_pass: list[list[Job]], on_done: OnDone) -
 def _needed(arms: list[Arm]) -> list[Arm]:
     """The arms and their references, in matrix order after the baseline, which every pass runs
     because the bad_words arms take their banned words from its output."""
-    needed = set(arms) | {a.sync_twin() for a in arms if a.method is not None} | {a.baseline() for a in arms}
-    return [BASELINE] + [arm for arm in arms if arm in needed and arm != BASELINE]
+    references = {a.sync_twin() for a in arms if a.method is not None} | {a.baseline() for a in arms}
+    # References outside the matrix (--methods without none) run too, after it.
+    extra = sorted(references - set(arms) - {BASELINE}, key=lambda a: a.name)
+    return [BASELINE] + [arm for arm in arms if arm != BASELINE] + extra
 
 
 @dataclass
@@ -240,7 +244,11 @@ class _Progress:
 
 def _title(workload: Workload) -> str:
     temp = workload.temperature
-    return f"c={workload.concurrency}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
+    title = f"c={workload.concurrency}, {'greedy' if temp == 0 else f'temperature {temp} (seeded)'}"
+    if workload.stop_token_id is not None:
+        title += (f"; request 0 stops on token {workload.stop_token_id} after {workload.min_tokens}, request 1 on "
+                  f"{workload.stop_string!r}")
+    return title
 
 
 def _judge(arm: Arm, results: Results, workload: Workload) -> Verdict:

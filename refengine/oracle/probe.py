@@ -9,7 +9,7 @@ a forced preemption goes through the scheduler's own "no free blocks" branch.
 from dataclasses import dataclass
 
 from refengine.core.scheduler import Scheduler
-from refengine.request import Request
+from refengine.request import Request, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +26,10 @@ class ArmCounts:
 
 class SchedulerProbe:
     """Installed on one scheduler before its engine runs. With `force_preemption`, every request is
-    evicted once, at the first schedule after it verified drafts (with no drafter: after its first
-    token) in which it is the newest running request, so it is the one the scheduler's own preemption
-    picks. That also works at c = 1, where a tight pool alone never preempts."""
+    evicted once: at the first allocation (for any request) that finds it the newest running request
+    after it verified drafts (with no drafter: after its first token), the allocation reports no free
+    blocks, so the scheduler's own preemption picks it. At most one such eviction per step. That also
+    works at c = 1, where a tight pool alone never preempts."""
 
     def __init__(self, scheduler: Scheduler, *, spec: bool, force_preemption: bool) -> None:
         """`spec`: the evidence is verified drafts; otherwise emitted tokens."""
@@ -40,6 +41,7 @@ class SchedulerProbe:
         self.num_preemptions_after_drafts = 0
         self._chunked: dict[str, Request] = {}
         self._forced: set[str] = set()
+        self._evicted_this_step = False
         self._schedule = scheduler.schedule
         self._preempt = scheduler._preempt_request
         self._allocate = scheduler.kv_cache_manager.allocate_slots
@@ -61,6 +63,7 @@ class SchedulerProbe:
         return request.spec_decoding_stats.num_draft_tokens > 0 if self.spec else request.num_output_tokens > 0
 
     def _counting_schedule(self):
+        self._evicted_this_step = False
         output = self._schedule()
         self.peak_concurrency = max(self.peak_concurrency, len(self.scheduler.running))
         for req_id in output.num_scheduled_tokens:
@@ -77,14 +80,18 @@ class SchedulerProbe:
 
     def _allocate_or_evict(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0):
         running = self.scheduler.running
+        newest = running[-1] if running else None
         if (
             self.force_preemption
-            and request.request_id not in self._forced
-            and running
-            and running[-1] is request
-            and self._progressed(request)
+            and not self._evicted_this_step
+            # Only the running loop preempts when allocation fails; admission would just stop.
+            and request.status == RequestStatus.RUNNING
+            and newest is not None
+            and newest.request_id not in self._forced
+            and self._progressed(newest)
         ):
-            # "No free blocks": the scheduler preempts its newest running request, which is this one.
-            self._forced.add(request.request_id)
+            # "No free blocks": the scheduler preempts its newest running request, the one chosen here.
+            self._forced.add(newest.request_id)
+            self._evicted_this_step = True
             return None
         return self._allocate(request, num_new_tokens, num_lookahead_tokens)

@@ -4,17 +4,19 @@ import random
 
 from refengine.tokenizer.tokenizer import Tokenizer
 
+# The two repetitive ones come early, so that every prompt count from 4 on gives prompt lookup (ngram)
+# something to find, and it can reach the vacuity bar.
 TEXT_PROMPTS = (
     "The history of the printing press begins",
     "def merge_sort(items):\n    ",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "List of prime numbers: 2, 3, 5, 7, 11,",
     "Q: What is the boiling point of water at sea level?\nA:",
     "Dear team, I am writing to let you know that",
     "The three primary colors are",
     "import numpy as np\n\n# compute the mean of each column\n",
     "Once upon a time, in a small village by the sea,",
     "To make a cup of tea, first",
-    "The quick brown fox jumps over the lazy dog. The quick brown fox",
-    "List of prime numbers: 2, 3, 5, 7, 11,",
 )
 
 

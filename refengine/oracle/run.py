@@ -43,7 +43,7 @@ class Workload:
     # its unconstrained output emits early, so the min_tokens mask bites.
     stop_token_id: int | None = None
     min_tokens: int = 0
-    # Request 1 of every arm stops on this string, which its unconstrained output contains.
+    # Request 1 of every arm stops on this string, which its unconstrained output contains late.
     stop_string: str | None = None
 
 

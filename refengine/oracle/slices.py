@@ -5,7 +5,6 @@ and `refengine oracle merge` renders the slices as one report, with a log line p
 import collections
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 # What every slice of one report must share; the slices differ only in c (and where they ran).
 SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants")
@@ -123,13 +122,10 @@ RULES = (
     "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
     "- Request 0 of every arm has a stop token (the second token the baseline emits without it) and "
     "min_tokens = max_tokens / 2, so the min_tokens mask bites at position 1 in every arm; request 1 has a stop "
-    "string (the text of one of the tokens it emits without it, from the third on).\n"
+    "string (the text of two tokens it emits without it, from half way on).\n"
     "- WRONG: an absolute check failed: a stop token before min_tokens, output going on after a stop token or "
     "string, a text not cut exactly where the stop string begins, max_tokens not exact without a stop, a banned sequence in the output, or (greedy) a token that is not the "
     "argmax of a fresh single-sequence forward of the target on the same prefix, with the same constraints "
     "(every output position is checked; column 'argmax checked').\n"
 )
 
-
-def merge(paths: list[Path]) -> str:
-    return render([SliceReport.from_json(p.read_text()) for p in paths])
