@@ -20,8 +20,9 @@ from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, StepRecor
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample import rng
-from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID, assemble, num_accepted_greedy, verify
-from refengine.sample.sampler import apply_constraints, sample
+from refengine.sample.metadata import RowParams, SamplingMetadata
+from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
+from refengine.sample.sampler import masked_token_ids, sample_batch
 from refengine.spec_decode.proposer import DraftBatch, DraftInput, Proposer
 from refengine.worker.attention_metadata_builder import build_attention_metadata
 from refengine.worker.cuda_graphs import CudaGraphs
@@ -48,7 +49,7 @@ def synthetic_num_accepted(rate: float, key: int, first_position: int, drafts: t
     independently of the tokens (a counter-based draw keyed by request and position, so sync and async
     runs accept the same drafts), up to the first rejection. A -1 placeholder is always rejected."""
     for j, draft in enumerate(drafts):
-        if draft < 0 or rng.derive_seed(key, first_position + j, STREAM_SYNTHETIC_ACCEPT) / 2.0**63 >= rate:
+        if draft < 0 or rng.uniform(key, first_position + j, STREAM_SYNTHETIC_ACCEPT) >= rate:
             return j
     return len(drafts)
 
@@ -218,12 +219,20 @@ class ModelRunner:
         executed, self._executed = self._executed, None
         if executed is None:
             raise RunnerInvariantError("sample_tokens called without execute_model")
+        verified = [r for r in executed.rows if r.first_logits_row is not None]
+        drafts_by_req = {
+            r.state.req_id: tuple(draft_overrides[r.state.req_id])
+            if draft_overrides is not None and r.state.req_id in draft_overrides
+            else r.draft_ids
+            for r in verified
+        }
+        token_rows = self._verify(executed.logits, verified, drafts_by_req) if verified else []
+        tokens_by_req = dict(zip((r.state.req_id for r in verified), token_rows, strict=True))
+
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         logprobs: dict[str, list[TokenLogprobs]] = {}
         draft_inputs: list[DraftInput] = []
-        # On a GPU: every row's argmax in one launch and one read, for the rows that need no more.
-        argmax = executed.logits.argmax(dim=-1).tolist() if executed.logits.is_cuda and executed.rows else None
         for row in executed.rows:
             state = row.state
             req_ids.append(state.req_id)
@@ -232,32 +241,13 @@ class ModelRunner:
                 sampled.append([])
                 draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens, propose=False))
                 continue
-            drafts = row.draft_ids
-            if draft_overrides is not None and state.req_id in draft_overrides:
-                drafts = tuple(draft_overrides[state.req_id])
-            k = len(drafts)
-            logits = executed.logits[row.first_logits_row : row.first_logits_row + k + 1]
-            targets = None if argmax is None else argmax[row.first_logits_row : row.first_logits_row + k + 1]
-            plain = targets is not None and state.num_logprobs is None and self._plain_greedy(state, k)
-            if logits.is_cuda and not plain:
-                logits = logits.cpu()  # the sampler's noise and constraints live on the host
-            if self.synthetic_acceptance_rate is not None and k:
-                tokens = self._synthetic_tokens(state, drafts, logits, targets if plain else None)
-            elif plain:
-                # verify()'s greedy branch when apply_constraints has nothing to mask: each row's argmax.
-                accepted = num_accepted_greedy(drafts, targets)
-                tokens = assemble(drafts, accepted, targets[accepted])
-            else:
-                tokens = verify(
-                    logits,
-                    drafts,
-                    state.params,
-                    state.token_ids,
-                    state.num_output_tokens,
-                    first_position=state.num_tokens,
-                )
+            k = len(row.draft_ids)
+            tokens = tokens_by_req[state.req_id]
             if state.num_logprobs is not None:
-                logprobs[state.req_id] = token_logprobs(logits[: len(tokens)], tokens, state.num_logprobs)
+                first = row.first_logits_row
+                logprobs[state.req_id] = token_logprobs(
+                    executed.logits[first : first + len(tokens)], tokens, state.num_logprobs
+                )
             first_draft_position = state.num_tokens
             state.token_ids += tokens
             # Every fed token up to the last accepted draft now has committed KV; the last sampled token
@@ -282,32 +272,64 @@ class ModelRunner:
                 self.requests[req_id].pending_drafts = list(drafts)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
 
-    @staticmethod
-    def _plain_greedy(state: CachedRequestState, k: int) -> bool:
-        """Greedy with nothing for apply_constraints to mask on any of the k + 1 rows."""
-        params = state.params
-        return (
-            params.greedy
-            and not params.bad_words_token_ids
-            and (not params.stop_token_ids or state.num_output_tokens >= params.min_tokens)
-        )
+    def _verify(
+        self, logits: torch.Tensor, rows: list[ScheduledRow], drafts_by_req: Mapping[str, tuple[int, ...]]
+    ) -> list[list[int]]:
+        """Verify every sampled request of the step in one batched pass on the logits' device: the one
+        verify path for greedy and seeded rows, with or without drafts.
 
-    def _synthetic_tokens(
-        self, state: CachedRequestState, drafts: tuple[int, ...], logits: torch.Tensor, targets: list[int] | None
-    ) -> list[int]:
-        """SYNTHETIC acceptance (speed studies only): accept a fixed-rate prefix of the drafts whatever
-        the target says, then emit the target's token at the first unaccepted row."""
-        if self.synthetic_acceptance_rate is None:
-            raise RunnerInvariantError("synthetic tokens requested without a synthetic acceptance rate")
-        first = state.num_tokens
-        accepted = synthetic_num_accepted(self.synthetic_acceptance_rate, state.params.rng_key, first, drafts)
-        if targets is not None:
-            final = targets[accepted]
+        Logits row j of a request decides position num_tokens + j as if drafts[:j] had been accepted
+        (constraints see that history). Its target token is what spec-off decoding would emit there
+        (one-hot drafts: rejection.py's module docstring), so a draft is accepted while it equals the
+        target, and the target at the first unaccepted row is the recovered or bonus token."""
+        params: list[RowParams] = []
+        positions: list[int] = []
+        masked: list[list[int]] = []
+        for row in rows:
+            state = row.state
+            drafts = drafts_by_req[state.req_id]
+            for j in range(len(drafts) + 1):
+                params.append(state.params)
+                positions.append(state.num_tokens + j)
+                history: list[int] = []
+                if state.params.bad_words_token_ids:
+                    # Only the tail a banned word's prefix can match: no per-step work in the context length.
+                    tail = max(len(w) for w in state.params.bad_words_token_ids) - 1
+                    history = [*state.token_ids[max(0, state.num_tokens - tail) :], *drafts[:j]]
+                masked.append(masked_token_ids(state.params, history, state.num_output_tokens + j))
+        device = logits.device
+        targets = sample_batch(logits, SamplingMetadata.build(params, positions, masked, device))
+
+        width = max(len(drafts_by_req[r.state.req_id]) for r in rows)
+        # [R, width + 1] indices of each request's logits rows, padded by repeating its first row; drafts
+        # padded with -1, which never equals a target, so acceptance stops at a request's own k.
+        index, drafts_padded, synthetic = [], [], []
+        for row in rows:
+            drafts = drafts_by_req[row.state.req_id]
+            first = row.first_logits_row
+            index.append([first + j if j <= len(drafts) else first for j in range(width + 1)])
+            drafts_padded.append([*drafts, *[PLACEHOLDER_TOKEN_ID] * (width - len(drafts))])
+            if self.synthetic_acceptance_rate is not None:
+                synthetic.append(
+                    synthetic_num_accepted(
+                        self.synthetic_acceptance_rate, row.state.params.rng_key, row.state.num_tokens, drafts
+                    )
+                )
+        ints = torch.tensor([*sum(index, []), *sum(drafts_padded, []), *synthetic], dtype=torch.int64)
+        if device.type == "cuda":
+            ints = ints.pin_memory().to(device, non_blocking=True)
+        n = len(rows) * (width + 1)
+        target_rows = targets[ints[:n].view(len(rows), width + 1)]
+        if synthetic:
+            accepted = ints[n + len(rows) * width :]
         else:
-            history = [*state.token_ids, *drafts[:accepted]]
-            row = apply_constraints(logits[accepted], state.params, history, state.num_output_tokens + accepted)
-            final = sample(row, state.params, first + accepted)
-        return assemble(drafts, accepted, final)
+            matches = ints[n : n + len(rows) * width].view(len(rows), width) == target_rows[:, :width]
+            accepted = torch.cumprod(matches.long(), dim=1).sum(dim=1)
+        # Accepted drafts equal their targets, so a request's tokens are its targets up to and including
+        # the first unaccepted row; the rest is padding.
+        keep = torch.arange(width + 1, device=device)[None, :] <= accepted[:, None]
+        out = torch.where(keep, target_rows, PLACEHOLDER_TOKEN_ID).tolist()
+        return [[t for t in tokens if t != PLACEHOLDER_TOKEN_ID] for tokens in out]
 
     @staticmethod
     def _draft_input(row: ScheduledRow, num_valid_rows: int, *, propose: bool) -> DraftInput:
