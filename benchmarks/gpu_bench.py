@@ -391,7 +391,8 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
                tpot_ms=round(timing["tpot_ms"], 3), output_tok_s=round(timing["output_tok_s"], 1),
                ttft_ms=round(timing["ttft_ms_mean"], 1), steps=timing["steps"],
                floor_ms=round(per_token_floor, 3), roofline=round(per_token_floor / timing["tpot_ms"], 3),
-               build_s=round(build_s, 1))
+               build_s=round(build_s, 1), in_flight_steps=runner.num_in_flight_steps,
+               overlapped_launches=runner.num_overlapped_launches)
     if spec is not None:
         row.update(method=spec.method, k=spec.num_speculative_tokens, synthetic_acceptance=synthetic,
                    acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
@@ -409,7 +410,7 @@ def engine_section(bench: Bench) -> None:
     empty_cache()
     for c in (1, 8, 32):
         engine_run(bench, loaded, c, label="qwen3-8b greedy, async default, graphs")
-    engine_run(bench, loaded, 1, label="qwen3-8b greedy, sync (async off), graphs", async_scheduling=False)
+        engine_run(bench, loaded, c, label="qwen3-8b greedy, sync (async off), graphs", async_scheduling=False)
     engine_run(bench, loaded, 1, label="qwen3-8b greedy, no graphs (eager triton), 64 new tokens",
                output_len=64, cuda_graphs=False)
 
