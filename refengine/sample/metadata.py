@@ -54,7 +54,8 @@ class SamplingMetadata:
         pairs = [(row, token) for row, tokens in enumerate(masked) for token in tokens]
         ints = torch.tensor(
             [max(p.top_k, 0) for p in params]
-            + [rng.row_seed(p.rng_key, pos, rng.STREAM_SAMPLE) for p, pos in zip(params, positions, strict=True)]
+            # Greedy rows draw no noise: their seed is never read, so spare the host its hashing.
+            + [0 if p.greedy else rng.row_seed(p.rng_key, pos, rng.STREAM_SAMPLE) for p, pos in zip(params, positions, strict=True)]
             + [r for r, _ in pairs]
             + [t for _, t in pairs],
             dtype=torch.int64,

@@ -62,7 +62,8 @@ def apply_masks(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     if not md.num_masked:
         return logits
     out = logits.clone()
-    out.index_put_((md.masked_rows, md.masked_token_ids), torch.tensor(float("-inf"), device=out.device))
+    # A Python scalar, not a tensor made on the device: that would be a blocking host-to-device copy.
+    out[md.masked_rows, md.masked_token_ids] = float("-inf")
     return out
 
 
