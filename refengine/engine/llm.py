@@ -80,6 +80,11 @@ class LLM:
                 result.text += delta.text
                 if delta.finished:
                     result.finish_reason = delta.finish_reason
-                    result.steps = core.take_step_records(req_id)
                     self.engine.stop_checker.forget(req_id)
+        # Only now: at depth 2 a request's next frame may still be running on the runner's thread when
+        # it finishes. That frame's output is discarded, so its record goes too; it is the one whose
+        # drafts start at or after the request's last position.
+        for result in results.values():
+            end = len(result.prompt_token_ids) + len(result.token_ids)
+            result.steps = [r for r in core.take_step_records(result.request_id) if r.position < end]
         return list(results.values())

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.sample.sampler import RowParams, apply_constraints
 from refengine.sampling_params import SamplingParams
 from refengine.tokenizer.detokenizer import IncrementalDetokenizer
 from refengine.tokenizer.tokenizer import Tokenizer
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 16  # the scratch cache's own layout, unrelated to the engine's
 
@@ -81,7 +81,7 @@ def greedy_argmax_mismatches(
     device = next(model.parameters()).device
     num_blocks = -(-length // BLOCK_SIZE)
     cache = KVCache.allocate(loaded.config, num_blocks, BLOCK_SIZE, dtype=next(model.parameters()).dtype, device=device)
-    meta = AttentionMetadata.build([0], [length], [list(range(num_blocks))], BLOCK_SIZE)
+    meta = build_attention_metadata([0], [length], [list(range(num_blocks))], BLOCK_SIZE)
     if device.type != "cpu":
         meta = meta.to(device)
     with torch.inference_mode():

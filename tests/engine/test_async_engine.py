@@ -82,3 +82,22 @@ def test_depth2_schedules_next_frame_while_current_executes(tiny):
     first_update = names.index("update")
     assert names[:first_update].count("schedule") == 2
     assert {thread for name, thread in events if name == "execute"} == {"refengine-runner_0"}
+
+
+def test_step_records_hold_only_frames_whose_output_was_kept(tiny):
+    """At depth 2 a request that reaches max_tokens through accepted drafts already has its next frame
+    in flight; the runner verifies drafts in it, and the scheduler discards its output. The request's
+    step records must leave that frame out, so that they agree with the acceptance the scheduler
+    counted (the oracle compares records between arms)."""
+    from refengine.spec_decode.config import SpeculativeConfig
+
+    llm = LLM(tiny, num_blocks=96, block_size=4, max_model_len=96, record_steps=True,
+              speculative_config=SpeculativeConfig("mtp", 3), synthetic_acceptance_rate=1.0)
+    params = [SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    outs = llm.generate(PROMPTS, params, batch_queue=True)
+    stats = llm.engine.core.scheduler.spec_decoding_stats
+    records = [r for o in outs for r in o.steps]
+    assert records and all(r.position < len(o.prompt_token_ids) + len(o.token_ids) for o in outs for r in o.steps)
+    assert stats.num_accepted_tokens == sum(r.num_accepted for r in records)
+    assert stats.num_drafts == len(records)
+    assert not llm.engine.core.runner.step_records, "records of finished requests are left behind"

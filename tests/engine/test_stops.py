@@ -1,6 +1,8 @@
 """Stop handling through the whole engine: stop strings across token boundaries, bad_words,
 min_tokens with stop ids, and max_tokens (scheduler-level cases live in tests/core)."""
 
+import dataclasses
+
 import pytest
 
 from refengine.engine.llm import LLM
@@ -90,3 +92,16 @@ def test_eos_stops_and_is_masked_below_min_tokens(llm):
     assert late.token_ids[:3] == ignored.token_ids[:3] and len(late.token_ids) >= 6
     assert eos not in late.token_ids[:6]
     assert late.finish_reason == "length" or late.token_ids[-1] == eos
+    # ignore_eos: eos is an ordinary token, sampled below min_tokens as anywhere else.
+    (kept,) = llm.generate([EOS_PROMPT], greedy(max_tokens=12, min_tokens=6))
+    assert kept.token_ids == ignored.token_ids
+
+
+def test_top_k_1_samples_the_argmax(llm, base):
+    """top_k reaches the sampler: at temperature 1, top_k=1 leaves only the argmax, so the output is the
+    greedy one; without top_k the seeded samples leave it."""
+    sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True)
+    (top1,) = llm.generate([PROMPT], dataclasses.replace(sampled, top_k=1))
+    assert top1.token_ids == base.token_ids
+    (free,) = llm.generate([PROMPT], sampled)
+    assert free.token_ids != base.token_ids

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from fake_engine import FakeAsyncLLM
-from server_helpers import MODEL, TINY_MODEL, TINY_POOL, TINY_SPEC, serve_in_thread
+from server_helpers import MODEL, TINY_SPEC, serve_in_thread, tiny_engine
 
 from refengine.entrypoints.app import ServerConfig, build_app
 
@@ -43,12 +43,8 @@ def live_url(app) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def real_engine():
-    # Imported here: the modules that use only the fake engine need no torch.
-    from refengine.engine.async_llm import AsyncLLM
-    from refengine.engine.engine_args import EngineArgs
     from refengine.spec_decode.config import SpeculativeConfig
 
-    spec = SpeculativeConfig.from_json(TINY_SPEC)
-    engine = AsyncLLM(EngineArgs(TINY_MODEL, **TINY_POOL, speculative_config=spec), served_model_name=MODEL)
+    engine = tiny_engine(speculative_config=SpeculativeConfig.from_json(TINY_SPEC))
     yield engine
     engine.shutdown()

@@ -17,6 +17,15 @@ TINY_POOL = {"max_model_len": 256, "num_blocks": 512, "block_size": 4}
 TINY_SPEC = '{"method": "ngram", "num_speculative_tokens": 3}'
 
 
+def tiny_engine(**engine_args):
+    """The real AsyncLLM on tiny-qwen3 over TINY_POOL, served as MODEL; `engine_args` override EngineArgs.
+    Imported here, not at the top: the modules that use only the fake engine need no torch."""
+    from refengine.engine.async_llm import AsyncLLM
+    from refengine.engine.engine_args import EngineArgs
+
+    return AsyncLLM(EngineArgs(TINY_MODEL, **{**TINY_POOL, **engine_args}), served_model_name=MODEL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

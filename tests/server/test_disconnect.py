@@ -1,4 +1,6 @@
-"""A client that goes away aborts its request: the KV pool fills back up and the server still serves."""
+"""A client that goes away aborts its request: the KV pool fills back up and the server still serves.
+Over the fake, whose fixed step interval keeps requests generating or queued while their clients leave
+(fifty streams aborted on the real engine: test_real_engine.py)."""
 
 import asyncio
 

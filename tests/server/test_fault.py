@@ -8,11 +8,9 @@ import asyncio
 import httpx
 import pytest
 from fake_engine import FakeAsyncLLM, wait_until
-from server_helpers import MODEL, TINY_MODEL, TINY_POOL, serve_in_thread
+from server_helpers import MODEL, serve_in_thread, tiny_engine
 from sse_client import parse_events
 
-from refengine.engine.async_llm import AsyncLLM
-from refengine.engine.engine_args import EngineArgs
 from refengine.entrypoints.app import ServerConfig, build_app
 
 pytestmark = pytest.mark.anyio
@@ -103,7 +101,7 @@ async def test_fault_mid_flight_then_dead_engine_answers_500(faulty):
 
 @pytest.fixture
 def engine():
-    engine = AsyncLLM(EngineArgs(TINY_MODEL, **TINY_POOL, fault_after_steps=0), served_model_name=MODEL)
+    engine = tiny_engine(fault_after_steps=0)
     yield engine
     engine.shutdown()
 

@@ -8,10 +8,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import MODEL, TINY_MODEL
+from server_helpers import MODEL, tiny_engine
 
-from refengine.engine.async_llm import AsyncLLM
-from refengine.engine.engine_args import EngineArgs
 from refengine.entrypoints.app import ServerConfig, build_app
 
 FIELDS = [
@@ -62,7 +60,7 @@ bodies = st.dictionaries(st.sampled_from(FIELDS), values, max_size=8).flatmap(
 @pytest.fixture(scope="module")
 def fuzz_app():
     # A short context keeps every accepted body's generation short.
-    engine = AsyncLLM(EngineArgs(TINY_MODEL, max_model_len=64, num_blocks=256, block_size=4), served_model_name=MODEL)
+    engine = tiny_engine(max_model_len=64, num_blocks=256)
     yield build_app(engine, ServerConfig(served_model_name=MODEL))
     engine.shutdown()
 

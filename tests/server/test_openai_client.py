@@ -3,10 +3,8 @@ completions, streaming and not, usage, errors, and an engine dying mid-stream.""
 
 import openai
 import pytest
-from server_helpers import MODEL, TINY_MODEL, TINY_POOL, serve_in_thread
+from server_helpers import MODEL, serve_in_thread, tiny_engine
 
-from refengine.engine.async_llm import AsyncLLM
-from refengine.engine.engine_args import EngineArgs
 from refengine.entrypoints.app import ServerConfig, build_app
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
@@ -114,7 +112,7 @@ def test_errors_map_to_the_client_exceptions(oai, server):
 
 
 def test_engine_death_mid_stream_raises_in_the_client():
-    engine = AsyncLLM(EngineArgs(TINY_MODEL, **TINY_POOL, fault_after_steps=6), served_model_name=MODEL)
+    engine = tiny_engine(fault_after_steps=6)
     try:
         with serve_in_thread(build_app(engine, ServerConfig(served_model_name=MODEL))) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
