@@ -44,7 +44,10 @@ def _generate(loaded, async_scheduling: bool):
 def test_async_launches_the_next_step_before_the_previous_one_lands():
     """Event-order witness: at most launches of step n+1 the event recorded after step n's sampled-id
     copy has not fired yet (the GPU still runs n), and the tokens equal sync scheduling's."""
-    loaded = build_random_model("qwen3-0.6b", seed=1, dtype=torch.bfloat16, numerics=Numerics.BATCH_INVARIANT,
+    # Real shapes: a qwen3-8b step (about 5 ms) outlasts the host's work for the next launch, which a
+    # small model's step need not (then the previous step has landed before the launch, and nothing is
+    # witnessed, rightly).
+    loaded = build_random_model("qwen3-8b", seed=1, dtype=torch.bfloat16, numerics=Numerics.BATCH_INVARIANT,
                                 device="cuda")
     sync, sync_runner = _generate(loaded, async_scheduling=False)
     overlapped, runner = _generate(loaded, async_scheduling=True)
