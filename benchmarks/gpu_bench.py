@@ -338,15 +338,19 @@ def timed_generate(llm: LLM, prompts, params, batch_queue: bool | None):
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, batch_queue=batch_queue)
     wall = time.perf_counter() - t0
-    tpots, ttfts = [], []
+    tpots, ttfts, gaps = [], [], []
     for req_arrivals in arrivals.values():
         total = sum(n for _, n in req_arrivals)
         if total > 1:
             tpots.append((req_arrivals[-1][0] - req_arrivals[0][0]) / (total - 1) * 1e3)
         ttfts.append((req_arrivals[0][0] - t0) * 1e3)
+        # Per-token gaps between consecutive arrivals: their median is the steady decode step, free of
+        # the prefill steps of later requests that TPOT averages in.
+        gaps += [(b[0] - a[0]) / b[1] * 1e3 for a, b in zip(req_arrivals, req_arrivals[1:])]
     total_tokens = sum(len(o.token_ids) for o in outs)
     return {
         "tpot_ms": statistics.mean(tpots),
+        "itl_median_ms": statistics.median(gaps) if gaps else float("nan"),
         "ttft_ms_mean": statistics.mean(ttfts),
         "output_tok_s": total_tokens / wall,
         "wall_s": wall,
@@ -388,10 +392,12 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
                numerics=loaded.model.numerics.value, attention=calls_delta(before),
                cuda_graphs=decode_steps > 0, graph_steps=decode_steps, eager_steps=runner.num_eager_steps - eager_steps,
                async_scheduling=llm.engine.async_resolution.enabled, batch_queue=batch_queue,
-               tpot_ms=round(timing["tpot_ms"], 3), output_tok_s=round(timing["output_tok_s"], 1),
+               tpot_ms=round(timing["tpot_ms"], 3), itl_median_ms=round(timing["itl_median_ms"], 3),
+               output_tok_s=round(timing["output_tok_s"], 1),
                ttft_ms=round(timing["ttft_ms_mean"], 1), steps=timing["steps"],
                floor_ms=round(per_token_floor, 3), roofline=round(per_token_floor / timing["tpot_ms"], 3),
-               build_s=round(build_s, 1))
+               build_s=round(build_s, 1), in_flight_steps=runner.num_in_flight_steps,
+               overlapped_launches=runner.num_overlapped_launches)
     if spec is not None:
         row.update(method=spec.method, k=spec.num_speculative_tokens, synthetic_acceptance=synthetic,
                    acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
@@ -409,7 +415,7 @@ def engine_section(bench: Bench) -> None:
     empty_cache()
     for c in (1, 8, 32):
         engine_run(bench, loaded, c, label="qwen3-8b greedy, async default, graphs")
-    engine_run(bench, loaded, 1, label="qwen3-8b greedy, sync (async off), graphs", async_scheduling=False)
+        engine_run(bench, loaded, c, label="qwen3-8b greedy, sync (async off), graphs", async_scheduling=False)
     engine_run(bench, loaded, 1, label="qwen3-8b greedy, no graphs (eager triton), 64 new tokens",
                output_len=64, cuda_graphs=False)
 
@@ -468,6 +474,47 @@ def host_breakdown(bench: Bench) -> None:
         print(f"[bench] host breakdown c={c}: {per_step} ({steps} runner steps)", flush=True)
         core.shutdown()
         llm = None  # noqa: F841
+        empty_cache()
+
+
+def gpu_idle(bench: Bench) -> None:
+    """GPU idle time between consecutive decode steps under async scheduling, from a profiler trace:
+    1 - (union of kernel and copy intervals) / (first start to last end), over the last 48 of 64
+    decode steps (16-token prompts, so prefill is negligible and the early steps are cut anyway)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    loaded = get_qwen8b()
+    for c in (1, 8):
+        llm = LLM(loaded, dtype="bfloat16", numerics="fast", max_num_seqs=c, max_model_len=128, block_size=BLOCK,
+                  kv_cache_memory_gib=0.5)
+        prompts = [[3 + (i * 13 + j) % 400 for j in range(16)] for i in range(c)]
+        params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+        llm.generate(prompts, params)  # warm-up: kernels compiled, graphs captured
+        # The dry run traces the CPU's ops instead, only to exercise the code.
+        kind = ProfilerActivity.CUDA if DEV == "cuda" else ProfilerActivity.CPU
+        with profile(activities=[kind]) as prof:
+            t0 = time.perf_counter()
+            llm.generate(prompts, params)
+            wall = time.perf_counter() - t0
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == (torch.autograd.DeviceType.CUDA if DEV == "cuda" else e.device_type))
+        cut = spans[0][0] + (spans[-1][1] - spans[0][0]) * 16 / 64  # drop the first 16 steps
+        spans = [sp for sp in spans if sp[0] >= cut]
+        busy, end = 0.0, spans[0][0]
+        for start, stop in spans:
+            busy += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+        window = spans[-1][1] - spans[0][0]
+        row = dict(section="gpu_idle", what="async, graphs, qwen3-8b greedy, 16 in / 64 out, last 48 steps", c=c,
+                   idle_fraction=round(1 - busy / window, 4), window_ms=round(window / 1e3, 2),
+                   gpu_busy_ms_per_step=round(busy / 1e3 / 48, 3), wall_ms_per_token=round(wall * 1e3 / 64, 3),
+                   in_flight_steps=llm.engine.core.runner.num_in_flight_steps,
+                   overlapped_launches=llm.engine.core.runner.num_overlapped_launches)
+        bench.row(**row)
+        (bench.out / f"trace_summary_c{c}.txt").write_text(
+            json.dumps(row, indent=1) + "\n\n" + prof.key_averages().table(sort_by="cuda_time_total" if DEV == "cuda" else "cpu_time_total", row_limit=25))
+        llm.engine.core.shutdown()
+        del llm
         empty_cache()
 
 
@@ -589,6 +636,8 @@ def print_table(bench: Bench) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in bench.results["rows"]:
         ms = r.get("tpot_ms", r.get("ms"))
+        if "itl_median_ms" in r:
+            ms = f"{ms} (median ITL {r['itl_median_ms']})"
         extra = f" {r.get('numerics', '')}{'' if r.get('fused_ops', True) else ' unfused'}" if r["section"] == "steps" else ""
         print(f"| {r['section']} | {r['what']}{extra} | "
               f"{r.get('c', '')} | {r.get('attention', '')} | {r.get('cuda_graphs', '')} | {ms if ms is not None else ''} | "
@@ -620,6 +669,7 @@ def main() -> None:
         ("steps", lambda: model_steps(bench), 60),
         ("profile", lambda: profile_step(bench), 15),
         ("engine", lambda: engine_section(bench), 60),
+        ("gpu_idle", lambda: gpu_idle(bench), 30),
         ("hf", lambda: hf_peer(bench), 40),
         ("host", lambda: host_breakdown(bench), 20),
         ("async_ab", lambda: async_ab(bench), 50),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput, StepRecord
 from refengine.core.scheduler import Scheduler
 from refengine.request import Request, RequestStatus
+from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.model_runner import ModelRunner
 
 EMPTY_OUTPUTS = EngineCoreOutputs(outputs=(), finished_req_ids=frozenset(), spec_decoding_stats=None)
@@ -19,7 +20,7 @@ EMPTY_OUTPUTS = EngineCoreOutputs(outputs=(), finished_req_ids=frozenset(), spec
 @dataclass(frozen=True, slots=True)
 class _Frame:
     scheduler_output: SchedulerOutput
-    future: "Future[ModelRunnerOutput]"
+    future: "Future[ModelRunnerOutput | AsyncModelRunnerOutput]"
 
 
 class EngineCore:
@@ -49,8 +50,7 @@ class EngineCore:
         if not self.scheduler.has_requests():
             return EMPTY_OUTPUTS
         so = self.scheduler.schedule()
-        runner_output = self._execute(so)
-        outputs = self.scheduler.update_from_output(so, runner_output)
+        outputs = self.scheduler.update_from_output(so, resolve(self._execute(so)))
         self._post_step()
         return outputs
 
@@ -78,7 +78,9 @@ class EngineCore:
         outputs = None
         if self.batch_queue:
             frame = self.batch_queue.pop()
-            outputs = self.scheduler.update_from_output(frame.scheduler_output, frame.future.result())
+            # The one wait of the frame: its sampled ids landing on the host, while the runner thread
+            # already launched the next frame (AsyncModelRunnerOutput).
+            outputs = self.scheduler.update_from_output(frame.scheduler_output, resolve(frame.future.result()))
         if deferred is not None:
             launched.result()
             self.scheduler.update_draft_token_ids_in_output(self.runner.take_draft_token_ids(), deferred)
@@ -88,7 +90,7 @@ class EngineCore:
             self._post_step()
         return outputs
 
-    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         self.runner.execute_model(so)
         return self.runner.sample_tokens()
 

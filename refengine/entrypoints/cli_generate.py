@@ -3,6 +3,7 @@
 import click
 
 from refengine.engine.arg_utils import EngineArgs
+from refengine.entrypoints.device_options import check_device, device_options
 from refengine.sampling_params import SamplingParams
 
 
@@ -16,16 +17,22 @@ from refengine.sampling_params import SamplingParams
 @click.option("--seed", default=None, type=int, help="Per-request seed for temperature > 0.")
 @click.option("--batch-invariant/--fast", default=EngineArgs.numerics == "batch_invariant", show_default=True,
               help="Numerics mode.")
+@device_options
+@click.option("--kv-cache-memory-gib", type=click.FloatRange(min=0, min_open=True), default=EngineArgs.kv_cache_memory_gib,
+              show_default=True, help="KV pool size as a memory budget.")
 def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, seed: int | None,
-                     batch_invariant: bool) -> None:
+                     batch_invariant: bool, device: str | None, cuda_graphs: bool | None,
+                     kv_cache_memory_gib: float) -> None:
     """Print the model's continuation of PROMPT."""
     if not prompt.strip():
         raise click.ClickException("--prompt is empty: give the text to continue")
+    check_device(device, cuda_graphs)
     # Imported here: the command group stays cheap to load (torch comes with the engine).
     from refengine.engine.llm import LLM
     from refengine.tokenizer.chat_template import ChatMessage
 
-    llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1)
+    llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1, device=device,
+              cuda_graphs=cuda_graphs, kv_cache_memory_gib=kv_cache_memory_gib)
     if chat:
         prompt = llm.tokenizer.apply_chat_template([ChatMessage("user", prompt)])
         ids = llm.tokenizer.encode(prompt, add_special_tokens=False)

@@ -20,6 +20,7 @@ from refengine.entrypoints.app import (
     ServerConfig,
     build_app,
 )
+from refengine.entrypoints.device_options import check_device, device_options
 from refengine.entrypoints.engine_client import EngineClient
 from refengine.entrypoints.http_server import make_server
 from refengine.model.config import ATTENTION_BACKENDS
@@ -194,6 +195,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         show_default=True,
         help="KV pool size as a memory budget (used when --num-blocks is not given).",
     )
+    @device_options
     @click.option("--block-size", type=click.IntRange(min=1), default=ENGINE_DEFAULTS.block_size, show_default=True)
     @click.option("--seed", type=int, default=ENGINE_DEFAULTS.seed, show_default=True)
     @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default=ENGINE_DEFAULTS.dtype, show_default=True)
@@ -281,6 +283,8 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         max_num_batched_tokens: int,
         num_blocks: int | None,
         kv_cache_memory_gib: float,
+        device: str | None,
+        cuda_graphs: bool | None,
         block_size: int,
         seed: int,
         dtype: str,
@@ -299,6 +303,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         /health, /metrics)."""
         if num_blocks is not None and ctx.get_parameter_source("kv_cache_memory_gib") in _GIVEN:
             raise click.UsageError("give --num-blocks or --kv-cache-memory-gib, not both")
+        check_device(device, cuda_graphs)
         args = EngineArgs(
             model=model,
             numerics="batch_invariant" if batch_invariant else "fast",
@@ -309,6 +314,8 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
             block_size=block_size,
             num_blocks=num_blocks,
             kv_cache_memory_gib=kv_cache_memory_gib,
+            device=device,
+            cuda_graphs=cuda_graphs,
             seed=seed,
             speculative_config=speculative_config,
             async_scheduling=async_scheduling,

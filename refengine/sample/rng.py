@@ -1,13 +1,21 @@
-"""Counter-based randomness: a draw depends only on (request key, absolute position, stream).
+"""Counter-based randomness: a draw depends only on (request key, absolute position, stream, index).
 
 A request's random tokens therefore do not depend on batch composition, chunking, whether the engine
 runs sync or async, or (one-hot drafts being checked against these same samples) whether it speculates.
 That is what lets the token-identity oracle hold at temperature > 0.
+
+The draws are an integer hash in two stages: `row_seed` mixes (key, position, stream) into one 32-bit
+word, and `uniforms` mixes each row's seed with the counters 0..size-1 and turns the result into
+float32. Both are plain integer arithmetic (&, ^, >>, <<, +, *) that runs unchanged on Python ints and
+on torch int64 tensors of any device, so the uniforms are bitwise equal on the CPU and the GPU
+(tests/gpu pins that; tests/sample pins known answers). The hash works on 32-bit words and never lets a
+product leave int64's range (`_mul32` splits one operand in 16-bit halves), so no step relies on signed
+overflow, which torch does not define.
 """
 
-import torch
+from typing import TypeVar
 
-from refengine.sample.splitmix import splitmix64
+import torch
 
 # Independent streams, so that the acceptance draw at a position never reuses the noise that
 # sampled the token at that position.
@@ -15,23 +23,57 @@ STREAM_SAMPLE = 1
 STREAM_ACCEPT = 2
 STREAM_RECOVER = 3
 
+MASK32 = 0xFFFFFFFF
+_GOLDEN32 = 0x9E3779B9
 
-def derive_seed(key: int, position: int, stream: int) -> int:
-    """A 63-bit seed for one (key, position, stream) triple."""
-    return splitmix64(splitmix64(splitmix64(key) ^ position) ^ stream) >> 1
+Word = TypeVar("Word", int, torch.Tensor)
 
 
-def generator(key: int, position: int, stream: int) -> torch.Generator:
-    g = torch.Generator(device="cpu")
-    g.manual_seed(derive_seed(key, position, stream))
-    return g
+def _mul32(a: Word, c: int) -> Word:
+    """(a * c) mod 2**32 for a 32-bit word a and constant c; every partial product stays below 2**49."""
+    return ((a & 0xFFFF) * c + (((a >> 16) * (c & 0xFFFF)) << 16)) & MASK32
+
+
+def _fmix32(h: Word) -> Word:
+    """MurmurHash3's 32-bit finaliser: a bijection on 32-bit words that spreads every input bit."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _absorb(h: Word, word: Word | int) -> Word:
+    return _fmix32(((h ^ word) + _GOLDEN32) & MASK32)
+
+
+def row_seed(key: int, position: int, stream: int) -> int:
+    """One 32-bit word for a (64-bit request key, position, stream) triple, computed on the host."""
+    return _absorb(_absorb(_absorb(_fmix32(key & MASK32), (key >> 32) & MASK32), position & MASK32), stream)
+
+
+def uniforms(seeds: torch.Tensor, size: int) -> torch.Tensor:
+    """[rows, size] float32 uniforms in (0, 1) on the seeds' device; column i is counter i of its row.
+
+    The 23 top bits m of the hash as (2m + 1) / 2**24: 24 significant bits, so exact in float32 on
+    every device, and never 0 or 1.
+    """
+    row = seeds.long()[:, None]
+    index = torch.arange(size, dtype=torch.int64, device=seeds.device)[None, :]
+    h = _absorb(_absorb(row, index), row)
+    return ((h >> 9) * 2 + 1).to(torch.float32) * 2.0**-24
+
+
+def exponentials(seeds: torch.Tensor, size: int) -> torch.Tensor:
+    """[rows, size] Exp(1) noise for the exponential race: argmax(w / E) samples proportionally to w."""
+    return -torch.log(uniforms(seeds, size))
 
 
 def uniform(key: int, position: int, stream: int) -> float:
-    """One float64 draw in [0, 1)."""
-    return torch.rand((), dtype=torch.float64, generator=generator(key, position, stream)).item()
+    """One draw in (0, 1) for one (key, position, stream): counter 0 of that row."""
+    return float(uniforms(torch.tensor([row_seed(key, position, stream)]), 1)[0, 0])
 
 
 def exponential(key: int, position: int, stream: int, size: int) -> torch.Tensor:
-    """Exp(1) noise for the exponential race: argmax(w / E) samples proportionally to w."""
-    return torch.empty(size, dtype=torch.float32).exponential_(generator=generator(key, position, stream))
+    """[size] Exp(1) noise for one (key, position, stream)."""
+    return exponentials(torch.tensor([row_seed(key, position, stream)]), size)[0]

@@ -1,30 +1,15 @@
-"""Per-row sampling. Each row is processed on its own, so a request's result never depends on the
-other rows of the batch; greedy is an exact argmax."""
+"""Batched sampling on the logits' device. Every operation works row by row (masks, softmax, sorts and
+argmax along the vocabulary; noise keyed by each row's request and position), so a request's result
+never depends on the other rows of the batch; greedy is an exact argmax. Nothing is read back to the
+host: the branches are chosen from SamplingMetadata's host facts."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from refengine.request import Request
 from refengine.sample import rng
-
-
-@dataclass(frozen=True, slots=True)
-class RowParams:
-    """What the sampler needs to know about one request; built by the runner from SamplingParams."""
-
-    temperature: float
-    top_k: int  # <= 0 means off
-    top_p: float  # 1.0 means off
-    min_tokens: int
-    stop_token_ids: tuple[int, ...]  # eos (unless ignore_eos) plus the request's stop ids
-    bad_words_token_ids: tuple[tuple[int, ...], ...]
-    rng_key: int
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+from refengine.sample.metadata import RowParams, SamplingMetadata
 
 
 def banned_next_tokens(history: Sequence[int], bad_words: Sequence[Sequence[int]]) -> list[int]:
@@ -48,16 +33,23 @@ def valid_draft_prefix(request: Request, drafts: list[int]) -> int:
     return len(drafts)
 
 
-def apply_constraints(
-    logits: torch.Tensor, params: RowParams, history: Sequence[int], num_output_tokens: int
-) -> torch.Tensor:
-    """Masks bad words and, below min_tokens, the stop tokens. `history` is prompt + outputs + any
-    drafts before this row (so a verify row sees what the non-spec path would have seen)."""
+def masked_token_ids(params: RowParams, history: Sequence[int], num_output_tokens: int) -> list[int]:
+    """The tokens a row may not emit: bad words and, below min_tokens, the stop tokens. `history` is
+    prompt + outputs + any drafts before this row (so a verify row sees what the non-spec path would
+    have seen); only its tail matters."""
     masked = []
     if params.bad_words_token_ids:
         masked += banned_next_tokens(history, params.bad_words_token_ids)
     if num_output_tokens < params.min_tokens:
         masked += params.stop_token_ids
+    return masked
+
+
+def apply_constraints(
+    logits: torch.Tensor, params: RowParams, history: Sequence[int], num_output_tokens: int
+) -> torch.Tensor:
+    """One row of logits with masked_token_ids set to -inf."""
+    masked = masked_token_ids(params, history, num_output_tokens)
     if not masked:
         return logits
     out = logits.clone()
@@ -65,32 +57,66 @@ def apply_constraints(
     return out
 
 
-def probabilities(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
-    """Temperature, top-k and top-p applied to one row of logits, as a float32 distribution."""
-    scaled = logits.float() / params.temperature
-    if 0 < params.top_k < scaled.numel():
-        kth = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+def apply_masks(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """[N, V] logits with the metadata's (row, token) pairs set to -inf, on the device."""
+    if not md.num_masked:
+        return logits
+    out = logits.clone()
+    # A Python scalar, not a tensor made on the device: that would be a blocking host-to-device copy.
+    out[md.masked_rows, md.masked_token_ids] = float("-inf")
+    return out
+
+
+def probabilities_batch(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to [N, V] logits, as float32 distributions. Greedy rows
+    come out at temperature 1 (the caller takes their argmax instead)."""
+    temperature = torch.where(md.temperature == 0.0, 1.0, md.temperature)
+    scaled = logits.float() / temperature[:, None]
+    vocab = scaled.shape[-1]
+    if md.any_top_k:
+        values = torch.sort(scaled, dim=-1, descending=True).values
+        kth = values.gather(1, (md.top_k - 1).clamp(0, vocab - 1)[:, None])
+        on = ((md.top_k > 0) & (md.top_k < vocab))[:, None]
+        scaled = scaled.masked_fill(on & (scaled < kth), float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True, stable=True)
+    if md.any_top_p:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         # Keep the smallest prefix whose mass reaches top_p; the top token always survives.
-        drop = order[before >= params.top_p]
-        probs = probs.clone()
-        probs[drop] = 0.0
-        probs = probs / probs.sum()
+        drop = (before >= md.top_p[:, None]) & (md.top_p < 1.0)[:, None]
+        probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def sample_batch(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """[N] token ids, one per row of [N, V] logits, on the logits' device: the argmax for greedy rows,
+    for the others an exponential race over the processed distribution keyed by (request, position)."""
+    logits = apply_masks(logits, md)
+    greedy = torch.argmax(logits, dim=-1)
+    if md.all_greedy:
+        return greedy
+    noise = rng.exponentials(md.seeds, logits.shape[-1])
+    sampled = torch.argmax(probabilities_batch(logits, md) / noise, dim=-1)
+    return torch.where(md.temperature == 0.0, greedy, sampled)
+
+
+def _one_row(params: RowParams, position: int, device: torch.device) -> SamplingMetadata:
+    return SamplingMetadata.build([params], [position], [[]], device)
+
+
+def probabilities(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
+    """One row's distribution (probabilities_batch on a batch of one)."""
+    return probabilities_batch(logits[None], _one_row(params, 0, logits.device))[0]
 
 
 def race(weights: torch.Tensor, key: int, position: int, stream: int) -> int:
     """A sample proportional to `weights` (need not be normalised), keyed by (key, position)."""
-    noise = rng.exponential(key, position, stream, weights.numel())
+    noise = rng.exponential(key, position, stream, weights.numel()).to(weights.device)
     return int(torch.argmax(weights / noise).item())
 
 
 def sample(logits: torch.Tensor, params: RowParams, position: int) -> int:
-    """One token for the sequence position `position` from processed logits."""
-    if params.greedy:
-        return int(torch.argmax(logits).item())
-    return race(probabilities(logits, params), params.rng_key, position, rng.STREAM_SAMPLE)
+    """One token for the sequence position `position` from one row of processed logits (sample_batch on
+    a batch of one)."""
+    return int(sample_batch(logits[None], _one_row(params, position, logits.device))[0].item())

@@ -150,15 +150,25 @@ class CudaGraphs:
             return False
         return self.padded_size(len(num_scheduled), num_scheduled[0]) is not None
 
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, q: int) -> tuple[ModelOutput, torch.Tensor]:
-        """Replay for host tensors `ids`, `positions` and host metadata; the outputs are views of the
-        graph's static outputs, valid until the next replay."""
+    def run(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        q: int,
+        gather: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[ModelOutput, torch.Tensor]:
+        """Replay for host tensors `ids`, `positions` and host metadata; `gather` (device positions,
+        device ids) overwrites input ids still in flight from the previous step. The outputs are views
+        of the graph's static outputs, valid until the next replay."""
         num_seqs = meta.seq_lens.shape[0]
         padded = self.padded_size(num_seqs, q)
         # Invariant: run() is only called for a step that can_run() accepted.
         if padded is None:
             raise RuntimeError(f"no captured graph for {num_seqs} sequences of {q} tokens")
         self._fill(q, padded, ids, positions, meta)
+        if gather is not None:
+            self._views(self._static, q, padded)[0].index_copy_(0, *gather)
         captured = self._graphs[(q, padded)]
         captured.graph.replay()
         self.num_replays += 1

@@ -62,6 +62,8 @@ BAD_INPUT = {
     "generate-missing": ("generate --model {missing} --prompt hi", "no such file"),
     "generate-corrupt": ("generate --model {corrupt} --prompt hi", "not a readable GGUF"),
     "generate-empty-prompt": ("generate --model tiny-qwen3 --prompt", "empty"),
+    "generate-graphs-on-cpu": ("generate --model tiny-qwen3 --prompt hi --device cpu --cuda-graphs", "needs a GPU"),
+    "serve-graphs-on-cpu": ("serve --model tiny-qwen3 --device cpu --cuda-graphs", "needs a GPU"),
     "oracle-missing": ("oracle --model {missing} --c 1", "no such file"),
     "oracle-corrupt": ("oracle --model {corrupt} --c 1", "not a readable GGUF"),
     "train-missing": ("train-drafter --target {missing} --method eagle --out {out}", "no such file"),
@@ -83,3 +85,17 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, case):
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: "), out.stderr
     assert expected in lines[0]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_device_cuda_without_a_gpu_is_one_line():
+    out = run(REFENGINE, "generate", "--model", "tiny-qwen3", "--prompt", "hi", "--device", "cuda")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == "Error: --device cuda: no CUDA device is visible on this machine"
+
+
+def test_generate_on_the_cpu_device_with_a_kv_budget():
+    out = run(REFENGINE, "generate", "--model", "tiny-qwen3", "--prompt", "hi", "--max-tokens", "3",
+              "--device", "cpu", "--no-cuda-graphs", "--kv-cache-memory-gib", "0.05")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
