@@ -31,13 +31,15 @@ def summary(mean: float) -> Summary:
 
 def ok(c: int, tput: float, ttft: float = 100.0, tpot: float = 20.0, input_tokens: int = 128,
        output_tokens: int = 64, spec: SpecAcceptance | None = None, cpu_pct: float = 5.0,
-       loop_lag_ms: float = 1.0, output_max: int | None = None, peak: int | None = None) -> RungOk:
-    """An OK rung; output lengths span output_tokens..output_max (default: all equal)."""
+       loop_lag_ms: float = 1.0, output_max: int | None = None, peak: int | None = None,
+       input_max: int | None = None) -> RungOk:
+    """An OK rung; lengths span input_tokens..input_max and output_tokens..output_max (default: all equal)."""
     top = output_tokens if output_max is None else output_max
+    input_top = input_tokens if input_max is None else input_max
     stats = RungStats(
         num_requests=4 * c, duration_s=10.0, request_throughput=tput / output_tokens, output_throughput=tput,
         total_throughput=tput * 3, per_user_tok_s=1000.0 / tpot,
-        input_tokens=LengthStats(input_tokens, float(input_tokens), input_tokens),
+        input_tokens=LengthStats(input_tokens, (input_tokens + input_top) / 2, input_top),
         output_tokens=LengthStats(output_tokens, (output_tokens + top) / 2, top),
         ttft_ms=summary(ttft), e2e_ms=summary(ttft + 63 * tpot), tpot_ms=summary(tpot),
         chunk_gap_ms=summary(tpot), itl_token_ms=None, tokens_per_chunk=summary(1.0))

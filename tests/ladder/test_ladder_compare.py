@@ -160,6 +160,23 @@ def test_realised_lengths_input_within_two_tokens_output_exact(tmp_path, compare
         assert code == 2 and refused in err
 
 
+@pytest.mark.parametrize("b_span, refused", [
+    ((57, 158), None),  # a dataset's prompts, one token shorter at both ends on another server: within ±2
+    ((58, 162), "input tokens at c=1: a = 58–159, b = 58–162 (must match within ±2)"),
+    ((55, 159), "input tokens at c=1: a = 58–159, b = 55–159 (must match within ±2)"),
+])
+def test_lengths_that_vary_within_a_run_are_compared_end_for_end(tmp_path, compare, b_span, refused):
+    """Dataset prompts vary in length inside one run: the guard compares each end of the spans across
+    runs, not the whole spread of lengths against the tolerance."""
+    a = write_run(tmp_path, "a", [ok(1, 100.0, input_tokens=58, input_max=159)])
+    b = write_run(tmp_path, "b", [ok(1, 90.0, input_tokens=b_span[0], input_max=b_span[1])])
+    code, _, err = compare(a, b)
+    if refused is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and refused in err
+
+
 def test_plots_are_written_and_linked(tmp_path, compare):
     a = write_run(tmp_path, "a", [ok(1, 100.0), ok(2, 150.0), ok(4, 200.0)])
     b = write_run(tmp_path, "b", [ok(1, 90.0), void(2), not_run(4)])
