@@ -23,6 +23,7 @@ from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduli
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
 from refengine.worker.cuda_graphs import CudaGraphs
+from refengine.worker.input_batch import InputBatch
 from refengine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("refengine")
@@ -101,9 +102,11 @@ def build_engine(args: EngineArgs) -> Engine:
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
     graphs = _cuda_graphs(args, loaded, kv_cache, config, drafter, device)
+    input_batch = InputBatch(config.max_num_seqs, config.max_model_len, _max_blocks_per_req(config), config.block_size)
     runner = ModelRunner(
         loaded.model,
         kv_cache,
+        input_batch,
         drafter=drafter,
         fault_after_steps=args.fault_after_steps,
         record_steps=args.record_steps,
@@ -123,6 +126,11 @@ def _choose_kernels(loaded: LoadedModel, drafter: Proposer | None, kernels: Kern
             set_kernels(module, kernels)
 
 
+def _max_blocks_per_req(config: EngineConfig) -> int:
+    """The most blocks a request can own: its longest context plus the drafter's lookahead slots."""
+    return -(-(config.max_model_len + config.num_lookahead_tokens) // config.block_size)
+
+
 def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, config: EngineConfig, drafter, device):
     """Captured decode (and verify) steps, when the device is a GPU and attention runs in Triton."""
     usable = device.type == "cuda" and attention.attention_implementation(loaded.model.kernels, device) == "triton"
@@ -132,12 +140,11 @@ def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, confi
         return None
     spec = args.speculative_config
     query_lens = (1,) if spec is None else (1, spec.num_speculative_tokens + 1)
-    lookahead = 0 if spec is None else spec.num_lookahead_slots
     graphs = CudaGraphs(
         loaded.model,
         kv_cache,
         max_num_seqs=config.max_num_seqs,
-        max_blocks_per_seq=-(-(config.max_model_len + lookahead) // config.block_size),
+        max_blocks_per_seq=_max_blocks_per_req(config),
         query_lens=query_lens,
         capture_layers=() if drafter is None else tuple(drafter.capture_layers),
     )

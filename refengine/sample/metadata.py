@@ -1,10 +1,11 @@
 """What the sampler needs to know: RowParams per request (host), and SamplingMetadata per logits row,
-as tensors on the logits' device (vLLM's name). The metadata is built on the host in one pass over the
-rows and sent in two non-blocking copies, so sampling a step reads nothing back from the device."""
+as tensors on the logits' device (vLLM's name). The metadata is built on the host from per-row arrays
+and sent in two non-blocking copies, so sampling a step reads nothing back from the device."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from refengine.sample import rng
@@ -50,21 +51,39 @@ class SamplingMetadata:
         device: torch.device,
     ) -> "SamplingMetadata":
         """One entry per logits row: its request's params, its position and its masked token ids."""
-        n = len(params)
-        pairs = [(row, token) for row, tokens in enumerate(masked) for token in tokens]
-        ints = torch.tensor(
-            [max(p.top_k, 0) for p in params]
-            # Greedy rows draw no noise: their seed is never read, so spare the host its hashing.
-            + [0 if p.greedy else rng.row_seed(p.rng_key, pos, rng.STREAM_SAMPLE) for p, pos in zip(params, positions, strict=True)]
-            + [r for r, _ in pairs]
-            + [t for _, t in pairs],
-            dtype=torch.int64,
+        return cls.from_arrays(
+            temperature=np.array([p.temperature for p in params], dtype=np.float32),
+            top_p=np.array([p.top_p for p in params], dtype=np.float32),
+            top_k=np.array([max(p.top_k, 0) for p in params], dtype=np.int64),
+            key_words=np.array([rng.key_word(p.rng_key) for p in params], dtype=np.int64),
+            positions=np.array(positions, dtype=np.int64),
+            masked=[(row, token) for row, tokens in enumerate(masked) for token in tokens],
+            device=device,
         )
-        floats = torch.tensor([p.temperature for p in params] + [p.top_p for p in params], dtype=torch.float32)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        *,
+        temperature: np.ndarray,
+        top_p: np.ndarray,
+        top_k: np.ndarray,
+        key_words: np.ndarray,
+        positions: np.ndarray,
+        masked: Sequence[tuple[int, int]],
+        device: torch.device,
+    ) -> "SamplingMetadata":
+        """From per-row host arrays (a runner gathers them from its persistent rows): the seeds are hashed
+        for the whole batch at once and `masked` lists (row, token) pairs, so nothing here loops over rows.
+        Greedy rows get seeds too; the sampler never reads them."""
+        n, m = len(temperature), len(masked)
+        seeds = rng.row_seeds(torch.from_numpy(key_words), torch.from_numpy(positions), rng.STREAM_SAMPLE)
+        pairs = torch.tensor(masked, dtype=torch.int64).reshape(m, 2)
+        ints = torch.cat([torch.from_numpy(top_k), seeds, pairs[:, 0], pairs[:, 1]])
+        floats = torch.from_numpy(np.concatenate([temperature, top_p]))
         if device.type == "cuda":
             ints = ints.pin_memory().to(device, non_blocking=True)
             floats = floats.pin_memory().to(device, non_blocking=True)
-        m = len(pairs)
         return cls(
             temperature=floats[:n],
             top_p=floats[n:],
@@ -72,8 +91,8 @@ class SamplingMetadata:
             seeds=ints[n : 2 * n],
             masked_rows=ints[2 * n : 2 * n + m],
             masked_token_ids=ints[2 * n + m :],
-            all_greedy=all(p.greedy for p in params),
-            any_top_k=any(p.top_k > 0 for p in params),
-            any_top_p=any(p.top_p < 1.0 for p in params),
+            all_greedy=not temperature.any(),
+            any_top_k=bool((top_k > 0).any()),
+            any_top_p=bool((top_p < 1.0).any()),
             num_masked=m,
         )

@@ -47,9 +47,21 @@ def _absorb(h: Word, word: Word | int) -> Word:
     return _fmix32(((h ^ word) + _GOLDEN32) & MASK32)
 
 
+def key_word(key: int) -> int:
+    """row_seed's first stage: the 64-bit request key's two halves mixed into one 32-bit word. It depends
+    on the request alone, so a runner computes it once per request and keeps it in the request's row."""
+    return _absorb(_fmix32(key & MASK32), (key >> 32) & MASK32)
+
+
+def row_seeds(key_words: Word, positions: Word, stream: int) -> Word:
+    """row_seed's last stages, for key_word(key) and absolute positions: Python ints, or int64 tensors of
+    any device (one seed per row of a batch, without per-row host work)."""
+    return _absorb(_absorb(key_words, positions & MASK32), stream)
+
+
 def row_seed(key: int, position: int, stream: int) -> int:
     """One 32-bit word for a (64-bit request key, position, stream) triple, computed on the host."""
-    return _absorb(_absorb(_absorb(_fmix32(key & MASK32), (key >> 32) & MASK32), position & MASK32), stream)
+    return row_seeds(key_word(key), position, stream)
 
 
 def uniforms(seeds: torch.Tensor, size: int) -> torch.Tensor:

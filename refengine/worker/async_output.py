@@ -46,10 +46,10 @@ class InFlightTokens:
             self.ready.synchronize()
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in self.host.tolist()]
 
-    def patch_states(self) -> None:
-        """Replace the placeholders the runner put in its requests' token_ids by the real ids."""
-        for state, first, tokens in zip(self.states, self.first_index, self.rows(), strict=True):
-            state.token_ids[first : first + len(tokens)] = tokens
+    def patches(self) -> list[tuple[CachedRequestState, int, list[int]]]:
+        """(request, index of its first placeholder, the real ids) for each row: what replaces the
+        placeholders the runner put in its requests' token_ids. Waits for the copy to land."""
+        return list(zip(self.states, self.first_index, self.rows(), strict=True))
 
 
 @dataclass(frozen=True, slots=True)

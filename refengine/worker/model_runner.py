@@ -1,8 +1,8 @@
 """ModelRunner: builds the step's inputs from a SchedulerOutput, runs the model and verifies/samples.
 
-State lives in `requests`, keyed by request id, never by batch row (invariant 17): the batch is
-rebuilt from the SchedulerOutput every step, so a request that joins, finishes or moves to another
-row never reads another request's state.
+State lives in `requests`, keyed by request id (invariant 17), and in the persistent InputBatch,
+whose rows are found by id too and change only as the SchedulerOutputs say (input_batch.py): a step
+with the same requests as the last one writes only the tokens and blocks it adds.
 
 A step is split in two, as in vLLM: `execute_model` runs the forward and keeps the logits;
 `sample_tokens` verifies drafts and samples. The engine's deferred branch runs other work between
@@ -14,19 +14,20 @@ Invariant numbers refer to docs/invariants.md.
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, StepRecord, TokenLogprobs
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample import rng
-from refengine.sample.metadata import RowParams, SamplingMetadata
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
 from refengine.sample.sampler import masked_token_ids, sample_batch
 from refengine.spec_decode.proposer import DraftBatch, DraftInput, Proposer
 from refengine.worker.async_output import AsyncModelRunnerOutput, InFlightTokens
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 from refengine.worker.cuda_graphs import CudaGraphs
+from refengine.worker.errors import RunnerInvariantError
+from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
 
 
@@ -55,10 +56,6 @@ def synthetic_num_accepted(rate: float, key: int, first_position: int, drafts: t
     return len(drafts)
 
 
-class RunnerInvariantError(RuntimeError):
-    """The runner's per-request state contradicts what the scheduler sent."""
-
-
 class InjectedFault(RuntimeError):
     """Raised on purpose by the fault-injection hook, so tests can watch the engine die honestly."""
 
@@ -68,6 +65,7 @@ class ScheduledRow:
     """One request's slice of the step."""
 
     state: CachedRequestState
+    batch_row: int  # its row in the InputBatch (rows move only between steps)
     num_computed_tokens: int  # exact position of the first token fed this step
     num_scheduled_tokens: int
     first_row: int  # where its rows start in the flat token batch
@@ -87,6 +85,7 @@ class ModelRunner:
         self,
         model: Transformer,
         kv_cache: KVCache,
+        input_batch: InputBatch,
         *,
         drafter: Proposer | None = None,
         fault_after_steps: int | None = None,
@@ -108,6 +107,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = input_batch
         self.fault_after_steps = fault_after_steps
         self.num_steps = 0
         self._executed: ExecutedBatch | None = None
@@ -121,13 +121,18 @@ class ModelRunner:
 
     # ---- state -------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
+        """Apply the step's membership to the requests and their batch rows: the only place rows are
+        added, removed or moved."""
         gone = so.finished_req_ids | so.preempted_req_ids
         for req_id in gone:
             self.requests.pop(req_id, None)
+            self.input_batch.remove_request(req_id)
         if self.drafter is not None and gone:
             self.drafter.remove(gone)
         for new in so.scheduled_new_reqs:
-            self.requests[new.req_id] = CachedRequestState.from_new(new)
+            state = CachedRequestState.from_new(new)
+            self.input_batch.add_request(state)
+            self.requests[new.req_id] = state
         for cached in so.scheduled_cached_reqs:
             state = self.requests.get(cached.req_id)
             # Invariant 17: a cached request is one this runner holds, found by id.
@@ -140,6 +145,7 @@ class ModelRunner:
                     f"behind the runner's exact {state.num_computed_tokens}"
                 )
             state.block_ids = cached.block_ids
+            self.input_batch.block_table.extend(self.input_batch.req_id_to_index[cached.req_id], cached.block_ids)
 
     # ---- execute -----------------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> None:
@@ -148,18 +154,20 @@ class ModelRunner:
         self.num_steps += 1
         if self.fault_after_steps is not None and self.num_steps > self.fault_after_steps:
             raise InjectedFault(f"injected fault at runner step {self.num_steps}")
-        self._update_states(so)
+        # Land older frames first: their ids go into the rows of requests still held, and a request
+        # that left meanwhile gets a fresh row from the scheduler's tokens below.
         latest = self._land_in_flight(keep_latest=True)
+        self._update_states(so)
         latest_row = {} if latest is None else {s.req_id: r for r, s in enumerate(latest.states)}
         gather_at: list[int] = []  # flat input positions filled on the device ...
         gather_from: list[int] = []  # ... from these rows of the latest step's sampled ids
 
         rows: list[ScheduledRow] = []
-        input_ids: list[int] = []
-        positions: list[int] = []
         sample_rows: list[int] = []
+        num_fed = 0
         for req_id, num_scheduled in so.num_scheduled_tokens.items():
             state = self.requests[req_id]
+            batch_row = self.input_batch.req_id_to_index[req_id]
             drafts = self._fill_drafts(state, so.scheduled_spec_decode_tokens.get(req_id, ()))
             start = state.num_computed_tokens
             num_known = num_scheduled - len(drafts)
@@ -172,43 +180,39 @@ class ModelRunner:
             first_logits_row = None
             if start + num_known == state.num_tokens:
                 first_logits_row = len(sample_rows)
-                offset = len(input_ids) + num_known - 1
+                offset = num_fed + num_known - 1
                 sample_rows.extend(range(offset, offset + len(drafts) + 1))
             elif drafts:
                 raise RunnerInvariantError(f"request {req_id!r}: drafts scheduled behind a prefill chunk")
-            fed = state.token_ids[start : start + num_known]
-            if fed[-1] == PLACEHOLDER_TOKEN_ID:
+            last = start + num_known - 1
+            if state.token_ids[last] == PLACEHOLDER_TOKEN_ID:
                 # Invariant 19: only the last sampled token may still be in flight, from the latest step.
-                if req_id not in latest_row or PLACEHOLDER_TOKEN_ID in fed[:-1]:
+                if req_id not in latest_row or PLACEHOLDER_TOKEN_ID in state.token_ids[start:last]:
                     raise RunnerInvariantError(f"request {req_id!r}: an input token in flight outside the latest step")
-                gather_at.append(len(input_ids) + num_known - 1)
+                gather_at.append(num_fed + num_known - 1)
                 gather_from.append(latest_row[req_id])
-            # A placeholder the runner has no draft for is fed as token 0 and verified as -1: rejected.
-            input_ids += fed + [max(d, 0) for d in drafts]
-            positions += range(start, start + num_scheduled)
-            rows.append(ScheduledRow(state, start, num_scheduled, len(input_ids) - num_scheduled, drafts, first_logits_row))
+            if drafts:
+                # A placeholder the runner has no draft for is fed as token 0 and verified as -1: rejected.
+                self.input_batch.write_tokens(batch_row, start + num_known, [max(d, 0) for d in drafts])
+            rows.append(ScheduledRow(state, batch_row, start, num_scheduled, num_fed, drafts, first_logits_row))
+            num_fed += num_scheduled
 
         if not rows:
             self._executed = ExecutedBatch((), torch.empty(0), None)
             return
-        meta = build_attention_metadata(
-            [r.num_computed_tokens for r in rows],
-            [r.num_scheduled_tokens for r in rows],
-            [r.state.block_ids for r in rows],
-            self.block_size,
-        )
-        ids_t = torch.tensor(input_ids, dtype=torch.long)
-        positions_t = torch.tensor(positions, dtype=torch.long)
-        sample_t = torch.tensor(sample_rows, dtype=torch.long)
-        capture_layers = () if self.drafter is None else self.drafter.capture_layers
         num_scheduled = [r.num_scheduled_tokens for r in rows]
+        ids_t, positions_t, meta = self.input_batch.prepare_inputs(
+            [r.batch_row for r in rows], [r.num_computed_tokens for r in rows], num_scheduled
+        )
+        sample_t = torch.from_numpy(np.asarray(sample_rows, dtype=np.int64))
+        capture_layers = () if self.drafter is None else self.drafter.capture_layers
         gather = self._input_gather(latest, gather_at, gather_from)
         if latest is not None and not latest.is_ready():
             self.num_overlapped_launches += 1
         with torch.inference_mode():
             if (
                 self.cuda_graphs is not None
-                and len(sample_rows) == len(input_ids)  # every row sampled, in order
+                and len(sample_rows) == num_fed  # every row sampled, in order
                 and self.cuda_graphs.can_run(num_scheduled, meta, capture_layers)
             ):
                 out, logits = self.cuda_graphs.run(ids_t, positions_t, meta, num_scheduled[0], gather)
@@ -301,7 +305,7 @@ class ModelRunner:
                     executed.logits[first : first + len(tokens_of_row)], tokens_of_row, state.num_logprobs
                 )
             first_draft_position = state.num_tokens
-            state.token_ids += tokens_of_row
+            self._append_tokens(row, tokens_of_row)
             # Every fed token up to the last accepted draft now has committed KV; the last sampled token
             # is the next step's input.
             state.num_computed_tokens = state.num_tokens - 1
@@ -340,7 +344,7 @@ class ModelRunner:
             if row.first_logits_row is None:
                 state.num_computed_tokens += row.num_scheduled_tokens
                 continue
-            state.token_ids.append(PLACEHOLDER_TOKEN_ID)
+            self._append_tokens(row, [PLACEHOLDER_TOKEN_ID])
             state.num_computed_tokens = len(state.token_ids) - 1  # no drafts: nothing to roll back
             state.pending_drafts = []
         return AsyncModelRunnerOutput(
@@ -349,12 +353,21 @@ class ModelRunner:
             tokens=in_flight,
         )
 
+    def _append_tokens(self, row: ScheduledRow, token_ids: list[int]) -> None:
+        """A request's new tokens (or a -1 for one in flight), in its history and in its batch row."""
+        self.input_batch.write_tokens(row.batch_row, row.state.num_tokens, token_ids)
+        row.state.token_ids += token_ids
+
     def _land_in_flight(self, keep_latest: bool) -> InFlightTokens | None:
         """Patch the placeholders of every step in flight but (optionally) the latest, waiting for their
-        copies (older steps: done on the device before the latest began). Returns the one kept."""
+        copies (older steps: done on the device before the latest began), in the requests' histories
+        and in the rows of those still held. Returns the one kept."""
         kept = self._in_flight[-1] if keep_latest and self._in_flight else None
         for landed in self._in_flight[: len(self._in_flight) - (kept is not None)]:
-            landed.patch_states()
+            for state, first, token_ids in landed.patches():
+                state.token_ids[first : first + len(token_ids)] = token_ids
+                if self.requests.get(state.req_id) is state:
+                    self.input_batch.write_tokens(self.input_batch.req_id_to_index[state.req_id], first, token_ids)
         self._in_flight = [] if kept is None else [kept]
         return kept
 
@@ -368,23 +381,27 @@ class ModelRunner:
         (constraints see that history). Its target token is what spec-off decoding would emit there
         (one-hot drafts: rejection.py's module docstring), so a draft is accepted while it equals the
         target, and the target at the first unaccepted row is the recovered or bonus token."""
-        params: list[RowParams] = []
+        batch_rows: list[int] = []
         positions: list[int] = []
-        masked: list[list[int]] = []
+        masked: list[tuple[int, int]] = []  # (logits row, token) pairs the constraints forbid
         for row in rows:
             state = row.state
             drafts = drafts_by_req[state.req_id]
+            first = len(positions)
+            batch_rows += [row.batch_row] * (len(drafts) + 1)
+            positions += range(state.num_tokens, state.num_tokens + len(drafts) + 1)
+            params = state.params
+            if not params.bad_words_token_ids and state.num_output_tokens >= params.min_tokens:
+                continue  # unconstrained: no per-row host work
             for j in range(len(drafts) + 1):
-                params.append(state.params)
-                positions.append(state.num_tokens + j)
                 history: list[int] = []
-                if state.params.bad_words_token_ids:
+                if params.bad_words_token_ids:
                     # Only the tail a banned word's prefix can match: no per-step work in the context length.
-                    tail = max(len(w) for w in state.params.bad_words_token_ids) - 1
+                    tail = max(len(w) for w in params.bad_words_token_ids) - 1
                     history = [*state.token_ids[max(0, state.num_tokens - tail) :], *drafts[:j]]
-                masked.append(masked_token_ids(state.params, history, state.num_output_tokens + j))
+                masked += ((first + j, t) for t in masked_token_ids(params, history, state.num_output_tokens + j))
         device = logits.device
-        targets = sample_batch(logits, SamplingMetadata.build(params, positions, masked, device))
+        targets = sample_batch(logits, self.input_batch.sampling_metadata(batch_rows, positions, masked, device))
 
         width = max(len(drafts_by_req[r.state.req_id]) for r in rows)
         # [R, width + 1] indices of each request's logits rows, padded by repeating its first row; drafts

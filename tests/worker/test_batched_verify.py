@@ -15,7 +15,7 @@ from refengine.worker.request_state import CachedRequestState
 
 @pytest.fixture(scope="module")
 def runner():
-    engine = build_engine(EngineArgs(model="tiny-qwen3", num_blocks=16, max_model_len=64))
+    engine = build_engine(EngineArgs(model="tiny-qwen3", num_blocks=16, max_model_len=64, max_num_seqs=len(CASES)))
     yield engine.core.runner
     engine.core.shutdown()
 
@@ -46,7 +46,8 @@ def test_batched_verify_equals_the_per_request_reference(runner):
     first = 0
     for i, (params, history, drafts, rows_logits) in enumerate(CASES):
         state = CachedRequestState(f"r{i}", list(history), 1, len(history) - 1, (0,), params, None)
-        rows.append(ScheduledRow(state, len(history) - 1, 1 + len(drafts), first, drafts, first))
+        row = runner.input_batch.add_request(state)
+        rows.append(ScheduledRow(state, row, len(history) - 1, 1 + len(drafts), first, drafts, first))
         logits.append(rows_logits)
         first += len(drafts) + 1
         expected.append(verify(rows_logits, drafts, params, history, len(history) - 1, first_position=len(history)))
