@@ -74,9 +74,9 @@ class AsyncLLM:
             max_num_seqs=engine.config.max_num_seqs,
             block_size=engine.config.block_size,
             num_blocks=engine.config.num_blocks,
-            device=str(engine.core.runner.device),
+            device=str(engine.runner.device),
         )
-        drafter = engine.core.runner.drafter
+        drafter = engine.runner.drafter
         self._drafter_random_init = drafter is not None and drafter.random_init
         self._processor = OutputProcessor(self.tokenizer)
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()

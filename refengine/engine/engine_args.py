@@ -23,8 +23,12 @@ from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduli
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
 from refengine.worker.cuda_graphs import CudaGraphs
+from refengine.worker.fault_injection import FaultInjectingRunner
 from refengine.worker.input_batch import InputBatch
-from refengine.worker.model_runner import ModelRunner
+from refengine.worker.model_runner import ModelRunner, accept_matching_prefix
+from refengine.worker.runner import Runner
+from refengine.worker.step_recorder import StepRecorder
+from refengine.worker.synthetic_acceptance import SyntheticAcceptance
 
 logger = logging.getLogger("refengine")
 
@@ -33,13 +37,17 @@ DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 @dataclass(frozen=True)
 class Engine:
-    """A built engine: the core plus what callers need around it."""
+    """A built engine: the core plus what callers need around it. `runner` is the model runner itself,
+also when the core drives it through a testing wrapper; `step_recorder` is that wrapper under
+record_steps."""
 
     core: EngineCore
     loaded: LoadedModel
     config: EngineConfig
     async_resolution: AsyncResolution
     stop_checker: StopStringChecker
+    runner: ModelRunner
+    step_recorder: StepRecorder | None
 
 
 def build_engine(args: EngineArgs) -> Engine:
@@ -108,12 +116,21 @@ def build_engine(args: EngineArgs) -> Engine:
         kv_cache,
         input_batch,
         drafter=drafter,
-        fault_after_steps=args.fault_after_steps,
-        record_steps=args.record_steps,
         cuda_graphs=graphs,
-        synthetic_acceptance_rate=args.synthetic_acceptance_rate,
+        accept=(
+            accept_matching_prefix
+            if args.synthetic_acceptance_rate is None
+            else SyntheticAcceptance(args.synthetic_acceptance_rate)
+        ),
     )
-    return Engine(EngineCore(scheduler, runner), loaded, config, resolution, stop_checker)
+    # The testing and study hooks wrap the runner; the production path carries none of them.
+    driven: Runner = runner
+    recorder = None
+    if args.record_steps:
+        driven = recorder = StepRecorder(runner)
+    if args.fault_after_steps is not None:
+        driven = FaultInjectingRunner(driven, args.fault_after_steps)
+    return Engine(EngineCore(scheduler, driven), loaded, config, resolution, stop_checker, runner, recorder)
 
 
 def _choose_kernels(loaded: LoadedModel, drafter: Proposer | None, kernels: Kernels) -> None:

@@ -8,11 +8,11 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput, StepRecord
+from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from refengine.core.scheduler import Scheduler
 from refengine.request import Request, RequestStatus
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
-from refengine.worker.model_runner import ModelRunner
+from refengine.worker.runner import Runner
 
 EMPTY_OUTPUTS = EngineCoreOutputs(outputs=(), finished_req_ids=frozenset(), spec_decoding_stats=None)
 
@@ -24,7 +24,7 @@ class _Frame:
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+    def __init__(self, scheduler: Scheduler, runner: Runner) -> None:
         self.scheduler = scheduler
         self.runner = runner
         # Invariant 14: a batch queue exists only under async scheduling, two frames deep.
@@ -99,9 +99,6 @@ class EngineCore:
         # ids reach it out of band only in sync mode (test_async_scheduler_ships_only_placeholders).
         if not self.scheduler.async_scheduling():
             self.scheduler.update_draft_token_ids(self.runner.take_draft_token_ids())
-
-    def take_step_records(self, req_id: str) -> list[StepRecord]:
-        return self.runner.take_step_records(req_id)
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

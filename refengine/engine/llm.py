@@ -84,7 +84,9 @@ class LLM:
         # Only now: at depth 2 a request's next frame may still be running on the runner's thread when
         # it finishes. That frame's output is discarded, so its record goes too; it is the one whose
         # drafts start at or after the request's last position.
+        recorder = self.engine.step_recorder
         for result in results.values():
             end = len(result.prompt_token_ids) + len(result.token_ids)
-            result.steps = [r for r in core.take_step_records(result.request_id) if r.position < end]
+            records = [] if recorder is None else recorder.take_step_records(result.request_id)
+            result.steps = [r for r in records if r.position < end]
         return list(results.values())

@@ -130,13 +130,13 @@ def run_arm(
     llm = LLM(model, **engine_kwargs(arm, workload, block_size), attention_backend=attention_backend)
     core = llm.engine.core
     if arm.teacher:
-        core.runner.drafter = TeacherProposer(
+        llm.engine.runner.drafter = TeacherProposer(
             [(*p, *o) for p, o in zip(workload.prompts, workload.teacher_outputs, strict=True)],
             workload.num_speculative_tokens,
             model.config.vocab_size,
             corrupt_index(arm),
         )
-    drafter = core.runner.drafter
+    drafter = llm.engine.runner.drafter
     # A drafter for a random target (the tiny models) has nothing to learn from: random weights too. The
     # teacher learns from the baseline, whatever the target.
     random_init = drafter is not None and (
@@ -155,7 +155,7 @@ def run_arm(
         concurrency=workload.concurrency,
         tokens=tokens,
         steps=[o.steps for o in outs],
-        num_engine_steps=core.runner.num_steps,
+        num_engine_steps=llm.engine.runner.num_steps,
         num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens,
         counts=probe.counts(),

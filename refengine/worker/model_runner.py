@@ -11,16 +11,16 @@ the two (it applies the previous frame's output and validates drafts against con
 Invariant numbers refer to docs/invariants.md.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, StepRecord, TokenLogprobs
+from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
-from refengine.sample import rng
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
 from refengine.sample.sampler import masked_token_ids, sample_batch
 from refengine.spec_decode.proposer import DraftBatch, DraftInput, Proposer
@@ -42,24 +42,6 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> 
     return out
 
 
-# Stream of the synthetic acceptance draws (speed studies only), apart from the sampler's streams.
-STREAM_SYNTHETIC_ACCEPT = 101
-
-
-def synthetic_num_accepted(rate: float, key: int, first_position: int, drafts: tuple[int, ...]) -> int:
-    """SYNTHETIC acceptance, for speed studies only: draft j is accepted with probability `rate`,
-    independently of the tokens (a counter-based draw keyed by request and position, so sync and async
-    runs accept the same drafts), up to the first rejection. A -1 placeholder is always rejected."""
-    for j, draft in enumerate(drafts):
-        if draft < 0 or rng.uniform(key, first_position + j, STREAM_SYNTHETIC_ACCEPT) >= rate:
-            return j
-    return len(drafts)
-
-
-class InjectedFault(RuntimeError):
-    """Raised on purpose by the fault-injection hook, so tests can watch the engine die honestly."""
-
-
 @dataclass(frozen=True, slots=True)
 class ScheduledRow:
     """One request's slice of the step."""
@@ -71,6 +53,30 @@ class ScheduledRow:
     first_row: int  # where its rows start in the flat token batch
     draft_ids: tuple[int, ...]  # the drafts fed, after filling -1 placeholders
     first_logits_row: int | None  # None: a prefill chunk that does not reach the last known token
+
+
+class AcceptRule(Protocol):
+    def __call__(
+        self,
+        drafts: torch.Tensor,
+        targets: torch.Tensor,
+        rows: Sequence["ScheduledRow"],
+        drafts_by_req: Mapping[str, tuple[int, ...]],
+    ) -> torch.Tensor:
+        """[R] accepted drafts of each row, from its [R, width] drafts (padded with -1) and the targets at
+        their positions, on their device."""
+        ...
+
+
+def accept_matching_prefix(
+    drafts: torch.Tensor,
+    targets: torch.Tensor,
+    rows: Sequence["ScheduledRow"],
+    drafts_by_req: Mapping[str, tuple[int, ...]],
+) -> torch.Tensor:
+    """The verification rule: drafts are accepted while they equal their targets (-1 never does)."""
+    matches = drafts == targets
+    return torch.cumprod(matches.long(), dim=1).sum(dim=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,27 +94,22 @@ class ModelRunner:
         input_batch: InputBatch,
         *,
         drafter: Proposer | None = None,
-        fault_after_steps: int | None = None,
-        record_steps: bool = False,
         cuda_graphs: CudaGraphs | None = None,
-        synthetic_acceptance_rate: float | None = None,
+        accept: AcceptRule = accept_matching_prefix,
     ) -> None:
         self.model = model
         # Inputs are built on the host; on a GPU they travel from pinned memory, non-blocking.
         self.device = kv_cache.layers[0].key.device if kv_cache.layers else torch.device("cpu")
         self.cuda_graphs = cuda_graphs
-        # Not None: a SYNTHETIC acceptance rate replaces verification (speed studies only; not lossless).
-        self.synthetic_acceptance_rate = synthetic_acceptance_rate
+        # How drafts are accepted: verification, unless a speed study swaps in synthetic_acceptance.py's.
+        self.accept = accept
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.drafter = drafter
-        # Per-request draft/accept history, for the oracle's sync-vs-async comparison.
-        self.step_records: dict[str, list[StepRecord]] | None = {} if record_steps else None
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = input_batch
-        self.fault_after_steps = fault_after_steps
         self.num_steps = 0
         self._executed: ExecutedBatch | None = None
         # Steps whose sampled ids are still on their way to the host, oldest first (at most two).
@@ -152,8 +153,6 @@ class ModelRunner:
         if self._executed is not None:
             raise RunnerInvariantError("execute_model called twice without sample_tokens in between")
         self.num_steps += 1
-        if self.fault_after_steps is not None and self.num_steps > self.fault_after_steps:
-            raise InjectedFault(f"injected fault at runner step {self.num_steps}")
         # Land older frames first: their ids go into the rows of requests still held, and a request
         # that left meanwhile gets a fresh row from the scheduler's tokens below.
         latest = self._land_in_flight(keep_latest=True)
@@ -304,7 +303,6 @@ class ModelRunner:
                 logprobs[state.req_id] = token_logprobs(
                     executed.logits[first : first + len(tokens_of_row)], tokens_of_row, state.num_logprobs
                 )
-            first_draft_position = state.num_tokens
             self._append_tokens(row, tokens_of_row)
             # Every fed token up to the last accepted draft now has committed KV; the last sampled token
             # is the next step's input.
@@ -313,11 +311,6 @@ class ModelRunner:
             sampled.append(tokens_of_row)
             num_accepted = len(tokens_of_row) - 1
             draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens - k + num_accepted, propose=True))
-            if self.step_records is not None and k:
-                # What was fed, not the validity-padded override: sync and async arms feed the same drafts.
-                self.step_records.setdefault(state.req_id, []).append(
-                    StepRecord(first_draft_position, row.draft_ids, num_accepted)
-                )
         if self.drafter is not None and draft_inputs and executed.model_output is not None:
             batch = DraftBatch(
                 tuple(draft_inputs), executed.model_output.hidden_states, executed.model_output.aux_hidden_states
@@ -406,28 +399,18 @@ class ModelRunner:
         width = max(len(drafts_by_req[r.state.req_id]) for r in rows)
         # [R, width + 1] indices of each request's logits rows, padded by repeating its first row; drafts
         # padded with -1, which never equals a target, so acceptance stops at a request's own k.
-        index, drafts_padded, synthetic = [], [], []
+        index, drafts_padded = [], []
         for row in rows:
             drafts = drafts_by_req[row.state.req_id]
             first = row.first_logits_row
             index.append([first + j if j <= len(drafts) else first for j in range(width + 1)])
             drafts_padded.append([*drafts, *[PLACEHOLDER_TOKEN_ID] * (width - len(drafts))])
-            if self.synthetic_acceptance_rate is not None:
-                synthetic.append(
-                    synthetic_num_accepted(
-                        self.synthetic_acceptance_rate, row.state.params.rng_key, row.state.num_tokens, drafts
-                    )
-                )
-        ints = torch.tensor([*sum(index, []), *sum(drafts_padded, []), *synthetic], dtype=torch.int64)
+        ints = torch.tensor([*sum(index, []), *sum(drafts_padded, [])], dtype=torch.int64)
         if device.type == "cuda":
             ints = ints.pin_memory().to(device, non_blocking=True)
         n = len(rows) * (width + 1)
         target_rows = targets[ints[:n].view(len(rows), width + 1)]
-        if synthetic:
-            accepted = ints[n + len(rows) * width :]
-        else:
-            matches = ints[n : n + len(rows) * width].view(len(rows), width) == target_rows[:, :width]
-            accepted = torch.cumprod(matches.long(), dim=1).sum(dim=1)
+        accepted = self.accept(ints[n:].view(len(rows), width), target_rows[:, :width], rows, drafts_by_req)
         # Accepted drafts equal their targets, so a request's tokens are its targets up to and including
         # the first unaccepted row; the rest is padding.
         keep = torch.arange(width + 1, device=device)[None, :] <= accepted[:, None]
@@ -445,9 +428,9 @@ class ModelRunner:
             propose=propose,
         )
 
-    def take_step_records(self, req_id: str) -> list[StepRecord]:
-        """A finished request's per-step drafts and acceptance (empty unless built with record_steps)."""
-        return [] if self.step_records is None else self.step_records.pop(req_id, [])
+    def executed_rows(self) -> tuple[ScheduledRow, ...]:
+        """The rows of the step executed and not yet sampled (none between steps)."""
+        return () if self._executed is None else self._executed.rows
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         """Sync scheduling only: the drafts proposed after this step, for the scheduler to schedule."""

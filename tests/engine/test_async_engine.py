@@ -100,4 +100,4 @@ def test_step_records_hold_only_frames_whose_output_was_kept(tiny):
     assert records and all(r.position < len(o.prompt_token_ids) + len(o.token_ids) for o in outs for r in o.steps)
     assert stats.num_accepted_tokens == sum(r.num_accepted for r in records)
     assert stats.num_drafts == len(records)
-    assert not llm.engine.core.runner.step_records, "records of finished requests are left behind"
+    assert not llm.engine.step_recorder.records, "records of finished requests are left behind"

@@ -12,7 +12,7 @@ from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step
 from refengine.model.shapes import SHAPES, build_random_model
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.worker.model_runner import synthetic_num_accepted
+from refengine.worker.synthetic_acceptance import synthetic_num_accepted
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 600, "hidden_size": 64, "intermediate_size": 128,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip

@@ -46,7 +46,7 @@ def _run(tiny4, trajectories, method, max_num_seqs, wrap=lambda d: d, async_sche
         async_scheduling=async_scheduling,
         record_steps=True,
     )
-    llm.engine.core.runner.drafter = wrap(teacher_drafter(method, llm, trajectories))
+    llm.engine.runner.drafter = wrap(teacher_drafter(method, llm, trajectories))
     outs = llm.generate(PROMPTS, PARAMS)
     expected = [
         t.tokens[len(p) : len(p) + m] for t, p, m in zip(trajectories.items, PROMPTS, MAX_TOKENS, strict=True)

@@ -1,0 +1,24 @@
+"""Runner: what the engine core needs of a model runner. ModelRunner is one; the testing and study
+wrappers (fault_injection.py, step_recorder.py) are others, around it."""
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from refengine.worker.async_output import AsyncModelRunnerOutput
+
+
+class Runner(Protocol):
+    def execute_model(self, so: SchedulerOutput) -> None:
+        """Update the held requests from `so` and launch its forward."""
+        ...
+
+    def sample_tokens(
+        self, draft_overrides: Mapping[str, list[int]] | None = None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        """Verify and sample the step executed last."""
+        ...
+
+    def take_draft_token_ids(self) -> dict[str, list[int]]:
+        """Sync scheduling (and the deferred branch): the drafts proposed after the last step."""
+        ...

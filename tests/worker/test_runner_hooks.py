@@ -1,0 +1,64 @@
+"""The testing and study hooks live outside the production runner: an engine built without them drives
+the ModelRunner itself, with the real accept rule; fault injection, step recording and synthetic
+acceptance come as wrappers and a swapped rule, and each still does its job."""
+
+import pytest
+import torch
+
+from refengine.engine.arg_utils import EngineArgs
+from refengine.engine.engine_args import build_engine
+from refengine.engine.llm import LLM
+from refengine.model.tiny import build_tiny_model
+from refengine.sample.metadata import RowParams
+from refengine.sampling_params import SamplingParams
+from refengine.worker.fault_injection import FaultInjectingRunner, InjectedFault
+from refengine.worker.model_runner import ScheduledRow, accept_matching_prefix
+from refengine.worker.request_state import CachedRequestState
+from refengine.worker.step_recorder import StepRecorder
+from refengine.worker.synthetic_acceptance import SyntheticAcceptance
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny_model("qwen3", seed=1)
+
+
+def test_the_production_engine_carries_no_hook(tiny):
+    engine = build_engine(EngineArgs(model=tiny, num_blocks=16, max_model_len=64))
+    assert engine.core.runner is engine.runner
+    assert engine.runner.accept is accept_matching_prefix
+    assert engine.step_recorder is None
+    engine.core.shutdown()
+
+
+def test_hooks_wrap_the_runner_when_asked(tiny):
+    engine = build_engine(
+        EngineArgs(model=tiny, num_blocks=16, max_model_len=64, fault_after_steps=5, record_steps=True,
+                   synthetic_acceptance_rate=0.5)
+    )
+    assert isinstance(engine.core.runner, FaultInjectingRunner)
+    assert isinstance(engine.core.runner.runner, StepRecorder) and engine.core.runner.runner is engine.step_recorder
+    assert engine.step_recorder.runner is engine.runner
+    assert engine.runner.accept == SyntheticAcceptance(0.5)
+    engine.core.shutdown()
+
+
+@pytest.mark.parametrize("after_steps", [0, 3])
+def test_the_fault_fires_on_the_step_after_the_last_allowed(tiny, after_steps):
+    """The runner itself executes exactly `after_steps` steps; the next one raises the named fault."""
+    llm = LLM(tiny, num_blocks=32, block_size=4, max_model_len=64, fault_after_steps=after_steps)
+    with pytest.raises(InjectedFault, match=f"injected fault at runner step {after_steps + 1}"):
+        llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert llm.engine.runner.num_steps == after_steps
+
+
+def test_synthetic_acceptance_accepts_a_prefix_and_never_a_placeholder():
+    params = RowParams(0.0, 0, 1.0, 0, (), (), rng_key=7)
+    drafts = {"a": (4, 5, 6), "b": (4, -1, 6)}
+    rows = [
+        ScheduledRow(CachedRequestState(req_id, [1, 2], 1, 1, (0,), params, None), i, 1, 4, 4 * i, d, 4 * i)
+        for i, (req_id, d) in enumerate(drafts.items())
+    ]
+    padded = torch.tensor(list(drafts.values()))
+    assert SyntheticAcceptance(1.0)(padded, padded, rows, drafts).tolist() == [3, 1]
+    assert SyntheticAcceptance(0.0)(padded, padded, rows, drafts).tolist() == [0, 0]
