@@ -168,6 +168,7 @@ class DFlashProposer(NetworkProposer):
             for b, n in zip(meta.query_start_loc[:-1].tolist(), sizes, strict=True)
             for r in range(b + 1, b + n)
         ]
+        self.num_readbacks += 1
         tokens = iter(self.network.greedy_tokens(out[draft_rows]).tolist())
         for d in proposing:
             drafts[d.req_id] = [next(tokens) for _ in range(wanted[d.req_id])]

@@ -118,4 +118,5 @@ class DraftModelProposer(NetworkProposer):
         )
         out = self.network.forward(input_ids, positions, meta)
         last_rows = (meta.query_start_loc[1:] - 1).tolist()
+        self.num_readbacks += 1
         return self.network.greedy_tokens(out[last_rows]).tolist()

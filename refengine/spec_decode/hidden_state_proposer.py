@@ -5,7 +5,8 @@ and the target's hidden state at p, so the head's KV at p is built from (token p
 last row's input is the just-sampled token, and its output gives draft 1. Pass s (2..k) feeds draft
 s - 1 with the head's own output row from the previous pass, one position further on. The head's KV
 past the committed rows is overwritten next step, when pass 1 starts again at the target's exact
-computed position.
+computed position. The drafts stay on the device from pass to pass and reach the host once, after the
+last pass: one wait per step, not one per draft.
 """
 
 from typing import Protocol
@@ -88,10 +89,10 @@ class HiddenStateProposer(NetworkProposer):
         if not proposing:
             return drafts
         rows = out[[last_row[d.req_id] for d in proposing]]
+        passes: list[tuple[list[DraftInput], torch.Tensor]] = []  # each pass's requests and drafts, on the device
         for step in range(self.k):
-            tokens = self.network.greedy_tokens(rows).tolist()
-            for d, tok in zip(proposing, tokens, strict=True):
-                drafts[d.req_id].append(tok)
+            tokens = self.network.greedy_tokens(rows)
+            passes.append((proposing, tokens))
             keep = [i for i, d in enumerate(proposing) if wanted[d.req_id] > step + 1]
             if not keep:
                 break
@@ -99,13 +100,18 @@ class HiddenStateProposer(NetworkProposer):
             # Pass step + 2: draft step + 1 at last_position + step + 1, with the head's own output row.
             starts = [d.last_position + step + 1 for d in proposing]
             rows = self.network.forward(
-                torch.tensor([drafts[d.req_id][-1] for d in proposing], dtype=torch.long),
+                tokens[keep],
                 rows[keep],
                 torch.tensor(starts, dtype=torch.long),
                 build_attention_metadata(
                     starts, [1] * len(proposing), [d.block_ids for d in proposing], self.block_size
                 ),
             )
+        self.num_readbacks += 1
+        host = iter(torch.cat([t for _, t in passes]).tolist())
+        for drafted, _ in passes:
+            for d in drafted:
+                drafts[d.req_id].append(next(host))
         return drafts
 
     def _num_drafts(self, d: DraftInput) -> int:

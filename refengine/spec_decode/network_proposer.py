@@ -24,6 +24,9 @@ class NetworkProposer:
         self.max_positions = max_positions
         self.random_init = random_init
         self.context = ContextLengths(self.method)
+        # Host reads of drafted ids (each waits for the device): one per drafting step for the heads,
+        # one per pass for the sync-only draft model.
+        self.num_readbacks = 0
 
     @property
     def capture_layers(self) -> tuple[int, ...]:

@@ -119,6 +119,9 @@ class ModelRunner:
         # Steps whose ids went in flight, and input ids gathered on the device: the path ran.
         self.num_in_flight_steps = 0
         self.num_gathered_inputs = 0
+        # Steps whose sampled ids sample_tokens read back to the host, waiting for the device: those
+        # with drafts, logprobs or bad words. The drafter's own reads are its num_readbacks.
+        self.num_readback_steps = 0
 
     # ---- state -------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -281,7 +284,10 @@ class ModelRunner:
         )
         if in_flight:
             return self._send_in_flight(executed.rows, verified, tokens)
-        token_rows = [] if tokens is None else [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in tokens.tolist()]
+        token_rows = []
+        if tokens is not None:
+            self.num_readback_steps += 1
+            token_rows = [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in tokens.tolist()]
         tokens_by_req = dict(zip((r.state.req_id for r in verified), token_rows, strict=True))
 
         req_ids: list[str] = []

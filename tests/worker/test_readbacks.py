@@ -1,0 +1,44 @@
+"""Host reads of device results, counted where they happen. Under async scheduling a step without
+drafts, logprobs or bad words reads nothing back in the runner: its ids go in flight and the host learns
+them one frame later. A step with drafts still reads its verified ids back (the drafter is fed from the
+host), and the drafter reads its k drafts back once per step, not once per draft."""
+
+import random
+
+import pytest
+
+from refengine.engine.llm import LLM
+from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.config import SpeculativeConfig
+
+PROMPTS = [[random.Random(i).randrange(3, 300) for _ in range(6 + 5 * i)] for i in range(4)]
+
+
+def _params(**extra) -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=12, ignore_eos=True, **extra)
+        for i in range(len(PROMPTS))
+    ]
+
+
+def _runner(tiny, params, **kwargs):
+    llm = LLM(tiny, num_blocks=128, block_size=4, max_model_len=128, **kwargs)
+    llm.generate(PROMPTS, params)
+    return llm.engine.runner
+
+
+def test_the_common_async_path_reads_nothing_back(tiny4):
+    runner = _runner(tiny4, _params(), async_scheduling=True)
+    assert runner.num_in_flight_steps > 10
+    assert runner.num_readback_steps == 0
+    # The count bites: a request that wants logprobs needs its ids on the host at once.
+    params = _params()
+    params[0] = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+    assert _runner(tiny4, params, async_scheduling=True).num_readback_steps > 5
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle3", "dflash"])
+def test_a_spec_step_reads_its_drafts_back_once(tiny4, method):
+    runner = _runner(tiny4, _params(), speculative_config=SpeculativeConfig(method, 3))
+    assert runner.num_readback_steps > 5  # a step with drafts reads its verified ids back
+    assert 0 < runner.drafter.num_readbacks <= runner.num_readback_steps
