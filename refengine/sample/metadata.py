@@ -77,9 +77,11 @@ class SamplingMetadata:
         for the whole batch at once and `masked` lists (row, token) pairs, so nothing here loops over rows.
         Greedy rows get seeds too; the sampler never reads them."""
         n, m = len(temperature), len(masked)
-        seeds = rng.row_seeds(torch.from_numpy(key_words), torch.from_numpy(positions), rng.STREAM_SAMPLE)
-        pairs = torch.tensor(masked, dtype=torch.int64).reshape(m, 2)
-        ints = torch.cat([torch.from_numpy(top_k), seeds, pairs[:, 0], pairs[:, 1]])
+        # Hashed in numpy on the host: the same integer arithmetic as on tensors, at a fraction of the
+        # per-operation cost for a batch of rows.
+        seeds = rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE)
+        pairs = np.asarray(masked, dtype=np.int64).reshape(m, 2)
+        ints = torch.from_numpy(np.concatenate([top_k, seeds, pairs[:, 0], pairs[:, 1]]))
         floats = torch.from_numpy(np.concatenate([temperature, top_p]))
         if device.type == "cuda":
             ints = ints.pin_memory().to(device, non_blocking=True)

@@ -15,6 +15,7 @@ overflow, which torch does not define.
 
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 # Independent streams, so that the acceptance draw at a position never reuses the noise that
@@ -26,7 +27,7 @@ STREAM_RECOVER = 3
 MASK32 = 0xFFFFFFFF
 _GOLDEN32 = 0x9E3779B9
 
-Word = TypeVar("Word", int, torch.Tensor)
+Word = TypeVar("Word", int, torch.Tensor, np.ndarray)
 
 
 def _mul32(a: Word, c: int) -> Word:
@@ -54,8 +55,8 @@ def key_word(key: int) -> int:
 
 
 def row_seeds(key_words: Word, positions: Word, stream: int) -> Word:
-    """row_seed's last stages, for key_word(key) and absolute positions: Python ints, or int64 tensors of
-    any device (one seed per row of a batch, without per-row host work)."""
+    """row_seed's last stages, for key_word(key) and absolute positions: Python ints, int64 numpy arrays
+    or int64 tensors of any device (one seed per row of a batch, without per-row host work)."""
     return _absorb(_absorb(key_words, positions & MASK32), stream)
 
 

@@ -3,6 +3,7 @@ sampler relies on (uniforms in (0, 1), independent of the batch around a row).""
 
 import random
 
+import numpy as np
 import torch
 
 from refengine.sample import rng
@@ -66,13 +67,15 @@ def test_rows_do_not_depend_on_the_batch_and_streams_differ():
 
 
 def test_row_seeds_of_tensors_equal_the_hash_of_python_ints():
-    """A runner hashes a whole batch's seeds as int64 tensors (rng.row_seeds of each row's key_word):
-    the same words as the host hash of each (key, position, stream), keys past 2**63 included."""
+    """A runner hashes a whole batch's seeds at once (rng.row_seeds of each row's key_word, as int64
+    tensors or numpy arrays): the same words as the hash of each (key, position, stream) in Python ints,
+    keys past 2**63 included."""
     keys = [0, 1, 0xDEADBEEFCAFEF00D, 2**64 - 1, 2**63 + 12345]
     positions = [0, 7, 2**31 + 5, 123456, 2**32 + 3]
     words = torch.tensor([rng.key_word(k) for k in keys])
-    got = rng.row_seeds(words, torch.tensor(positions), rng.STREAM_SAMPLE).tolist()
-    assert got == [rng.row_seed(k, p, rng.STREAM_SAMPLE) for k, p in zip(keys, positions, strict=True)]
+    expected = [rng.row_seed(k, p, rng.STREAM_SAMPLE) for k, p in zip(keys, positions, strict=True)]
+    assert rng.row_seeds(words, torch.tensor(positions), rng.STREAM_SAMPLE).tolist() == expected
+    assert rng.row_seeds(words.numpy(), np.array(positions), rng.STREAM_SAMPLE).tolist() == expected
 
 
 def test_uniforms_are_uniform_on_the_open_interval():
