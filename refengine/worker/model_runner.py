@@ -403,6 +403,8 @@ class ModelRunner:
         targets = sample_batch(logits, self.input_batch.sampling_metadata(batch_rows, positions, masked, device))
 
         width = max(len(drafts_by_req[r.state.req_id]) for r in rows)
+        if width == 0:
+            return targets[:, None]  # one logits row per request, in order: nothing to accept
         # [R, width + 1] indices of each request's logits rows, padded by repeating its first row; drafts
         # padded with -1, which never equals a target, so acceptance stops at a request's own k.
         index, drafts_padded = [], []
@@ -411,7 +413,7 @@ class ModelRunner:
             first = row.first_logits_row
             index.append([first + j if j <= len(drafts) else first for j in range(width + 1)])
             drafts_padded.append([*drafts, *[PLACEHOLDER_TOKEN_ID] * (width - len(drafts))])
-        ints = torch.tensor([*sum(index, []), *sum(drafts_padded, [])], dtype=torch.int64)
+        ints = torch.tensor([i for r in index for i in r] + [d for r in drafts_padded for d in r], dtype=torch.int64)
         if device.type == "cuda":
             ints = ints.pin_memory().to(device, non_blocking=True)
         n = len(rows) * (width + 1)
