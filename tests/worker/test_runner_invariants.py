@@ -57,3 +57,21 @@ def test_a_scheduler_count_behind_the_runner_is_refused(runner):
     runner.sample_tokens()
     with pytest.raises(RunnerInvariantError, match="behind the runner"):
         runner.execute_model(step(cached=[CachedRequestData("a", 2, (0,))], num_scheduled={"a": 1}))
+
+
+def test_a_cached_request_whose_blocks_shrank_is_refused(runner):
+    """Invariant 17: a held request's blocks only grow; fewer would be another request's table."""
+    runner.execute_model(step(new=[NewRequestData("a", PROMPT, (), SamplingParams(max_tokens=8), 1, None, (0, 1), 0)],
+                              num_scheduled={"a": len(PROMPT)}))
+    runner.sample_tokens()
+    with pytest.raises(RunnerInvariantError, match="1 blocks sent, the runner holds 2"):
+        runner.execute_model(step(cached=[CachedRequestData("a", 4, (0,))], num_scheduled={"a": 1}))
+
+
+def test_a_new_request_the_runner_already_holds_is_refused(runner):
+    """Invariant 17: one batch row per held request; a second admission without a finish or preemption
+    in between would leave two rows for one id."""
+    runner.execute_model(step(new=[new_request()], num_scheduled={"a": len(PROMPT)}))
+    runner.sample_tokens()
+    with pytest.raises(RunnerInvariantError, match="already in the batch"):
+        runner.execute_model(step(new=[new_request()], num_scheduled={"a": len(PROMPT)}))
