@@ -1,8 +1,13 @@
 """Builds a step's AttentionMetadata from the scheduler's view of each sequence: a runner concern (the
-drafters build theirs the same way), kept apart from the dataclass the model reads."""
+drafters build theirs the same way), kept apart from the dataclass the model reads.
+
+The arithmetic is array arithmetic over the step's tokens (numpy on the host): no Python loop over the
+tokens or over a sequence's blocks, so its cost does not grow with the context.
+"""
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
@@ -19,26 +24,47 @@ def build_attention_metadata(
     """Metadata for sequences whose first `num_computed_tokens[b]` tokens are already cached."""
     if not len(num_computed_tokens) == len(num_new_tokens) == len(block_ids):
         raise ModelInputError("one num_computed_tokens, num_new_tokens and block_ids entry per sequence")
-    starts = [0]
-    slots: list[int] = []
-    for computed, new, blocks in zip(num_computed_tokens, num_new_tokens, block_ids, strict=True):
-        if -(-(computed + new) // block_size) > len(blocks):
-            raise ModelInputError(
-                f"{computed + new} tokens do not fit in {len(blocks)} blocks of {block_size}"
-            )
-        starts.append(starts[-1] + new)
-        for position in range(computed, computed + new):
-            slots.append(blocks[position // block_size] * block_size + position % block_size)
-    max_blocks = max((len(blocks) for blocks in block_ids), default=0)
-    # One tensor from padded rows (a tensor per row costs more than the rows themselves).
-    padded = [[*blocks, *([-1] * (max_blocks - len(blocks)))] for blocks in block_ids]
-    table = torch.tensor(padded, dtype=torch.int64).reshape(len(block_ids), max_blocks)
-    return AttentionMetadata(
-        query_start_loc=torch.tensor(starts, dtype=torch.int64),
-        seq_lens=torch.tensor(
-            [c + n for c, n in zip(num_computed_tokens, num_new_tokens, strict=True)], dtype=torch.int64
-        ),
-        block_tables=table,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+    num_blocks = np.fromiter((len(blocks) for blocks in block_ids), dtype=np.int64, count=len(block_ids))
+    # One array from padded rows (-1 past each sequence's blocks); each row is copied in one C call.
+    table = np.full((len(block_ids), int(num_blocks.max(initial=0))), -1, dtype=np.int64)
+    for row, blocks in enumerate(block_ids):
+        table[row, : len(blocks)] = blocks
+    meta, _, _ = metadata_from_table(
+        np.asarray(num_computed_tokens, dtype=np.int64),
+        np.asarray(num_new_tokens, dtype=np.int64),
+        table,
+        num_blocks,
+        block_size,
+        causal,
+    )
+    return meta
+
+
+def metadata_from_table(
+    num_computed_tokens: np.ndarray,
+    num_new_tokens: np.ndarray,
+    block_table: np.ndarray,
+    num_blocks: np.ndarray,
+    block_size: int,
+    causal: bool = True,
+) -> tuple[AttentionMetadata, np.ndarray, np.ndarray]:
+    """Metadata for sequences given as arrays: `block_table[b, :num_blocks[b]]` holds sequence b's
+    blocks (-1 after them). Also returns each token's position and its sequence's index, for the caller
+    to gather the input ids."""
+    seq_lens = num_computed_tokens + num_new_tokens
+    short = np.flatnonzero(-(-seq_lens // block_size) > num_blocks)
+    if short.size:
+        b = int(short[0])
+        raise ModelInputError(f"{seq_lens[b]} tokens do not fit in {num_blocks[b]} blocks of {block_size}")
+    ends = np.cumsum(num_new_tokens)
+    seq_of_token = np.repeat(np.arange(len(num_new_tokens)), num_new_tokens)
+    positions = num_computed_tokens[seq_of_token] + np.arange(int(num_new_tokens.sum())) - (ends - num_new_tokens)[seq_of_token]
+    slots = block_table[seq_of_token, positions // block_size] * block_size + positions % block_size
+    meta = AttentionMetadata(
+        query_start_loc=torch.from_numpy(np.concatenate(([0], ends)).astype(np.int64)),
+        seq_lens=torch.from_numpy(seq_lens),
+        block_tables=torch.from_numpy(block_table),
+        slot_mapping=torch.from_numpy(slots),
         causal=causal,
     )
+    return meta, positions, seq_of_token

@@ -41,8 +41,3 @@ class BlockTable:
     def move_row(self, src: int, dst: int) -> None:
         self.table[dst] = self.table[src]
         self.num_blocks[dst] = self.num_blocks[src]
-
-    def slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Where each token's K/V go: its block * block_size + its offset, for parallel arrays of rows and
-        positions (positions inside the rows' blocks)."""
-        return self.table[rows, positions // self.block_size] * self.block_size + positions % self.block_size

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.errors import ModelInputError
 from refengine.sample import rng
 from refengine.sample.metadata import SamplingMetadata
+from refengine.worker.attention_metadata_builder import metadata_from_table
 from refengine.worker.block_table import BlockTable
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.request_state import CachedRequestState
@@ -97,27 +97,15 @@ class InputBatch:
         rows[i]'s positions starts[i] .. starts[i] + num_scheduled[i] - 1 (its drafts already written
         into the row), in this order."""
         rows_a = np.asarray(rows, dtype=np.int64)
-        starts_a = np.asarray(starts, dtype=np.int64)
-        counts = np.asarray(num_scheduled, dtype=np.int64)
-        ends = np.cumsum(counts)
-        seq_of_token = np.repeat(np.arange(len(rows_a)), counts)
-        positions = starts_a[seq_of_token] + np.arange(int(ends[-1])) - (ends - counts)[seq_of_token]
-        token_rows = rows_a[seq_of_token]
-        seq_lens = starts_a + counts
         num_blocks = self.block_table.num_blocks[rows_a]
-        short = np.flatnonzero(-(-seq_lens // self.block_table.block_size) > num_blocks)
-        if short.size:
-            i = int(short[0])
-            raise ModelInputError(
-                f"{seq_lens[i]} tokens do not fit in {num_blocks[i]} blocks of {self.block_table.block_size}"
-            )
-        meta = AttentionMetadata(
-            query_start_loc=torch.from_numpy(np.concatenate(([0], ends))),
-            seq_lens=torch.from_numpy(seq_lens),
-            block_tables=torch.from_numpy(self.block_table.table[rows_a, : int(num_blocks.max())]),
-            slot_mapping=torch.from_numpy(self.block_table.slot_mapping(token_rows, positions)),
+        meta, positions, seq_of_token = metadata_from_table(
+            np.asarray(starts, dtype=np.int64),
+            np.asarray(num_scheduled, dtype=np.int64),
+            self.block_table.table[rows_a, : int(num_blocks.max())],
+            num_blocks,
+            self.block_table.block_size,
         )
-        return torch.from_numpy(self.token_ids[token_rows, positions]), torch.from_numpy(positions), meta
+        return torch.from_numpy(self.token_ids[rows_a[seq_of_token], positions]), torch.from_numpy(positions), meta
 
     def sampling_metadata(
         self, rows: Sequence[int], positions: Sequence[int], masked: Sequence[tuple[int, int]], device: torch.device
