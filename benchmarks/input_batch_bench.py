@@ -1,8 +1,9 @@
 """Host cost of one decode step's inputs on the CPU: the persistent InputBatch (input ids, positions,
 attention metadata and sampling metadata gathered from preallocated rows) next to building the same
-tensors from per-request Python lists (build_attention_metadata and SamplingMetadata.build, the way the
-runner built every step before the InputBatch). No model runs: this is the host work in front of a
-launch. A micro-benchmark, not a test: it prints numbers with their context.
+tensors from per-request Python lists (build_attention_metadata and SamplingMetadata.build, the path
+the drafters still take; the runner took it every step before the InputBatch, with slower list code).
+No model runs: this is the host work in front of a launch. A micro-benchmark, not a test: it prints
+numbers with their context.
 
     python benchmarks/input_batch_bench.py [--requests 8,32] [--context 128,1024] [--block-size 16]
 """
