@@ -22,6 +22,7 @@ from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
+from refengine.structured_output.manager import StructuredOutputManager
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.model_runner import ModelRunner
 
@@ -39,6 +40,7 @@ class Engine:
     config: EngineConfig
     async_resolution: AsyncResolution
     stop_checker: StopStringChecker
+    structured_output_manager: StructuredOutputManager
 
 
 def build_engine(args: EngineArgs) -> Engine:
@@ -85,10 +87,14 @@ def build_engine(args: EngineArgs) -> Engine:
     )
     config.validate()
     stop_checker = StopStringChecker(loaded.tokenizer)
+    # Cheap to make: the backend is imported, and its tokenizer built, when a request first needs them.
+    structured = StructuredOutputManager(loaded.tokenizer, model_config.vocab_size)
     if resolution.enabled:
-        scheduler = AsyncScheduler(config, stop_checker=stop_checker, draft_validator=valid_draft_prefix)
+        scheduler = AsyncScheduler(
+            config, stop_checker=stop_checker, draft_validator=valid_draft_prefix, structured_output_manager=structured
+        )
     else:
-        scheduler = Scheduler(config, stop_checker=stop_checker)
+        scheduler = Scheduler(config, stop_checker=stop_checker, structured_output_manager=structured)
     kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype], device=device)
     drafter = (
         None
@@ -110,7 +116,7 @@ def build_engine(args: EngineArgs) -> Engine:
         cuda_graphs=graphs,
         synthetic_acceptance_rate=args.synthetic_acceptance_rate,
     )
-    return Engine(EngineCore(scheduler, runner), loaded, config, resolution, stop_checker)
+    return Engine(EngineCore(scheduler, runner), loaded, config, resolution, stop_checker, structured)
 
 
 def _choose_kernels(loaded: LoadedModel, drafter: Proposer | None, kernels: Kernels) -> None:
