@@ -99,6 +99,16 @@ class Scheduler:
             if (request := self.requests.get(req_id)) is not None:
                 self._finish_request(request, status)
 
+    def wait_for_grammar(self, timeout: float) -> bool:
+        """When nothing could be scheduled: blocks until the oldest grammar still compiling is done (at most
+        `timeout` seconds), so that the engine waits instead of spinning on empty steps. False if no
+        request waits for its grammar."""
+        pending = next((r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_FSM), None)
+        if pending is None:
+            return False
+        pending.structured_output_request.wait(timeout)
+        return True
+
     def has_requests(self) -> bool:
         """Unfinished requests, or finished ones the runner has not been told about yet."""
         return bool(self.requests or self.finished_req_ids)

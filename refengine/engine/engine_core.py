@@ -21,6 +21,13 @@ from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.model_runner import ModelRunner
 
 EMPTY_OUTPUTS = EngineCoreOutputs(outputs=(), finished_req_ids=frozenset(), spec_decoding_stats=None)
+# How long an idle engine waits for a grammar to compile before it looks at its commands again.
+GRAMMAR_WAIT_S = 0.05
+
+
+def _runs_anything(so: SchedulerOutput) -> bool:
+    """Whether the runner has anything to do for this step: tokens, or state to drop."""
+    return so.total_num_scheduled_tokens > 0 or bool(so.finished_req_ids) or bool(so.preempted_req_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,8 @@ class EngineCore:
         if not self.scheduler.has_requests():
             return EMPTY_OUTPUTS
         so = self.scheduler.schedule()
+        if not _runs_anything(so) and self.scheduler.wait_for_grammar(GRAMMAR_WAIT_S):
+            return EMPTY_OUTPUTS  # only requests waiting for their grammar: no empty step for the runner
         if so.pending_constrained_output:
             # Nothing is in flight at depth 1, but the drafts are still -1 placeholders (async): the
             # grammar masks need the drafts the runner fills in, as in the deferred branch.
@@ -79,7 +88,9 @@ class EngineCore:
         deferred: SchedulerOutput | None = None
         if self.scheduler.has_requests() and len(self.batch_queue) < self.max_concurrent_batches:
             so = self.scheduler.schedule()
-            if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
+            if not _runs_anything(so) and not self.batch_queue and self.scheduler.wait_for_grammar(GRAMMAR_WAIT_S):
+                return None  # only requests waiting for their grammar: wait rather than spin
+            if _runs_anything(so):
                 if so.pending_constrained_output:
                     self.num_deferred_steps += 1
                     deferred = so

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING
 
 from refengine.sampling_params import StructuredOutputsParams
@@ -25,6 +25,10 @@ class StructuredOutputRequest:
 
     def is_ready(self) -> bool:
         return self._compiled.done()
+
+    def wait(self, timeout: float) -> None:
+        """Until the grammar is compiled (or failed to), at most `timeout` seconds."""
+        wait([self._compiled], timeout)
 
     @property
     def compile_error(self) -> str | None:
