@@ -18,6 +18,7 @@ import torch
 from refengine.engine.llm import LLM
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 from refengine.spec_decode.config import SpeculativeConfig
+from refengine.tokenizer import ChatMessage
 
 SCHEMA = {
     "type": "object",
@@ -37,8 +38,8 @@ MAX_TOKENS = 96
 
 def prompt(tokenizer, city: str) -> list[int]:
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"Describe the city of {city} as a JSON object with its name, country, "
-                                     "population in millions, up to three landmarks, and whether it is a capital."}]
+        [ChatMessage("user", f"Describe the city of {city} as a JSON object with its name, country, "
+                             "population in millions, up to three landmarks, and whether it is a capital.")]
     )
     return tokenizer.encode(text, add_special_tokens=False)
 
