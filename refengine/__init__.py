@@ -9,6 +9,7 @@ import importlib
 _EXPORTS = {
     "LLM": "refengine.engine.llm",
     "SamplingParams": "refengine.sampling_params",
+    "StructuredOutputsParams": "refengine.sampling_params",
     "EngineConfig": "refengine.config",
 }
 __all__ = sorted(_EXPORTS)

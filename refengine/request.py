@@ -2,10 +2,14 @@
 
 import enum
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from refengine.core.spec_decode_stats import SpecDecodingStats
 from refengine.sample.splitmix import MASK64, splitmix64
 from refengine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from refengine.structured_output.request import StructuredOutputRequest
 
 
 class FinishReason(enum.StrEnum):
@@ -18,6 +22,7 @@ class RequestStatus(enum.IntEnum):
     """Ordered: every status after PREEMPTED is a finished one."""
 
     WAITING = enum.auto()
+    WAITING_FOR_FSM = enum.auto()  # waiting for its grammar to compile (vLLM's name)
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -77,6 +82,7 @@ class Request:
         "num_preemptions",
         "is_prefill_chunk",
         "spec_decoding_stats",
+        "structured_output_request",
     )
 
     def __init__(
@@ -109,6 +115,8 @@ class Request:
         # Set when scheduled: the step's positions end before the last known token, so it samples nothing.
         self.is_prefill_chunk = False
         self.spec_decoding_stats = SpecDecodingStats()
+        # Its grammar, set by the scheduler when a request asks for structured output.
+        self.structured_output_request: StructuredOutputRequest | None = None
 
     def __repr__(self) -> str:
         return (
@@ -153,9 +161,9 @@ class Request:
 
     @property
     def has_constraint(self) -> bool:
-        """Whether drafts must be checked against the output so far (bad_words in this engine)."""
+        """Whether drafts must be checked against the output so far (bad_words, a grammar)."""
         params = self.sampling_params
-        return bool(params.bad_words or params.bad_words_token_ids)
+        return bool(params.bad_words or params.bad_words_token_ids or params.structured_outputs)
 
     @property
     def is_finished(self) -> bool:

@@ -1,8 +1,10 @@
 """SamplingParams: how one request samples and when it stops, validated at construction."""
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_LOGPROBS = 20
 
@@ -26,6 +28,54 @@ def _token_id_list(name: str, value: object) -> list[int]:
     return list(value)
 
 
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """The constraint a structured output follows (vLLM's name and fields): exactly one of a JSON schema,
+    any JSON object, a regular expression, a choice among strings, or a Lark grammar."""
+
+    json: str | dict[str, Any] | None = None  # a JSON schema, as an object or its JSON text
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark syntax, as llguidance reads it
+    json_object: bool | None = None  # any JSON object (response_format json_object)
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError(
+                "StructuredOutputsParams needs exactly one of json, regex, choice, grammar or json_object, "
+                f"got {given or 'none'}"
+            )
+        if isinstance(self.json, str):
+            try:
+                json.loads(self.json)
+            except ValueError as err:
+                raise ValueError(f"StructuredOutputsParams.json is not valid JSON: {err}") from None
+        elif self.json is not None and not isinstance(self.json, dict):
+            raise ValueError(f"StructuredOutputsParams.json must be a JSON schema object, got {self.json!r}")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"StructuredOutputsParams.{name} must be a string, got {getattr(self, name)!r}")
+        if self.choice is not None:
+            choice = _str_list("structured_outputs.choice", self.choice)
+            if not choice:
+                raise ValueError("StructuredOutputsParams.choice must hold at least one string")
+            object.__setattr__(self, "choice", choice)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What a compiled grammar is cached under: the kind and a canonical spelling of the constraint."""
+        if self.json is not None:
+            schema = json.loads(self.json) if isinstance(self.json, str) else self.json
+            return ("json", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        if self.choice is not None:
+            return ("choice", json.dumps(self.choice))
+        if self.json_object:
+            return ("json_object", "")
+        return ("regex", self.regex) if self.regex is not None else ("grammar", self.grammar or "")
+
+
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0  # 0 = greedy (exact argmax)
@@ -41,6 +91,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; n: the emitted token's logprob and the n most likely
     # The tokenized bad_words, filled in by the engine with its tokenizer.
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -83,3 +134,16 @@ class SamplingParams:
         self.bad_words_token_ids = [
             _token_id_list("bad_words_token_ids", w) for w in self.bad_words_token_ids
         ]
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError(
+                    "SamplingParams.structured_outputs must be a StructuredOutputsParams, "
+                    f"got {self.structured_outputs!r}"
+                )
+            # Either could mask every token the grammar allows (eos held back by min_tokens when the grammar
+            # is complete; a banned word that is the only way on), and a row with nothing left to sample
+            # would emit a token the grammar forbids.
+            if self.min_tokens or self.bad_words or self.bad_words_token_ids:
+                raise ValueError(
+                    "SamplingParams.structured_outputs cannot be combined with min_tokens or bad_words"
+                )

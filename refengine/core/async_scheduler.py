@@ -5,12 +5,16 @@ Invariant numbers refer to docs/invariants.md.
 """
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from refengine.config import EngineConfig
 from refengine.core.outputs import SchedulerOutput
 from refengine.core.scheduler import Scheduler, SchedulerInvariantError
 from refengine.core.stop import StopChecker
 from refengine.request import Request
+
+if TYPE_CHECKING:
+    from refengine.structured_output.manager import StructuredOutputManager
 
 # Returns how many leading drafts are valid for the request given its committed output (bad_words in
 # this engine). It only sees drafts up to the first negative id.
@@ -24,8 +28,9 @@ class AsyncScheduler(Scheduler):
         *,
         stop_checker: StopChecker | None = None,
         draft_validator: DraftValidator | None = None,
+        structured_output_manager: "StructuredOutputManager | None" = None,
     ) -> None:
-        super().__init__(config, stop_checker=stop_checker)
+        super().__init__(config, stop_checker=stop_checker, structured_output_manager=structured_output_manager)
         self.draft_validator = draft_validator
 
     def async_scheduling(self) -> bool:
@@ -86,6 +91,7 @@ class AsyncScheduler(Scheduler):
                 if not 0 <= num_valid_drafts <= num_valid:
                     raise SchedulerInvariantError(f"draft_validator kept {num_valid_drafts} of {num_valid}")
                 num_valid = num_valid_drafts
+            num_valid = self._valid_grammar_prefix(request, drafts[:num_valid])
             # Invariant 12: the scheduled count never changes; -1 is always rejected by the sampler.
             scheduled[req_id] = drafts[:num_valid] + [-1] * (num_slots - num_valid)
             if num_valid < num_slots:

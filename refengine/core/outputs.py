@@ -2,6 +2,7 @@
 EngineCoreOutputs goes on to the engine."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from refengine.core.spec_decode_stats import SpecDecodingStats
 from refengine.request import FinishReason
@@ -50,9 +51,21 @@ class SchedulerOutput:
     # Requests whose runner state must be dropped before this step (finished, aborted, preempted).
     finished_req_ids: frozenset[str]
     preempted_req_ids: frozenset[str]
-    # A scheduled request with a constraint (bad_words) still has output in flight: its drafts can only
-    # be validated after that output is applied, so the engine defers sampling this step.
+    # A scheduled request with a constraint (bad_words, a grammar) still has output in flight, or (a
+    # grammar) drafts that are still -1 placeholders: its drafts can only be validated, and its masks
+    # computed, after that output is applied and the runner's drafts are known, so the engine defers
+    # sampling this step.
     pending_constrained_output: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarOutput:
+    """A step's token bitmasks for its structured-output requests (vLLM's name), from the scheduler to
+    the sampler. `rows[req_id]` is (first row, number of rows) in `grammar_bitmask`: one row per
+    verified row of the request, each draft row then the bonus row."""
+
+    rows: dict[str, tuple[int, int]]
+    grammar_bitmask: Any  # numpy int32 [rows, ceil(vocab / 32)]: bit t of a row set = token t allowed
 
 
 @dataclass(frozen=True, slots=True)

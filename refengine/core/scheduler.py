@@ -1,9 +1,13 @@
 """Scheduler: the token-budget policy (admission, chunked prefill, drafts, preemption) and the
-bookkeeping that applies each step's output to the requests."""
+bookkeeping that applies each step's output to the requests.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 import dataclasses
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from refengine.config import EngineConfig
 from refengine.core.kv_cache_manager import KVCacheManager
@@ -11,6 +15,7 @@ from refengine.core.outputs import (
     CachedRequestData,
     EngineCoreOutput,
     EngineCoreOutputs,
+    GrammarOutput,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
@@ -19,13 +24,22 @@ from refengine.core.spec_decode_stats import SpecDecodingStats
 from refengine.core.stop import StopChecker, check_stop
 from refengine.request import Request, RequestStatus
 
+if TYPE_CHECKING:
+    from refengine.structured_output.manager import StructuredOutputManager
+
 
 class SchedulerInvariantError(RuntimeError):
     """The scheduler's counters contradict an engine invariant (numbered as in docs/invariants.md)."""
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, *, stop_checker: StopChecker | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        stop_checker: StopChecker | None = None,
+        structured_output_manager: "StructuredOutputManager | None" = None,
+    ) -> None:
         config.validate()
         if config.async_scheduling != self.async_scheduling():
             raise ValueError(
@@ -37,6 +51,13 @@ class Scheduler:
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = config.num_lookahead_tokens
         self.stop_checker = stop_checker
+        # Owns the grammars (torch-free); None: this engine refuses structured output.
+        self.structured_output_manager = structured_output_manager
+        # Drafts a grammar forbade, cut before verification (as vLLM's validate_tokens does).
+        self.num_grammar_cut_drafts = 0
+        # Requests that finished without running (a grammar that did not compile), reported with the
+        # next step's outputs.
+        self._unscheduled_finishes: list[EngineCoreOutput] = []
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the newest is preempted first
@@ -61,6 +82,11 @@ class Scheduler:
             )
         if request.status != RequestStatus.WAITING:
             raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
+        if (constraint := request.sampling_params.structured_outputs) is not None:
+            if self.structured_output_manager is None:
+                raise ValueError(f"request {request.request_id!r} asks for structured output, which this engine lacks")
+            request.structured_output_request = self.structured_output_manager.request(constraint)
+            request.status = RequestStatus.WAITING_FOR_FSM
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -72,6 +98,16 @@ class Scheduler:
         for req_id in req_ids:
             if (request := self.requests.get(req_id)) is not None:
                 self._finish_request(request, status)
+
+    def wait_for_grammar(self, timeout: float) -> bool:
+        """When nothing could be scheduled: blocks until the oldest grammar still compiling is done (at most
+        `timeout` seconds), so that the engine waits instead of spinning on empty steps. False if no
+        request waits for its grammar."""
+        pending = next((r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_FSM), None)
+        if pending is None:
+            return False
+        pending.structured_output_request.wait(timeout)
+        return True
 
     def has_requests(self) -> bool:
         """Unfinished requests, or finished ones the runner has not been told about yet."""
@@ -113,6 +149,20 @@ class Scheduler:
         skipped: list[Request] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.popleft()
+            if request.status == RequestStatus.WAITING_FOR_FSM:
+                if not request.structured_output_request.is_ready():
+                    # Its grammar still compiles off this thread: the batch goes on without it.
+                    skipped.append(request)
+                    continue
+                if (error := request.structured_output_request.compile_error) is not None:
+                    # Fails alone: aborted with the reason, the batch untouched.
+                    request.stop_reason = error
+                    self._finish_request(request, RequestStatus.FINISHED_ABORTED)
+                    self._unscheduled_finishes.append(
+                        EngineCoreOutput(request.request_id, (), RequestStatus.FINISHED_ABORTED.finish_reason, error)
+                    )
+                    continue
+                request.status = RequestStatus.WAITING
             if request.num_stale_output_tokens > 0:
                 # Invariant 9: while frames from before its preemption are in flight, resuming would
                 # re-sample positions they are about to deliver (test_no_readmission_while_stale).
@@ -154,7 +204,14 @@ class Scheduler:
             finished_req_ids=frozenset(self.finished_req_ids),
             preempted_req_ids=frozenset(r.request_id for r in preempted),
             pending_constrained_output=any(
-                r.has_constraint and r.num_output_placeholders > 0 for r, _ in scheduled
+                r.has_constraint
+                and (
+                    r.num_output_placeholders > 0
+                    # Async drafts are -1 placeholders until the runner's are filled in; a grammar's
+                    # masks need them (invariant 25).
+                    or (self.async_scheduling() and r.structured_output_request is not None and r.request_id in spec_tokens)
+                )
+                for r, _ in scheduled
             ),
         )
         self.finished_req_ids.clear()
@@ -232,7 +289,7 @@ class Scheduler:
                 f"runner rows {sorted(rows)} != scheduled {sorted(scheduler_output.num_scheduled_tokens)}"
             )
         step_stats = SpecDecodingStats()
-        outputs = []
+        outputs, self._unscheduled_finishes = self._unscheduled_finishes, []
         for req_id, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None:
@@ -314,19 +371,55 @@ class Scheduler:
     def _append_output(
         self, request: Request, generated: list[int]
     ) -> tuple[list[int], RequestStatus | None]:
-        """Append one token at a time, checking for a stop after each; tokens after a stop are dropped."""
+        """Append one token at a time, checking for a stop after each; tokens after a stop are dropped.
+        A grammar advances by exactly these committed tokens, and its end is a stop."""
+        structured = request.structured_output_request
         for i, token_id in enumerate(generated):
             request.append_output_token_ids(token_id)
+            if structured is not None:
+                self._advance_grammar(request, token_id)
+                if structured.grammar.is_terminated():
+                    return generated[: i + 1], RequestStatus.FINISHED_STOPPED
             if (
                 status := check_stop(request, token_id, self.config.max_model_len, self.stop_checker)
             ) is not None:
                 return generated[: i + 1], status
         return generated, None
 
+    def _advance_grammar(self, request: Request, token_id: int) -> None:
+        grammar = request.structured_output_request.grammar
+        # Invariant 25: a committed token is one the row's mask allowed, and the matcher holds exactly the
+        # committed output (every tentative advance through drafts was rolled back).
+        if not grammar.accept_tokens([token_id]):
+            raise SchedulerInvariantError(f"{request}: emitted token {token_id} that its grammar forbids ({grammar.error})")
+        if grammar.num_processed_tokens != request.num_output_tokens:
+            raise SchedulerInvariantError(
+                f"{request}: its grammar consumed {grammar.num_processed_tokens} tokens for "
+                f"{request.num_output_tokens} outputs"
+            )
+
+    def _valid_grammar_prefix(self, request: Request, drafts: list[int]) -> int:
+        """How many leading drafts the request's grammar allows from its committed output; the rest is
+        cut before verification (invariant 25) and counted."""
+        if request.structured_output_request is None or not drafts:
+            return len(drafts)
+        num_valid = request.structured_output_request.grammar.validate_tokens(drafts)
+        self.num_grammar_cut_drafts += len(drafts) - num_valid
+        return num_valid
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The step's token bitmasks, from the grammars' committed state and the step's drafts. Under
+        async scheduling, called for a deferred step only after the previous output is applied."""
+        if self.structured_output_manager is None:
+            return None
+        return self.structured_output_manager.grammar_bitmask(
+            self.requests, list(scheduler_output.num_scheduled_tokens), scheduler_output.scheduled_spec_decode_tokens
+        )
+
     def _finish_request(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        else:
+        elif request in self.waiting:  # not when it is finished straight out of the queue
             self.waiting.remove(request)
         request.status = status
         self.kv_cache_manager.free(request)
@@ -344,3 +437,4 @@ class Scheduler:
             # Invariant 8: drafts after a non-final prefill chunk would sit at prompt positions
             # (test_chunked_prefill_discards_drafts).
             request.spec_token_ids = [] if request.is_prefill_chunk else list(drafts)
+            del request.spec_token_ids[self._valid_grammar_prefix(request, request.spec_token_ids) :]

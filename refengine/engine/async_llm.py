@@ -31,6 +31,7 @@ from refengine.engine.outputs import (
     RequestFailedError,
 )
 from refengine.request import Request
+from refengine.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger("refengine")
 
@@ -131,7 +132,12 @@ class AsyncLLM:
             spec_num_accepted_tokens=spec.num_accepted_tokens,
             spec_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
             drafter_random_init=self._drafter_random_init,
+            num_grammar_cut_drafts=scheduler.num_grammar_cut_drafts,
         )
+
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Raises ValueError naming why `params` cannot be compiled, or that the backend is missing."""
+        self.engine.structured_output_manager.validate(params)
 
     def shutdown(self) -> None:
         self._stopping = True

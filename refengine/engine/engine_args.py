@@ -22,6 +22,7 @@ from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
+from refengine.structured_output.manager import StructuredOutputManager
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.fault_injection import FaultInjectingRunner
 from refengine.worker.input_batch import InputBatch
@@ -48,6 +49,7 @@ record_steps."""
     stop_checker: StopStringChecker
     runner: ModelRunner
     step_recorder: StepRecorder | None
+    structured_output_manager: StructuredOutputManager
 
 
 def build_engine(args: EngineArgs) -> Engine:
@@ -94,10 +96,14 @@ def build_engine(args: EngineArgs) -> Engine:
     )
     config.validate()
     stop_checker = StopStringChecker(loaded.tokenizer)
+    # Cheap to make: the backend is imported, and its tokenizer built, when a request first needs them.
+    structured = StructuredOutputManager(loaded.tokenizer, model_config.vocab_size)
     if resolution.enabled:
-        scheduler = AsyncScheduler(config, stop_checker=stop_checker, draft_validator=valid_draft_prefix)
+        scheduler = AsyncScheduler(
+            config, stop_checker=stop_checker, draft_validator=valid_draft_prefix, structured_output_manager=structured
+        )
     else:
-        scheduler = Scheduler(config, stop_checker=stop_checker)
+        scheduler = Scheduler(config, stop_checker=stop_checker, structured_output_manager=structured)
     kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype], device=device)
     drafter = (
         None
@@ -130,7 +136,7 @@ def build_engine(args: EngineArgs) -> Engine:
         driven = recorder = StepRecorder(runner)
     if args.fault_after_steps is not None:
         driven = FaultInjectingRunner(driven, args.fault_after_steps)
-    return Engine(EngineCore(scheduler, driven), loaded, config, resolution, stop_checker, runner, recorder)
+    return Engine(EngineCore(scheduler, driven), loaded, config, resolution, stop_checker, runner, recorder, structured)
 
 
 def _choose_kernels(loaded: LoadedModel, drafter: Proposer | None, kernels: Kernels) -> None:

@@ -8,13 +8,25 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from refengine.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from refengine.core.outputs import (
+    EngineCoreOutputs,
+    GrammarOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from refengine.core.scheduler import Scheduler
 from refengine.request import Request, RequestStatus
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.runner import Runner
 
 EMPTY_OUTPUTS = EngineCoreOutputs(outputs=(), finished_req_ids=frozenset(), spec_decoding_stats=None)
+# How long an idle engine waits for a grammar to compile before it looks at its commands again.
+GRAMMAR_WAIT_S = 0.05
+
+
+def _runs_anything(so: SchedulerOutput) -> bool:
+    """Whether the runner has anything to do for this step: tokens, or state to drop."""
+    return so.total_num_scheduled_tokens > 0 or bool(so.finished_req_ids) or bool(so.preempted_req_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +62,16 @@ class EngineCore:
         if not self.scheduler.has_requests():
             return EMPTY_OUTPUTS
         so = self.scheduler.schedule()
-        outputs = self.scheduler.update_from_output(so, resolve(self._execute(so)))
+        if not _runs_anything(so) and self.scheduler.wait_for_grammar(GRAMMAR_WAIT_S):
+            return EMPTY_OUTPUTS  # only requests waiting for their grammar: no empty step for the runner
+        if so.pending_constrained_output:
+            # Nothing is in flight at depth 1, but the drafts are still -1 placeholders (async): the
+            # grammar masks need the drafts the runner fills in, as in the deferred branch.
+            self.runner.execute_model(so)
+            runner_output = self.runner.sample_tokens(*self._constrain_deferred(so))
+        else:
+            runner_output = self._execute(so, self.scheduler.get_grammar_bitmask(so))
+        outputs = self.scheduler.update_from_output(so, resolve(runner_output))
         self._post_step()
         return outputs
 
@@ -58,21 +79,26 @@ class EngineCore:
         """Depth 2: schedule and launch frame n+1 before applying the output of frame n, oldest first.
         Returns None when it only launched a frame.
 
-        Deferred branch (invariant 16): when a scheduled request has a constraint (bad_words) and output
-        still in flight, its drafts can only be judged against the history that output brings. So the
-        forward of n+1 is launched, the output of n applied, the drafts validated and padded with -1
-        (update_draft_token_ids_in_output), and only then is n+1 sampled."""
+        Deferred branch (invariant 16): when a scheduled request has a constraint (bad_words, a grammar)
+        and output still in flight, its drafts can only be judged against the history that output
+        brings. So the forward of n+1 is launched, the output of n applied, the drafts validated and
+        padded with -1 (update_draft_token_ids_in_output), the grammar masks computed through those
+        drafts, and only then is n+1 sampled."""
         deferred: SchedulerOutput | None = None
         if self.scheduler.has_requests() and len(self.batch_queue) < self.max_concurrent_batches:
             so = self.scheduler.schedule()
-            if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
+            if not _runs_anything(so) and not self.batch_queue and self.scheduler.wait_for_grammar(GRAMMAR_WAIT_S):
+                return None  # only requests waiting for their grammar: wait rather than spin
+            if _runs_anything(so):
                 if so.pending_constrained_output:
                     self.num_deferred_steps += 1
                     deferred = so
                     launched = self._worker.submit(self.runner.execute_model, so)
                 else:
                     # Invariant 14: FIFO, push left and pop right (test_sync_async_depth1_depth2_identical).
-                    self.batch_queue.appendleft(_Frame(so, self._worker.submit(self._execute, so)))
+                    # No request of this frame has output in flight: its grammars' state is already complete.
+                    grammar_output = self.scheduler.get_grammar_bitmask(so)
+                    self.batch_queue.appendleft(_Frame(so, self._worker.submit(self._execute, so, grammar_output)))
                     if len(self.batch_queue) < self.max_concurrent_batches:
                         return None
         outputs = None
@@ -83,16 +109,25 @@ class EngineCore:
             outputs = self.scheduler.update_from_output(frame.scheduler_output, resolve(frame.future.result()))
         if deferred is not None:
             launched.result()
-            self.scheduler.update_draft_token_ids_in_output(self.runner.take_draft_token_ids(), deferred)
-            overrides = {r: deferred.scheduled_spec_decode_tokens[r] for r in deferred.num_invalid_spec_tokens}
-            self.batch_queue.appendleft(_Frame(deferred, self._worker.submit(self.runner.sample_tokens, overrides)))
+            sampled = self._worker.submit(self.runner.sample_tokens, *self._constrain_deferred(deferred))
+            self.batch_queue.appendleft(_Frame(deferred, sampled))
         if outputs is not None:
             self._post_step()
         return outputs
 
-    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+    def _constrain_deferred(self, so: SchedulerOutput) -> tuple[dict[str, list[int]], GrammarOutput | None]:
+        """A deferred step's constraints, once every earlier output is applied: its drafts validated and
+        padded with -1 (invariant 12), then the grammar masks computed through those drafts."""
+        self.scheduler.update_draft_token_ids_in_output(self.runner.take_draft_token_ids(), so)
+        grammar_output = self.scheduler.get_grammar_bitmask(so)
+        overrides = {r: so.scheduled_spec_decode_tokens[r] for r in so.num_invalid_spec_tokens}
+        return overrides, grammar_output
+
+    def _execute(
+        self, so: SchedulerOutput, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         self.runner.execute_model(so)
-        return self.runner.sample_tokens()
+        return self.runner.sample_tokens(None, grammar_output)
 
     def _post_step(self) -> None:
         # Invariant 15: under async scheduling the scheduler only ever holds -1 placeholders; real draft
@@ -102,3 +137,5 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
+        if self.scheduler.structured_output_manager is not None:
+            self.scheduler.structured_output_manager.shutdown()

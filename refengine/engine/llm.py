@@ -49,6 +49,10 @@ class LLM:
         )
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        for params in params_list:
+            if params.structured_outputs is not None:
+                # A constraint that cannot compile fails here, before any request is added.
+                self.engine.structured_output_manager.validate(params.structured_outputs)
         core = self.engine.core
         processor = OutputProcessor(self.tokenizer)
         results: dict[str, RequestOutput] = {}

@@ -63,6 +63,7 @@ class EngineStats:
     spec_num_accepted_tokens: int = 0
     spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     drafter_random_init: bool = False
+    num_grammar_cut_drafts: int = 0  # drafts a grammar forbade, cut before verification
 
     @property
     def kv_cache_usage(self) -> float:

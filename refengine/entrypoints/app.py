@@ -144,6 +144,7 @@ class OpenAIServer:
         else:
             prompt_ids = list(req.prompt)
         prepared = self._prepare(req, "cmpl", prompt_ids, req.logprobs)
+        await self._check_structured_outputs(req, prepared)
         builder = CompletionBuilder(
             prepared.generation.request_id,
             self.config.served_model_name,
@@ -157,6 +158,7 @@ class OpenAIServer:
         logprobs = chat_logprobs_wanted(req)
         prompt_ids = await asyncio.to_thread(self._tokenize_chat, req)
         prepared = self._prepare(req, "chatcmpl", prompt_ids, logprobs)
+        await self._check_structured_outputs(req, prepared)
         builder = ChatBuilder(
             prepared.generation.request_id,
             self.config.served_model_name,
@@ -187,6 +189,18 @@ class OpenAIServer:
             vocab_size=self.engine.tokenizer.vocab_size,
             logprobs=logprobs,
         )
+
+    async def _check_structured_outputs(self, req: SamplingRequest, prepared: PreparedRequest) -> None:
+        """A schema, regex or grammar the backend cannot compile is the client's mistake: a 400 naming
+        it, before anything is admitted (checked off the event loop)."""
+        constraint = prepared.generation.sampling_params.structured_outputs
+        if constraint is None:
+            return
+        try:
+            await asyncio.to_thread(self.engine.validate_structured_outputs, constraint)
+        except ValueError as e:
+            param = "structured_outputs" if req.structured_outputs is not None else "response_format"
+            raise APIError(400, str(e), param=param) from None
 
     # ---- driving the engine ------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from refengine.engine.outputs import (
     RequestFailedError,
     TokenLogprobs,
 )
-from refengine.sampling_params import SamplingParams
+from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "EngineClient",
@@ -69,5 +69,9 @@ class EngineClient(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[RequestDelta, None]: ...
 
     def stats(self) -> EngineStats: ...
+
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Raises ValueError naming why the constraint cannot be compiled (or the backend is missing)."""
+        ...
 
     def shutdown(self) -> None: ...

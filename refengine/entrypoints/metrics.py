@@ -73,6 +73,11 @@ class EngineCollector(Collector):
         yield counter(
             "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens
         )
+        yield counter(
+            "refengine:spec_decode_num_grammar_cut_tokens",
+            "Draft tokens a structured-output grammar forbade, cut before verification.",
+            s.num_grammar_cut_drafts,
+        )
         per_pos = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by position in the draft.",

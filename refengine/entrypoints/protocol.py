@@ -35,6 +35,35 @@ class StreamOptions(RequestModel):
     continuous_usage_stats: bool | None = None
 
 
+class JsonSchemaFormat(RequestModel):
+    """OpenAI's response_format.json_schema. The grammar is always enforced, so `strict` is accepted
+    either way."""
+
+    name: str | None = None
+    description: str | None = None
+    # `schema` would shadow a BaseModel attribute; the JSON key is still "schema".
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's structured_outputs field: exactly one constraint. Unknown keys are refused, since a
+    constraint the server ignored would silently leave the output free."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingRequest(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -68,6 +97,21 @@ class SamplingRequest(RequestModel):
     best_of: int | None = None
     use_beam_search: bool | None = None
     logit_bias: dict[str, Any] | None = None
+    # Structured output: OpenAI's response_format, or vLLM's structured_outputs (one of the two).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    # vLLM's older spellings of structured_outputs: refused, so that they are never silently ignored.
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+    @classmethod
+    def _no_guided_fields(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("is not supported by this server; send structured_outputs instead")
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -212,7 +256,6 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
     @field_validator("tools")
     @classmethod
@@ -226,13 +269,6 @@ class ChatCompletionRequest(SamplingRequest):
     def _no_tool_choice(cls, value: Any) -> Any:
         if value not in (None, "none"):
             raise ValueError("tool calling is not supported by this server")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value != {"type": "text"}:
-            raise ValueError('only {"type": "text"} is supported')
         return value
 
 

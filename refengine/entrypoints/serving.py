@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from refengine.entrypoints.engine_client import GenerationRequest, SamplingParams
 from refengine.entrypoints.errors import APIError
 from refengine.entrypoints.protocol import ChatCompletionRequest, SamplingRequest
+from refengine.sampling_params import StructuredOutputsParams
 
 # OpenAI's completions API defaults max_tokens to 16, and vLLM follows it. Chat has no such default:
 # without max_tokens / max_completion_tokens it generates until the context is full (vLLM's behaviour).
@@ -26,6 +27,30 @@ class OutputOptions:
 class PreparedRequest:
     generation: GenerationRequest
     options: OutputOptions
+
+
+def structured_outputs_of(req: SamplingRequest) -> StructuredOutputsParams | None:
+    """response_format (OpenAI) or structured_outputs (vLLM) as the engine's StructuredOutputsParams."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text" and req.structured_outputs is not None:
+        raise APIError(400, "send response_format or structured_outputs, not both", param="structured_outputs")
+    try:
+        if (so := req.structured_outputs) is not None:
+            return StructuredOutputsParams(
+                json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar, json_object=so.json_object
+            )
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise APIError(
+                400, 'response_format of type "json_schema" needs json_schema.schema', param="response_format"
+            )
+        return StructuredOutputsParams(json=fmt.json_schema.json_schema)
+    except ValueError as e:
+        param = "structured_outputs" if req.structured_outputs is not None else "response_format"
+        raise APIError(400, str(e), param=param) from None
 
 
 def new_request_id(prefix: str) -> str:
@@ -98,6 +123,7 @@ def prepare(
             ignore_eos=bool(req.ignore_eos),
             min_tokens=min_tokens,
             bad_words=list(req.bad_words or ()),
+            structured_outputs=structured_outputs_of(req),
         )
     except ValueError as e:
         # SamplingParams messages start with "SamplingParams.<field> ..."; the field becomes `param`.

@@ -4,11 +4,12 @@ comparison; these catch it."""
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
-from refengine.sample.sampler import RowParams, apply_constraints
+from refengine.sample.sampler import RowParams, apply_constraints, unpack_bitmask
 from refengine.sampling_params import SamplingParams
 from refengine.tokenizer.detokenizer import IncrementalDetokenizer
 from refengine.tokenizer.tokenizer import Tokenizer
@@ -69,10 +70,15 @@ def stop_violations(output: Sequence[int], params: SamplingParams, stopped_by_st
 
 
 def greedy_argmax_mismatches(
-    loaded: LoadedModel, prompt: Sequence[int], output: Sequence[int], params: RowParams
+    loaded: LoadedModel,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    params: RowParams,
+    token_bitmask: np.ndarray | None = None,
 ) -> tuple[int, list[str]]:
     """Each output token against the argmax of a fresh single-sequence forward of the target on the same
-    prefix, with the request's constraints (bad_words; stop tokens below min_tokens) masked. One forward
+    prefix, with the request's constraints (bad_words; stop tokens below min_tokens; row i of a grammar's
+    `token_bitmask`, one row per output position) masked. One forward
     over prompt + output gives every prefix's last row: the numerics are batch invariant, so a row does
     not depend on the rows after it. Returns (positions checked, mismatches)."""
     model = loaded.model
@@ -88,8 +94,11 @@ def greedy_argmax_mismatches(
         out = model(torch.tensor(tokens[:length], device=device), torch.arange(length, device=device), meta, cache)
         logits = model.compute_logits(out.hidden_states[len(prompt) - 1 :]).float().cpu()
     mismatches = []
+    allowed = None if token_bitmask is None else unpack_bitmask(torch.from_numpy(token_bitmask), logits.shape[-1])
     for i, token in enumerate(output):
         row = apply_constraints(logits[i], params, tokens[: len(prompt) + i], i)
+        if allowed is not None:
+            row = row.masked_fill(~allowed[i], float("-inf"))
         expected = int(torch.argmax(row))
         if expected != token:
             mismatches.append(f"output position {i}: {token}, argmax {expected}")

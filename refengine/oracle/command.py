@@ -86,6 +86,8 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--variants/--no-variants", default=True, show_default=True,
               help="Also run every arm with chunked prefill, forced preemption and bad_words.")
 @click.option("--seeded/--no-seeded", default=True, show_default=True, help="Run the seeded sampling pass.")
+@click.option("--structured/--no-structured", default=True, show_default=True,
+              help="Also run one structured-output arm per method and front (a JSON schema, a regex, a choice set).")
 @click.option("--block-size", default=None, type=click.IntRange(min=1), help="Default 4 for tiny models, 16 otherwise.")
 @click.option("--write-report", is_flag=True,
               help="Write the report (markdown) and its slice (JSON, for `oracle merge`); without it nothing tracked changes.")
@@ -98,7 +100,7 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
               help="cpu, or cuda[:N]: the same arms on a GPU, in eager mode (no CUDA graphs).")
 @click.pass_context
 def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature,
-                   seed, variants, seeded, block_size, write_report, report_path, jobs, device) -> None:
+                   seed, variants, seeded, structured, block_size, write_report, report_path, jobs, device) -> None:
     """Run every arm of the matrix and judge it. Exits 1 on any failed arm. With --jobs N the arms run
     in N worker processes; the tables keep the matrix order. `oracle merge` combines slice reports."""
     if ctx.invoked_subcommand is not None:
@@ -116,7 +118,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         if model in TINY_MODELS
         else text_prompts(loaded.tokenizer, num_prompts)
     )
-    arms = build_matrix(methods, variants)
+    arms = build_matrix(methods, variants, structured)
     workloads = [
         Workload(tuple(map(tuple, prompts)), max_tokens, c, temp, seed, num_speculative_tokens)
         for c in concurrency
@@ -136,7 +138,8 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
     report = SliceReport(
         model=model, methods=", ".join(m or "none" for m in methods), k=num_speculative_tokens,
         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature if seeded else None, seed=seed,
-        variants=variants, concurrency=tuple(concurrency), commit=_commit(), date=time.strftime("%Y-%m-%d"),
+        variants=variants, structured=structured, concurrency=tuple(concurrency), commit=_commit(),
+        date=time.strftime("%Y-%m-%d"),
         host=_host(jobs, device), sections=tuple(sections), labels=dict(labels),
         elapsed_s=round(time.perf_counter() - started, 1),
     )

@@ -75,6 +75,10 @@ def bad_words_changes(
     return changed
 
 
+# Structured arms must mostly end by their grammar, not by max_tokens, to have tested the grammar's end.
+MIN_ENDED_BY_GRAMMAR = 0.9
+
+
 def first_divergence(expected: Sequence[Sequence[int]], actual: Sequence[Sequence[int]]) -> Divergence | None:
     for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
         for pos in range(max(len(exp), len(act))):
@@ -149,7 +153,10 @@ def min_accepted(num_draft_tokens: int) -> int:
 
 
 def judge(
-    result: ArmResult, reference: ArmResult, sync_twin: ArmResult | None, bad_words_changed: int | None = None
+    result: ArmResult,
+    reference: ArmResult,
+    sync_twin: ArmResult | None,
+    bad_words_changed: int | None = None,
 ) -> Verdict:
     """Tokens in full against the reference (the sync no-spec arm with the same bad_words and
     temperature: seeded sampling is keyed by position, so spec on equals spec off token for token).
@@ -185,8 +192,15 @@ def judge(
             ("preemption", result.arm.preempt, counts.num_preemptions_after_drafts),
             ("chunked prefill", result.arm.chunked, counts.num_chunked_prefills),
             ("bad_words", result.arm.bad_words, bad_words_changed or 0),
+            # A structured arm bites with a draft its grammar cut or a verified row its grammar masked.
+            ("structured", result.arm.structured, result.num_grammar_cut_drafts + result.num_grammar_masked_rows),
+            (
+                "grammar end",
+                result.arm.structured,
+                result.num_ended_by_grammar >= MIN_ENDED_BY_GRAMMAR * len(result.tokens),
+            ),
         )
-        if on and evidence == 0
+        if on and not evidence
     )
     verdict.low_concurrency = counts.peak_concurrency < result.concurrency
     return verdict

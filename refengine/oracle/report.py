@@ -10,7 +10,7 @@ from refengine.oracle.judge import Verdict
 
 COLUMNS = (
     "arm", "compared with", "tokens", "per-step drafts", "acceptance", "steps", "peak", "preemptions (after drafts)",
-    "chunked prefills", "bad_words changes", "argmax checked", "verdict",
+    "chunked prefills", "bad_words changes", "grammar: masked rows, cut drafts, ended", "argmax checked", "verdict",
 )
 
 
@@ -35,10 +35,15 @@ def _cells(v: Verdict) -> tuple[str, ...]:
     acceptance = "-" if rate is None else f"{100 * rate:.1f}% of {r.num_draft_tokens}" + (" (random weights: exempt)" if r.random_init else "")
     c = r.counts
     verdict = v.label + (f" ({', '.join(v.ineffective)})" if v.ineffective else "")
+    structured = (
+        f"{r.num_grammar_masked_rows}, {r.num_grammar_cut_drafts}, {r.num_ended_by_grammar} of {len(r.tokens)}"
+        if r.arm.structured
+        else "-"
+    )
     return (
         r.arm.name, v.reference, tokens, steps, acceptance, str(r.num_engine_steps), f"{c.peak_concurrency} of {r.concurrency}",
         f"{c.num_preemptions} ({c.num_preemptions_after_drafts})", str(c.num_chunked_prefills),
-        "-" if v.bad_words_changes is None else str(v.bad_words_changes), str(r.num_argmax_checked), verdict,
+        "-" if v.bad_words_changes is None else str(v.bad_words_changes), structured, str(r.num_argmax_checked), verdict,
     )
 
 

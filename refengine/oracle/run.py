@@ -7,6 +7,7 @@ from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import RequestOutput, StepRecord
 from refengine.model.loader import LoadedModel
+from refengine.oracle import structured
 from refengine.oracle.absolute import (
     banned_occurrences,
     detokenize,
@@ -25,6 +26,7 @@ from refengine.oracle.teacher import (
 from refengine.sample.sampler import RowParams
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
+from refengine.structured_output.manager import StructuredOutputManager
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,20 @@ class ArmResult:
     # Absolute checks on the arm's own output (see absolute.py).
     num_argmax_checked: int = 0
     violations: tuple[str, ...] = ()
+    # Structured arms: drafts their grammars cut, verified rows their grammars masked, and requests that
+    # their grammar (not max_tokens) ended.
+    num_grammar_cut_drafts: int = 0
+    num_grammar_masked_rows: int = 0
+    num_ended_by_grammar: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+def max_tokens(arm: Arm, workload: Workload) -> int:
+    """Structured arms run without ignore_eos and with room for every grammar to end."""
+    return max(workload.max_tokens, structured.MAX_TOKENS) if arm.structured else workload.max_tokens
 
 
 def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
@@ -78,7 +90,7 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
     # Headroom past the longest request: under async scheduling the scheduler's optimistic count (every
     # draft in flight accepted) would otherwise cap the drafts near max_model_len earlier than sync does,
     # and the arms would verify different drafts for a reason that is not a bug.
-    max_model_len = longest + workload.max_tokens + 2 * (workload.num_speculative_tokens + 1) + 1
+    max_model_len = longest + max_tokens(arm, workload) + 2 * (workload.num_speculative_tokens + 1) + 1
     blocks_one_seq = -(-(max_model_len + lookahead) // block_size)
     return {
         "max_num_seqs": workload.concurrency,
@@ -107,6 +119,17 @@ def _method_defaults(method: str) -> dict:
 
 
 def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
+    if arm.structured:
+        # Alone: a grammar excludes min_tokens and bad_words, and its end is the stop.
+        return [
+            SamplingParams(
+                temperature=workload.temperature,
+                seed=None if workload.temperature == 0 else workload.seed + i,
+                max_tokens=max_tokens(arm, workload),
+                structured_outputs=structured.CONSTRAINTS[i % len(structured.CONSTRAINTS)],
+            )
+            for i in range(len(workload.prompts))
+        ]
     banned = [list(w) for w in workload.bad_words_token_ids] if arm.bad_words else []
     stops = [] if workload.stop_token_id is None else [workload.stop_token_id]
     return [
@@ -149,7 +172,8 @@ def run_arm(
     stats = core.scheduler.spec_decoding_stats
     core.shutdown()
     tokens = [o.token_ids for o in outs]
-    num_checked, violations = absolute_checks(model, workload, outs, params)
+    manager = llm.engine.structured_output_manager
+    num_checked, violations, num_ended = absolute_checks(model, workload, outs, params, manager)
     return ArmResult(
         arm=arm,
         concurrency=workload.concurrency,
@@ -163,6 +187,9 @@ def run_arm(
         num_prompt_tokens=tuple(map(len, workload.prompts)),
         num_argmax_checked=num_checked,
         violations=tuple(violations),
+        num_grammar_cut_drafts=core.scheduler.num_grammar_cut_drafts,
+        num_grammar_masked_rows=manager.num_masked_rows,
+        num_ended_by_grammar=num_ended,
     )
 
 
@@ -171,16 +198,36 @@ def corrupt_index(arm: Arm) -> int | None:
 
 
 def absolute_checks(
-    model: LoadedModel, workload: Workload, outs: list[RequestOutput], params: list[SamplingParams]
-) -> tuple[int, list[str]]:
+    model: LoadedModel,
+    workload: Workload,
+    outs: list[RequestOutput],
+    params: list[SamplingParams],
+    manager: StructuredOutputManager,
+) -> tuple[int, list[str], int]:
     """Stops and lengths exact (ignore_eos: only max_tokens, stop_token_ids and stop strings end a
     request, stop tokens never before min_tokens; a stop string cuts the text exactly), no banned
-    sequence, and under greedy every token the target's argmax. Returns (argmax positions checked,
-    violations)."""
+    sequence, and under greedy every token the target's argmax. A structured request instead: no token
+    its grammar masked, its text parses or matches, and the argmax taken under the grammar's mask.
+    Returns (argmax positions checked, violations, structured requests their grammar ended)."""
     violations = []
     num_checked = 0
+    num_ended = 0
     for i, (prompt, out, p) in enumerate(zip(workload.prompts, outs, params, strict=True)):
         tokens = out.token_ids
+        if p.structured_outputs is not None:
+            bitmask, found, ended = structured.grammar_replay(manager, p.structured_outputs, tokens)
+            num_ended += ended
+            if ended:
+                found += structured.text_violations(p.structured_outputs, out.text)
+            elif out.finish_reason != "length":
+                found.append(f"finished ({out.finish_reason}) before its grammar ended")
+            if p.temperature == 0.0 and tokens and not found:
+                row = RowParams(0.0, 0, 1.0, 0, (), (), rng_key=0)
+                checked, wrong = greedy_argmax_mismatches(model, prompt, tokens, row, bitmask)
+                num_checked += checked
+                found += wrong[:1]
+            violations += [f"request {i}: {v}" for v in found]
+            continue
         banned = tuple(map(tuple, p.bad_words_token_ids))
         found = []
         for stop in p.stop:
@@ -194,5 +241,5 @@ def absolute_checks(
             num_checked += checked
             found += wrong[:1]
         violations += [f"request {i}: {v}" for v in found]
-    return num_checked, violations
+    return num_checked, violations, num_ended
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 
 # What every slice of one report must share; the slices differ only in c (and where they ran).
-SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants")
+SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants", "structured")
 
 
 class SliceMismatchError(ValueError):
@@ -39,6 +39,7 @@ class SliceReport:
     sections: tuple[Section, ...]
     labels: dict[str, int]  # verdict -> number of arms
     elapsed_s: float
+    structured: bool = False  # one structured-output arm per method and front
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -77,6 +78,8 @@ def render(slices: list[SliceReport]) -> str:
     elapsed = sum(s.elapsed_s for s in slices)
     passes = f"seeded pass at temperature {first.temperature}, seed {first.seed}" if first.temperature else "greedy only"
     scope = "every arm also with chunked prefill, forced preemption and bad_words" if first.variants else "plain arms only"
+    if first.structured:
+        scope += "; one structured-output arm per method and front"
     commits = sorted({s.commit for s in slices})
     header = (
         "# Token-identity oracle\n\n"
@@ -119,6 +122,11 @@ RULES = (
     "drafts (no drafter or a random one: emitted a token); a chunked arm with no prompt prefilled over >= 2 "
     "steps and drafting (emitting) after; a bad_words arm with no output departing from the unconstrained "
     "baseline at a banned token.\n"
+    "- structured arms: request i follows a JSON schema, a regex or a choice set (i mod 3), without ignore_eos, "
+    "stop tokens, min_tokens or stop strings, and with at least 64 tokens to finish in. INEFFECTIVE if no "
+    "verified row was masked and no draft cut by a grammar ('structured'), or if fewer "
+    "than 90% of the requests were ended by their grammar ('grammar end'). WRONG if a token was one its grammar "
+    "masked, a finished text does not parse or match, or (greedy) a token is not the argmax under the mask.\n"
     "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
     "- Request 0 of every arm has a stop token (the second token the baseline emits without it) and "
     "min_tokens = max_tokens / 2, so the min_tokens mask bites at position 1 in every arm; request 1 has a stop "

@@ -1,6 +1,7 @@
 """What the sampler needs to know: RowParams per request (host), and SamplingMetadata per logits row,
 as tensors on the logits' device (vLLM's name). The metadata is built on the host from per-row arrays
-and sent in two non-blocking copies, so sampling a step reads nothing back from the device."""
+and sent in non-blocking copies (two, and a third for grammar bitmasks), so sampling a step reads
+nothing back from the device."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,11 +37,15 @@ class SamplingMetadata:
     seeds: torch.Tensor  # [N] int64: rng.row_seed of (request key, the position the row decides, STREAM_SAMPLE)
     masked_rows: torch.Tensor  # [M] int64: (row, token) pairs set to -inf (bad words, min_tokens)
     masked_token_ids: torch.Tensor  # [M] int64
+    # Grammar rows: row bitmask_rows[g] may emit token t only if bit t of token_bitmask[g] is set.
+    bitmask_rows: torch.Tensor  # [G] int64
+    token_bitmask: torch.Tensor  # [G, ceil(vocab / 32)] int32
     # Host facts about the rows, so that the sampler picks its branches without reading the device.
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
     num_masked: int
+    num_bitmask_rows: int
 
     @classmethod
     def build(
@@ -49,8 +54,11 @@ class SamplingMetadata:
         positions: Sequence[int],
         masked: Sequence[Sequence[int]],
         device: torch.device,
+        bitmask_rows: Sequence[int] = (),
+        token_bitmask: np.ndarray | None = None,
     ) -> "SamplingMetadata":
-        """One entry per logits row: its request's params, its position and its masked token ids."""
+        """One entry per logits row: its request's params, its position and its masked token ids; and
+        the grammar bitmask of the rows `bitmask_rows` (row g of `token_bitmask` for bitmask_rows[g])."""
         return cls.from_arrays(
             temperature=np.array([p.temperature for p in params], dtype=np.float32),
             top_p=np.array([p.top_p for p in params], dtype=np.float32),
@@ -59,6 +67,8 @@ class SamplingMetadata:
             positions=np.array(positions, dtype=np.int64),
             masked=[(row, token) for row, tokens in enumerate(masked) for token in tokens],
             device=device,
+            bitmask_rows=bitmask_rows,
+            token_bitmask=token_bitmask,
         )
 
     @classmethod
@@ -72,29 +82,39 @@ class SamplingMetadata:
         positions: np.ndarray,
         masked: Sequence[tuple[int, int]],
         device: torch.device,
+        bitmask_rows: Sequence[int] = (),
+        token_bitmask: np.ndarray | None = None,
     ) -> "SamplingMetadata":
         """From per-row host arrays (a runner gathers them from its persistent rows): the seeds are hashed
         for the whole batch at once and `masked` lists (row, token) pairs, so nothing here loops over rows.
-        Greedy rows get seeds too; the sampler never reads them."""
+        Greedy rows get seeds too; the sampler never reads them. Row bitmask_rows[g] is masked by row g
+        of `token_bitmask`."""
         n, m = len(temperature), len(masked)
         # Hashed in numpy on the host: the same integer arithmetic as on tensors, at a fraction of the
         # per-operation cost for a batch of rows.
         seeds = rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE)
         pairs = np.asarray(masked, dtype=np.int64).reshape(m, 2)
-        ints = torch.from_numpy(np.concatenate([top_k, seeds, pairs[:, 0], pairs[:, 1]]))
+        ints = torch.from_numpy(
+            np.concatenate([top_k, seeds, pairs[:, 0], pairs[:, 1], np.asarray(bitmask_rows, dtype=np.int64)])
+        )
         floats = torch.from_numpy(np.concatenate([temperature, top_p]))
+        bitmask = torch.from_numpy(token_bitmask if len(bitmask_rows) else np.zeros((0, 0), dtype=np.int32))
         if device.type == "cuda":
             ints = ints.pin_memory().to(device, non_blocking=True)
             floats = floats.pin_memory().to(device, non_blocking=True)
+            bitmask = bitmask.pin_memory().to(device, non_blocking=True)
         return cls(
             temperature=floats[:n],
             top_p=floats[n:],
             top_k=ints[:n],
             seeds=ints[n : 2 * n],
             masked_rows=ints[2 * n : 2 * n + m],
-            masked_token_ids=ints[2 * n + m :],
+            masked_token_ids=ints[2 * n + m : 2 * n + 2 * m],
+            bitmask_rows=ints[2 * n + 2 * m :],
+            token_bitmask=bitmask,
             all_greedy=not temperature.any(),
             any_top_k=bool((top_k > 0).any()),
             any_top_p=bool((top_p < 1.0).any()),
             num_masked=m,
+            num_bitmask_rows=len(bitmask_rows),
         )

@@ -57,13 +57,28 @@ def apply_constraints(
     return out
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[G, W] int32 bitmasks -> [G, vocab_size] bool, True where a token is allowed (bit t of word t // 32,
+    llguidance's and xgrammar's layout). Ids past the bitmask's 32 * W never are."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().flatten(1)
+    if allowed.shape[1] < vocab_size:
+        allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], vocab_size - allowed.shape[1])], dim=1)
+    return allowed[:, :vocab_size]
+
+
 def apply_masks(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    """[N, V] logits with the metadata's (row, token) pairs set to -inf, on the device."""
-    if not md.num_masked:
+    """[N, V] logits with the metadata's (row, token) pairs and its grammar rows' forbidden tokens set
+    to -inf: one path on every device, with nothing read back to the host."""
+    if not md.num_masked and not md.num_bitmask_rows:
         return logits
     out = logits.clone()
     # A Python scalar, not a tensor made on the device: that would be a blocking host-to-device copy.
-    out[md.masked_rows, md.masked_token_ids] = float("-inf")
+    if md.num_masked:
+        out[md.masked_rows, md.masked_token_ids] = float("-inf")
+    if md.num_bitmask_rows:
+        allowed = unpack_bitmask(md.token_bitmask, out.shape[-1])
+        out[md.bitmask_rows] = out[md.bitmask_rows].masked_fill(~allowed, float("-inf"))
     return out
 
 

@@ -68,6 +68,10 @@ class Tokenizer:
         """The vocabulary entry as spelled in the vocabulary (byte-level alphabet), None if out of range."""
         return self._backend.id_to_token(token_id)
 
+    def to_json(self) -> str:
+        """The tokenizer in the `tokenizers` library's JSON form (what grammar backends read)."""
+        return self._backend.to_str()
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 

@@ -4,7 +4,7 @@ production runner carries none of it: build_engine wraps the runner only when a 
 
 from collections.abc import Mapping
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from refengine.worker.async_output import AsyncModelRunnerOutput
 from refengine.worker.runner import Runner
 
@@ -26,9 +26,11 @@ class FaultInjectingRunner:
         self.runner.execute_model(so)
 
     def sample_tokens(
-        self, draft_overrides: Mapping[str, list[int]] | None = None
+        self,
+        draft_overrides: Mapping[str, list[int]] | None = None,
+        grammar_output: GrammarOutput | None = None,
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        return self.runner.sample_tokens(draft_overrides)
+        return self.runner.sample_tokens(draft_overrides, grammar_output)
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         return self.runner.take_draft_token_ids()

@@ -108,10 +108,17 @@ class InputBatch:
         return torch.from_numpy(self.token_ids[rows_a[seq_of_token], positions]), torch.from_numpy(positions), meta
 
     def sampling_metadata(
-        self, rows: Sequence[int], positions: Sequence[int], masked: Sequence[tuple[int, int]], device: torch.device
+        self,
+        rows: Sequence[int],
+        positions: Sequence[int],
+        masked: Sequence[tuple[int, int]],
+        device: torch.device,
+        bitmask_rows: Sequence[int] = (),
+        token_bitmask: np.ndarray | None = None,
     ) -> SamplingMetadata:
         """Metadata of logits rows that decide `positions[i]` for batch row `rows[i]`; `masked` holds
-        the (logits row, token) pairs the constraints forbid."""
+        the (logits row, token) pairs the constraints forbid, and logits row bitmask_rows[g] is masked by
+        the grammar bitmask token_bitmask[g]."""
         rows_a = np.asarray(rows, dtype=np.int64)
         return SamplingMetadata.from_arrays(
             temperature=self.temperature[rows_a],
@@ -121,4 +128,6 @@ class InputBatch:
             positions=np.asarray(positions, dtype=np.int64),
             masked=masked,
             device=device,
+            bitmask_rows=bitmask_rows,
+            token_bitmask=token_bitmask,
         )

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
@@ -256,11 +256,14 @@ class ModelRunner:
 
     # ---- sample ------------------------------------------------------------------------------
     def sample_tokens(
-        self, draft_overrides: Mapping[str, list[int]] | None = None
+        self,
+        draft_overrides: Mapping[str, list[int]] | None = None,
+        grammar_output: GrammarOutput | None = None,
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         """Verify and sample the executed step. `draft_overrides` replaces the drafts a request is
         verified against (the deferred constraint branch pads invalid drafts with -1, which always
         reject); the model was fed the original drafts, so only a prefix of them can be accepted.
+        `grammar_output` holds the token bitmasks of the structured-output requests' rows.
 
         In the common path (no drafts, no logprobs, no bad words) the sampled ids stay on the device and
         the output comes back in flight: nothing here waits for the device. Otherwise the ids are read
@@ -275,7 +278,7 @@ class ModelRunner:
             else r.draft_ids
             for r in verified
         }
-        tokens = self._verify(executed.logits, verified, drafts_by_req) if verified else None
+        tokens = self._verify(executed.logits, verified, drafts_by_req, grammar_output) if verified else None
         in_flight = (
             tokens is not None
             and tokens.shape[1] == 1
@@ -371,7 +374,11 @@ class ModelRunner:
         return kept
 
     def _verify(
-        self, logits: torch.Tensor, rows: list[ScheduledRow], drafts_by_req: Mapping[str, tuple[int, ...]]
+        self,
+        logits: torch.Tensor,
+        rows: list[ScheduledRow],
+        drafts_by_req: Mapping[str, tuple[int, ...]],
+        grammar_output: GrammarOutput | None = None,
     ) -> torch.Tensor:
         """Verify every sampled request of the step in one batched pass on the logits' device: the one
         verify path for greedy and seeded rows, with or without drafts.
@@ -400,7 +407,9 @@ class ModelRunner:
                     history = [*state.token_ids[max(0, state.num_tokens - tail) :], *drafts[:j]]
                 masked += ((first + j, t) for t in masked_token_ids(params, history, state.num_output_tokens + j))
         device = logits.device
-        targets = sample_batch(logits, self.input_batch.sampling_metadata(batch_rows, positions, masked, device))
+        bitmask_rows, bitmask = self._grammar_rows(rows, drafts_by_req, grammar_output)
+        metadata = self.input_batch.sampling_metadata(batch_rows, positions, masked, device, bitmask_rows, bitmask)
+        targets = sample_batch(logits, metadata)
 
         width = max(len(drafts_by_req[r.state.req_id]) for r in rows)
         if width == 0:
@@ -423,6 +432,34 @@ class ModelRunner:
         # the first unaccepted row; the rest is padding.
         keep = torch.arange(width + 1, device=device)[None, :] <= accepted[:, None]
         return torch.where(keep, target_rows, PLACEHOLDER_TOKEN_ID)
+
+    @staticmethod
+    def _grammar_rows(
+        rows: list[ScheduledRow], drafts_by_req: Mapping[str, tuple[int, ...]], grammar_output: GrammarOutput | None
+    ) -> tuple[list[int], np.ndarray | None]:
+        """The logits rows a grammar constrains, and their bitmasks in the same order: a request's bitmask
+        row j (the grammar advanced through drafts[:j]) masks its logits row j, which decides draft j or,
+        past the drafts, the bonus token."""
+        if grammar_output is None:
+            return [], None
+        unknown = grammar_output.rows.keys() - {row.state.req_id for row in rows}
+        if unknown:
+            raise RunnerInvariantError(f"grammar rows for requests this step does not verify: {sorted(unknown)}")
+        logits_rows: list[int] = []
+        bitmask_rows: list[int] = []
+        for row in rows:
+            span = grammar_output.rows.get(row.state.req_id)
+            if span is None:
+                continue
+            first, count = span
+            # Invariant 25: one bitmask per verified row of the request, drafts then bonus.
+            if count != len(drafts_by_req[row.state.req_id]) + 1:
+                raise RunnerInvariantError(
+                    f"request {row.state.req_id!r}: {count} grammar rows for {len(drafts_by_req[row.state.req_id])} drafts"
+                )
+            logits_rows += range(row.first_logits_row, row.first_logits_row + count)
+            bitmask_rows += range(first, first + count)
+        return logits_rows, np.ascontiguousarray(grammar_output.grammar_bitmask[bitmask_rows])
 
     @staticmethod
     def _draft_input(row: ScheduledRow, num_valid_rows: int, *, propose: bool) -> DraftInput:

@@ -4,7 +4,7 @@ wrappers (fault_injection.py, step_recorder.py) are others, around it."""
 from collections.abc import Mapping
 from typing import Protocol
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from refengine.worker.async_output import AsyncModelRunnerOutput
 
 
@@ -14,9 +14,11 @@ class Runner(Protocol):
         ...
 
     def sample_tokens(
-        self, draft_overrides: Mapping[str, list[int]] | None = None
+        self,
+        draft_overrides: Mapping[str, list[int]] | None = None,
+        grammar_output: GrammarOutput | None = None,
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        """Verify and sample the step executed last."""
+        """Verify and sample the step executed last, its grammar rows masked by `grammar_output`."""
         ...
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:

@@ -4,7 +4,7 @@ The production runner carries none of it: build_engine wraps the runner only wit
 
 from collections.abc import Mapping
 
-from refengine.core.outputs import ModelRunnerOutput, SchedulerOutput, StepRecord
+from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, StepRecord
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.model_runner import ModelRunner
 
@@ -24,7 +24,9 @@ class StepRecorder:
         self.runner.execute_model(so)
 
     def sample_tokens(
-        self, draft_overrides: Mapping[str, list[int]] | None = None
+        self,
+        draft_overrides: Mapping[str, list[int]] | None = None,
+        grammar_output: GrammarOutput | None = None,
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         # What was fed, not the validity-padded override: sync and async arms feed the same drafts.
         verified = tuple(
@@ -32,7 +34,7 @@ class StepRecorder:
             for row in self.runner.executed_rows()
             if row.first_logits_row is not None and row.draft_ids
         )
-        out = self.runner.sample_tokens(draft_overrides)
+        out = self.runner.sample_tokens(draft_overrides, grammar_output)
         if verified:
             self._pending.append((verified, out))
         return out

@@ -114,7 +114,10 @@ class FakeRunner:
             self.check_frame(self, so)
         self._executed = (so, {r: start for r, (start, _) in starts.items()})
 
-    def sample_tokens(self, draft_overrides: dict[str, list[int]] | None = None) -> ModelRunnerOutput:
+    def sample_tokens(
+        self, draft_overrides: dict[str, list[int]] | None = None, grammar_output: object = None
+    ) -> ModelRunnerOutput:
+        assert grammar_output is None, "the core tests run no structured-output request"
         # The deferred branch pads invalid drafts in the frame itself (and passes the same lists as
         # overrides); the number of valid drafts is what this runner needs from them.
         assert self._executed is not None, "sample_tokens without execute_model"

@@ -241,7 +241,7 @@ CASES = [
     ("echo", COMP, comp(echo=True), 400, "echo"),
     ("suffix", COMP, comp(suffix="x"), 400, "suffix"),
     ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-    ("response_format-json", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("response_format-unknown-type", CHAT, chat(response_format={"type": "yaml"}), 400, "response_format.type"),
     # size
     ("body-too-large", CHAT, chat(messages=[{"role": "user", "content": "x" * 70_000}]), 413, None),
 ]

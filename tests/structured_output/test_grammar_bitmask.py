@@ -1,0 +1,113 @@
+"""The structured-output manager on the tiny byte tokenizer: each verified row's bitmask is the grammar's
+mask after that row's preceding drafts, the tentative advance is rolled back exactly, placeholders
+never advance it, and bitmasks apply to logits on the device in one path (invariant 25,
+docs/invariants.md)."""
+
+import numpy as np
+import pytest
+import torch
+
+from refengine.model.tiny import build_tiny_model
+from refengine.request import Request
+from refengine.sample.metadata import RowParams, SamplingMetadata
+from refengine.sample.sampler import apply_masks, unpack_bitmask
+from refengine.sampling_params import SamplingParams, StructuredOutputsParams
+from refengine.structured_output.backend import GrammarError
+from refengine.structured_output.manager import StructuredOutputManager
+
+CHOICE = StructuredOutputsParams(choice=["abc", "abd", "xyz"])
+
+
+@pytest.fixture(scope="module")
+def manager():
+    tiny = build_tiny_model("llama", seed=0)
+    manager = StructuredOutputManager(tiny.tokenizer, tiny.config.vocab_size)
+    yield manager
+    manager.shutdown()
+
+
+def allowed(bitmask: np.ndarray, row: int, vocab_size: int) -> set[int]:
+    return {t for t in range(vocab_size) if (int(bitmask[row, t // 32]) >> (t % 32)) & 1}
+
+
+def structured_request(manager, req_id: str, output: list[int] = ()) -> Request:
+    request = Request(req_id, [1, 2], SamplingParams(structured_outputs=CHOICE))
+    request.structured_output_request = manager.request(CHOICE)
+    request.structured_output_request.grammar.accept_tokens(output)
+    return request
+
+
+def mask_after(manager, prefix: list[int]) -> set[int]:
+    """The reference: a fresh matcher advanced through `prefix`, then its mask."""
+    grammar = manager.request(CHOICE).grammar
+    assert grammar.accept_tokens(prefix)
+    bitmask = np.full((1, (manager.vocab_size + 31) // 32), -1, dtype=np.int32)
+    grammar.fill_bitmask(bitmask, 0)
+    return allowed(bitmask, 0, manager.vocab_size)
+
+
+def test_each_row_is_masked_through_its_preceding_drafts_and_the_advance_rolls_back(manager):
+    a, b, c = (ord(ch) for ch in "abc")
+    request = structured_request(manager, "r")
+    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [a, b, c]})
+    assert out.rows == {"r": (0, 4)}
+    for j, prefix in enumerate([[], [a], [a, b], [a, b, c]]):
+        assert allowed(out.grammar_bitmask, j, manager.vocab_size) == mask_after(manager, prefix), j
+    assert allowed(out.grammar_bitmask, 1, manager.vocab_size) == {b}
+    assert allowed(out.grammar_bitmask, 2, manager.vocab_size) == {c, ord("d")}
+    # Rolled back exactly: the matcher holds the committed output only, and accepts it going on.
+    grammar = request.structured_output_request.grammar
+    assert grammar.num_processed_tokens == 0
+    assert grammar.accept_tokens([ord("x"), ord("y"), ord("z")]) and grammar.is_terminated()
+
+
+def test_forbidden_drafts_and_placeholders_stop_the_advance(manager):
+    a, b = ord("a"), ord("b")
+    request = structured_request(manager, "r", [a])
+    assert request.structured_output_request.grammar.validate_tokens([b, ord("q"), ord("c")]) == 1
+    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [b, ord("q"), ord("c")]})
+    # Row 2 follows the forbidden "q": it is never emitted from, and keeps the state after "b".
+    assert [allowed(out.grammar_bitmask, j, manager.vocab_size) for j in range(4)] == [
+        {b}, {ord("c"), ord("d")}, {ord("c"), ord("d")}, {ord("c"), ord("d")}
+    ]
+    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [-1, -1]})
+    assert all(allowed(out.grammar_bitmask, j, manager.vocab_size) == {b} for j in range(3))
+    assert request.structured_output_request.grammar.num_processed_tokens == 1
+
+
+def test_requests_without_grammar_or_in_prefill_get_no_rows(manager):
+    plain = Request("p", [1, 2], SamplingParams())
+    chunk = structured_request(manager, "c")
+    chunk.is_prefill_chunk = True
+    both = {"p": plain, "c": chunk, "r": structured_request(manager, "r")}
+    out = manager.grammar_bitmask(both, ["p", "c", "r", "gone"], {"r": [ord("a")]})
+    assert out.rows == {"r": (0, 2)}
+    assert manager.grammar_bitmask({"p": plain}, ["p"], {}) is None
+
+
+def test_compiles_are_cached_by_key_and_failures_name_the_problem(manager):
+    before = manager.num_compiles
+    for _ in range(3):
+        manager.request(StructuredOutputsParams(choice=["abc", "abd", "xyz"]))
+    assert manager.num_compiles == before
+    with pytest.raises(GrammarError, match="undefined_rule"):
+        manager.validate(StructuredOutputsParams(grammar="start: undefined_rule"))
+    failed = manager.request(StructuredOutputsParams(regex="(unclosed"))
+    failed._compiled.exception(timeout=30)
+    assert "GrammarError" in failed.compile_error
+
+
+def test_bitmask_applies_to_logits_on_the_device_in_one_path():
+    vocab = 70  # not a multiple of 32: the tail word is partial
+    logits = torch.arange(3 * vocab, dtype=torch.float32).view(3, vocab)
+    bitmask = np.zeros((2, 3), dtype=np.int32)
+    bitmask[0, 0] = 1 << 5  # row 0 -> logits row 2: token 5 only
+    bitmask[1, 2] = 1 << 3  # row 1 -> logits row 0: token 67 only
+    params = RowParams(0.0, 0, 1.0, 0, (), (), 0)
+    md = SamplingMetadata.build([params] * 3, [0, 1, 2], [[], [], []], torch.device("cpu"), [2, 0], bitmask)
+    out = apply_masks(logits, md)
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [5]
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [67]
+    assert torch.equal(out[1], logits[1])
+    # Ids past the bitmask's width are never allowed.
+    assert unpack_bitmask(torch.full((1, 1), -1, dtype=torch.int32), 40)[0].tolist() == [True] * 32 + [False] * 8

@@ -1,0 +1,65 @@
+"""The scheduler's side of invariant 25 (docs/invariants.md), on the real scheduler and grammar: a
+committed token its grammar forbids is a named error, never silently accepted; the grammar's end
+finishes the request with `stop`; forbidden drafts are cut and counted. The runner's rows are written by
+hand: the real runner never emits a masked token, which is exactly what these checks guard."""
+
+import pytest
+
+from refengine.config import EngineConfig
+from refengine.core.outputs import ModelRunnerOutput
+from refengine.core.scheduler import Scheduler, SchedulerInvariantError
+from refengine.model.tiny import build_tiny_model
+from refengine.request import Request, RequestStatus
+from refengine.sampling_params import SamplingParams, StructuredOutputsParams
+from refengine.structured_output.manager import StructuredOutputManager
+
+CHOICE = StructuredOutputsParams(choice=["ab", "xyz"])
+
+
+@pytest.fixture(scope="module")
+def manager():
+    tiny = build_tiny_model("llama", seed=0)
+    manager = StructuredOutputManager(tiny.tokenizer, tiny.config.vocab_size)
+    yield manager
+    manager.shutdown()
+
+
+def running(manager, k: int = 0) -> tuple[Scheduler, Request]:
+    config = EngineConfig(num_blocks=32, block_size=4, max_model_len=64)
+    if k:
+        from refengine.spec_decode.config import SpeculativeConfig
+
+        config = EngineConfig(num_blocks=32, block_size=4, max_model_len=64, speculative_config=SpeculativeConfig("ngram", k))
+    scheduler = Scheduler(config, structured_output_manager=manager)
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=CHOICE))
+    scheduler.add_request(request)
+    request.structured_output_request.wait(60)
+    return scheduler, request
+
+
+def step(scheduler: Scheduler, tokens: list[int]):
+    so = scheduler.schedule()
+    return scheduler.update_from_output(so, ModelRunnerOutput(req_ids=["r"], sampled_token_ids=[tokens]))
+
+
+def test_a_committed_token_the_grammar_forbids_is_a_named_error(manager):
+    scheduler, _ = running(manager)
+    step(scheduler, [ord("a")])
+    with pytest.raises(SchedulerInvariantError, match="emitted token 122 that its grammar forbids"):
+        step(scheduler, [ord("z")])
+
+
+def test_the_grammar_end_finishes_the_request_with_stop(manager):
+    scheduler, request = running(manager)
+    step(scheduler, [ord("x")])
+    outputs = step(scheduler, [ord("y")])
+    assert not outputs.finished_req_ids
+    outputs = step(scheduler, [ord("z")])
+    assert outputs.outputs[0].finish_reason == "stop" and request.status == RequestStatus.FINISHED_STOPPED
+
+
+def test_drafts_the_grammar_forbids_are_cut_and_counted(manager):
+    scheduler, request = running(manager, k=3)
+    step(scheduler, [ord("x")])
+    scheduler.update_draft_token_ids({"r": [ord("y"), ord("q"), ord("z")]})
+    assert request.spec_token_ids == [ord("y")] and scheduler.num_grammar_cut_drafts == 2
