@@ -10,7 +10,7 @@ from refengine.engine.engine_args import build_engine
 from refengine.engine.llm import LLM
 from refengine.model.tiny import build_tiny_model
 from refengine.sample.metadata import RowParams
-from refengine.sampling_params import SamplingParams
+from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 from refengine.worker.fault_injection import FaultInjectingRunner, InjectedFault
 from refengine.worker.model_runner import ScheduledRow, accept_matching_prefix
 from refengine.worker.request_state import CachedRequestState
@@ -50,6 +50,21 @@ def test_the_fault_fires_on_the_step_after_the_last_allowed(tiny, after_steps):
     with pytest.raises(InjectedFault, match=f"injected fault at runner step {after_steps + 1}"):
         llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert llm.engine.runner.num_steps == after_steps
+
+
+@pytest.mark.parametrize("hook", [{"fault_after_steps": 1000}, {"record_steps": True}], ids=["fault", "record"])
+def test_wrapped_runners_pass_the_grammar_masks_through(tiny, hook):
+    """A wrapper hands the engine core's grammar bitmasks on to the runner: the wrapped engine's output is
+    the unwrapped one's, and each text is one of the choices (the random tiny model ends nowhere near one
+    of them unmasked)."""
+    choices = ["alpha", "beta", "gamma delta"]
+    params = SamplingParams(temperature=0.0, max_tokens=32, structured_outputs=StructuredOutputsParams(choice=choices))
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    plain, wrapped = (
+        LLM(tiny, num_blocks=32, block_size=4, max_model_len=64, **kw).generate(prompts, params) for kw in ({}, hook)
+    )
+    assert [o.text for o in wrapped] == [o.text for o in plain]
+    assert all(o.text in choices for o in wrapped), [o.text for o in wrapped]
 
 
 def test_synthetic_acceptance_accepts_a_prefix_and_never_a_placeholder():
