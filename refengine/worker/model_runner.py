@@ -208,13 +208,17 @@ class ModelRunner:
         with torch.inference_mode():
             if (
                 self.cuda_graphs is not None
-                and len(sample_rows) == len(input_ids)  # every row sampled, in order
-                and self.cuda_graphs.can_run(num_scheduled, meta, capture_layers)
+                and len(sample_rows) == len(input_ids)  # every row sampled, in order  # pragma: no mutate
+                and self.cuda_graphs.can_run(num_scheduled, meta, capture_layers)  # pragma: no mutate
             ):
+                # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
+                # pragma: no mutate block
                 out, logits = self.cuda_graphs.run(ids_t, positions_t, meta, num_scheduled[0], gather)
                 self.num_graph_steps += 1
             else:
                 if self.device.type == "cuda":
+                    # Pinned host-to-device copies run only on a GPU, out of CPU mutation testing's reach.
+                    # pragma: no mutate block
                     ids_t = ids_t.pin_memory().to(self.device, non_blocking=True)
                     positions_t = positions_t.pin_memory().to(self.device, non_blocking=True)
                     sample_t = sample_t.pin_memory().to(self.device, non_blocking=True)
@@ -236,7 +240,7 @@ class ModelRunner:
         self.num_gathered_inputs += len(at)
         index = torch.tensor(at + rows, dtype=torch.int64)
         if self.device.type == "cuda":
-            index = index.pin_memory().to(self.device, non_blocking=True)
+            index = index.pin_memory().to(self.device, non_blocking=True)  # pragma: no mutate
         return index[: len(at)], latest.device[index[len(at) :], 0]
 
     @staticmethod
@@ -403,7 +407,7 @@ class ModelRunner:
                 )
         ints = torch.tensor([*sum(index, []), *sum(drafts_padded, []), *synthetic], dtype=torch.int64)
         if device.type == "cuda":
-            ints = ints.pin_memory().to(device, non_blocking=True)
+            ints = ints.pin_memory().to(device, non_blocking=True)  # pragma: no mutate
         n = len(rows) * (width + 1)
         target_rows = targets[ints[:n].view(len(rows), width + 1)]
         if synthetic:
