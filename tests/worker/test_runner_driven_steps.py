@@ -262,3 +262,23 @@ def test_an_input_in_flight_outside_the_latest_step_is_refused(tiny):
     run(runner, step(new=[new("a")], num_scheduled={"a": 4}))
     with pytest.raises(RunnerInvariantError, match=message):
         runner.execute_model(step(new=[new("a", output=(-1, -1))], num_scheduled={"a": 6}, preempted={"a"}))
+
+
+def test_a_decode_past_the_last_sampled_token_is_refused(tiny):
+    """Invariant 19 after a prefill: a holds 5 tokens and has computed 4, so at most one more is fed."""
+    runner = make_runner(tiny)
+    resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
+    message = (
+        r"^request 'a': 3 scheduled tokens with 0 drafts from position 4, but the runner knows only 5 tokens$"
+    )
+    with pytest.raises(RunnerInvariantError, match=message):
+        runner.execute_model(step(cached=[cached("a", 4)], num_scheduled={"a": 3}))
+
+
+def test_a_scheduler_count_behind_the_runner_names_both_counts(tiny):
+    """Invariant 18: the message gives the scheduler's count and the runner's exact one."""
+    runner = make_runner(tiny)
+    resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
+    message = r"^request 'a': scheduler sent num_computed_tokens=3, behind the runner's exact 4$"
+    with pytest.raises(RunnerInvariantError, match=message):
+        runner.execute_model(step(cached=[cached("a", 3)], num_scheduled={"a": 1}))
