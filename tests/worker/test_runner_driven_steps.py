@@ -192,6 +192,14 @@ def test_synthetic_acceptance_accepts_wrong_drafts(tiny):
     assert out.sampled_token_ids[0][0] == A_GREEDY[1]
 
 
+def test_a_step_of_prefill_chunks_only_samples_nothing(tiny):
+    """No row reaches its last known token: nothing is verified, the output is read back empty."""
+    runner = make_runner(tiny)
+    out = run(runner, step(new=[new("b", B_PROMPT)], num_scheduled={"b": 2}))
+    assert out == ModelRunnerOutput(req_ids=["b"], sampled_token_ids=[[]], logprobs={})
+    assert runner.num_eager_steps == 1 and runner.num_in_flight_steps == 0
+
+
 def test_a_drafter_proposes_only_for_rows_that_sampled(tiny):
     """ngram would find a match in b's repeating prompt, but b is mid-prefill (its chunk samples
     nothing), so only a, which sampled, may get drafts."""

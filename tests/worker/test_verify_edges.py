@@ -101,3 +101,15 @@ def test_min_tokens_counts_the_drafts_before_each_row(runner):
     logits = _logits({5: 5.0, 7: 6.0}, {7: 5.0, 6: 4.0})
     got = _one_row(runner, params, [1, 2, 3], 2, (5,), logits)
     assert got == [5, 7] == verify(logits, (5,), params, [1, 2, 3], 1, first_position=3)
+
+
+def test_seeded_rows_after_an_accepted_draft_draw_at_their_own_position(runner):
+    """A seeded row's draw is keyed by its position: row j of a verify decides position num_tokens + j,
+    the same draw spec-off decoding makes there. The first draft is certain to be accepted (a peaked
+    row), so the flat second row must draw at position 4, not at the first row's position 3."""
+    params = RowParams(1.0, 0, 1.0, 0, (), (), rng_key=5)
+    logits = torch.zeros(2, 12)
+    logits[0, 6] = 40.0
+    got = _one_row(runner, params, [1, 2, 3], 2, (6,), logits)
+    assert got == verify(logits, (6,), params, [1, 2, 3], 1, first_position=3)
+    assert len(got) == 2 and got[0] == 6
