@@ -31,6 +31,8 @@ class InFlightTokens:
     ) -> "InFlightTokens":
         if not tokens.is_cuda:
             return cls(tokens, tokens, None, states, first_index)
+        # The rest runs only on a GPU: CPU mutation testing cannot reach it (pytest -m gpu checks it).
+        # pragma: no mutate block
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         ready = torch.cuda.Event()

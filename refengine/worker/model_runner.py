@@ -214,13 +214,17 @@ class ModelRunner:
         with torch.inference_mode():
             if (
                 self.cuda_graphs is not None
-                and len(sample_rows) == num_fed  # every row sampled, in order
-                and self.cuda_graphs.can_run(num_scheduled, meta, capture_layers)
+                and len(sample_rows) == num_fed  # every row sampled, in order  # pragma: no mutate
+                and self.cuda_graphs.can_run(num_scheduled, meta, capture_layers)  # pragma: no mutate
             ):
+                # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
+                # pragma: no mutate block
                 out, logits = self.cuda_graphs.run(ids_t, positions_t, meta, num_scheduled[0], gather)
                 self.num_graph_steps += 1
             else:
                 if self.device.type == "cuda":
+                    # Pinned host-to-device copies run only on a GPU, out of CPU mutation testing's reach.
+                    # pragma: no mutate block
                     ids_t = ids_t.pin_memory().to(self.device, non_blocking=True)
                     positions_t = positions_t.pin_memory().to(self.device, non_blocking=True)
                     sample_t = sample_t.pin_memory().to(self.device, non_blocking=True)
@@ -242,7 +246,7 @@ class ModelRunner:
         self.num_gathered_inputs += len(at)
         index = torch.tensor(at + rows, dtype=torch.int64)
         if self.device.type == "cuda":
-            index = index.pin_memory().to(self.device, non_blocking=True)
+            index = index.pin_memory().to(self.device, non_blocking=True)  # pragma: no mutate
         return index[: len(at)], latest.device[index[len(at) :], 0]
 
     @staticmethod
@@ -424,7 +428,7 @@ class ModelRunner:
             drafts_padded.append([*drafts, *[PLACEHOLDER_TOKEN_ID] * (width - len(drafts))])
         ints = torch.tensor([i for r in index for i in r] + [d for r in drafts_padded for d in r], dtype=torch.int64)
         if device.type == "cuda":
-            ints = ints.pin_memory().to(device, non_blocking=True)
+            ints = ints.pin_memory().to(device, non_blocking=True)  # pragma: no mutate
         n = len(rows) * (width + 1)
         target_rows = targets[ints[:n].view(len(rows), width + 1)]
         accepted = self.accept(ints[n:].view(len(rows), width), target_rows[:, :width], rows, drafts_by_req)

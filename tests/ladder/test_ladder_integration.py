@@ -26,7 +26,10 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     for r in rungs:
         st = r["stats"]
         assert st["num_requests"] == 3 * r["concurrency"]
-        assert r["peak_in_flight"] == r["concurrency"] and r["flags"] == []  # the rung really ran at c
+        # The rung really ran at c. The client audit's flags (CLIENT_BOUND, HOST_CONTENTION) report the
+        # machine's load, which a test must not depend on: a loaded make test raised HOST_CONTENTION here.
+        assert r["peak_in_flight"] == r["concurrency"]
+        assert set(r["flags"]) <= {"CLIENT_BOUND", "HOST_CONTENTION"}
         assert st["output_tokens"] == {"min": 10, "mean": 10.0, "max": 10}
         assert st["tokens_per_chunk"]["mean"] == 10 / 4  # chunks of 3, 3, 3, 1
         assert abs(st["input_tokens"]["mean"] - 64) <= 2  # calibrated through two probes
