@@ -16,14 +16,16 @@ from refengine.core.outputs import (
 )
 from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
-from refengine.model.kv_cache import KVCache
 from refengine.model.tiny import build_tiny_model
 from refengine.sample.metadata import RowParams
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
-from refengine.worker.model_runner import InjectedFault, ModelRunner, RunnerInvariantError
+from refengine.worker.errors import RunnerInvariantError
+from refengine.worker.fault_injection import InjectedFault
+from refengine.worker.model_runner import ModelRunner
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.runner import Runner
 
 A_PROMPT = (5, 6, 7, 8)
 A_GREEDY = [92, 63, 34, 266]
@@ -37,10 +39,13 @@ def tiny():
     return build_tiny_model("qwen3", seed=1)
 
 
+def make_engine(tiny, **kwargs):
+    return build_engine(EngineArgs(model=tiny, num_blocks=16, block_size=4, max_model_len=32, **kwargs))
+
+
 def make_runner(tiny, **kwargs) -> ModelRunner:
-    return build_engine(
-        EngineArgs(model=tiny, num_blocks=16, block_size=4, max_model_len=32, **kwargs)
-    ).core.runner
+    """The ModelRunner itself, under any test wrapper the engine puts around it."""
+    return make_engine(tiny, **kwargs).runner
 
 
 def step(new=(), cached=(), num_scheduled=None, spec=None, finished=(), preempted=()) -> SchedulerOutput:
@@ -68,7 +73,7 @@ def cached(req_id: str, num_computed: int) -> CachedRequestData:
     return CachedRequestData(req_id, num_computed, BLOCKS[req_id])
 
 
-def run(runner: ModelRunner, so: SchedulerOutput, draft_overrides=None):
+def run(runner: Runner, so: SchedulerOutput, draft_overrides=None):
     runner.execute_model(so)
     return runner.sample_tokens(draft_overrides)
 
@@ -152,13 +157,14 @@ def test_a_placeholder_without_a_runner_draft_is_rejected(tiny, logprobs):
     ],
 )
 def test_drafts_verify_against_overrides_and_record_what_was_fed(tiny, overrides, expected):
-    runner = make_runner(tiny, record_steps=True)
-    resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
-    out = run(runner, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [63, 34]}), overrides)
+    # Recording is a wrapper around the runner (step_recorder.py): it is driven here, as the engine does.
+    recorder = make_engine(tiny, record_steps=True).step_recorder
+    resolve(run(recorder, step(new=[new("a")], num_scheduled={"a": 4})))
+    out = run(recorder, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [63, 34]}), overrides)
     assert isinstance(out, ModelRunnerOutput)
     assert out.sampled_token_ids == [expected]
     # The record keeps the fed drafts (not the override) at the position of the first draft.
-    assert runner.take_step_records("a") == [StepRecord(5, (63, 34), len(expected) - 1)]
+    assert recorder.take_step_records("a") == [StepRecord(5, (63, 34), len(expected) - 1)]
 
 
 def test_placeholders_are_filled_from_the_runners_own_drafts_by_position():
@@ -173,13 +179,16 @@ def test_placeholders_are_filled_from_the_runners_own_drafts_by_position():
     assert ModelRunner._fill_drafts(state, ()) == ()
 
 
-def test_a_runner_built_without_record_steps_keeps_no_records(tiny):
-    runner = ModelRunner(tiny.model, KVCache.allocate(tiny.config, 16, 4))
+def test_an_engine_built_without_record_steps_keeps_no_records(tiny):
+    """Records live only in the StepRecorder wrapper: without record_steps the engine drives the bare
+    runner, which verifies drafts all the same."""
+    engine = make_engine(tiny)
+    assert engine.step_recorder is None and engine.core.runner is engine.runner
+    runner = engine.runner
     resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
     assert run(
         runner, step(cached=[cached("a", 4)], num_scheduled={"a": 2}, spec={"a": [63]})
     ).sampled_token_ids == [A_GREEDY[1:3]]
-    assert runner.take_step_records("a") == []
 
 
 def test_synthetic_acceptance_accepts_wrong_drafts(tiny):
@@ -237,11 +246,14 @@ def test_calls_out_of_order_are_refused(tiny):
 
 
 def test_the_injected_fault_fires_after_exactly_n_steps(tiny):
-    runner = make_runner(tiny, fault_after_steps=2)
-    resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
-    resolve(run(runner, step(cached=[cached("a", 4)], num_scheduled={"a": 1})))
+    # Fault injection is a wrapper around the runner (fault_injection.py): the engine core drives it.
+    engine = make_engine(tiny, fault_after_steps=2)
+    faulty = engine.core.runner
+    resolve(run(faulty, step(new=[new("a")], num_scheduled={"a": 4})))
+    resolve(run(faulty, step(cached=[cached("a", 4)], num_scheduled={"a": 1})))
     with pytest.raises(InjectedFault, match="^injected fault at runner step 3$"):
-        runner.execute_model(step(cached=[cached("a", 5)], num_scheduled={"a": 1}))
+        faulty.execute_model(step(cached=[cached("a", 5)], num_scheduled={"a": 1}))
+    assert engine.runner.num_steps == 2  # the runner itself never saw the third step
 
 
 def test_drafts_behind_a_prefill_chunk_are_refused(tiny):

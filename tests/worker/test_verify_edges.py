@@ -12,19 +12,15 @@ from refengine.engine.engine_args import build_engine
 from refengine.sample import rng
 from refengine.sample.metadata import RowParams
 from refengine.sample.rejection import verify
-from refengine.worker.model_runner import (
-    STREAM_SYNTHETIC_ACCEPT,
-    ScheduledRow,
-    synthetic_num_accepted,
-    token_logprobs,
-)
+from refengine.worker.model_runner import ScheduledRow, token_logprobs
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.synthetic_acceptance import STREAM_SYNTHETIC_ACCEPT, synthetic_num_accepted
 
 
 @pytest.fixture(scope="module")
 def runner():
     engine = build_engine(EngineArgs(model="tiny-qwen3", num_blocks=16, max_model_len=64))
-    yield engine.core.runner
+    yield engine.runner
     engine.core.shutdown()
 
 
@@ -71,9 +67,15 @@ def test_token_logprobs_without_top_tokens():
 
 
 def _one_row(runner, params, history, num_prompt, drafts, logits):
+    # The sampling parameters reach the sampler through the request's persistent batch row.
     state = CachedRequestState("r", list(history), num_prompt, len(history) - 1, (0,), params, None)
-    row = ScheduledRow(state, len(history) - 1, 1 + len(drafts), 0, drafts, 0)
-    out = runner._verify(logits, [row], {"r": drafts})
+    runner.input_batch.add_request(state)
+    try:
+        batch_row = runner.input_batch.req_id_to_index["r"]
+        row = ScheduledRow(state, batch_row, len(history) - 1, 1 + len(drafts), 0, drafts, 0)
+        out = runner._verify(logits, [row], {"r": drafts})
+    finally:
+        runner.input_batch.remove_request("r")
     return [t for t in out[0].tolist() if t != -1]
 
 
