@@ -1,7 +1,8 @@
 """The runner driven step by step with hand-built SchedulerOutputs on tiny-qwen3, so every step's
 batch is known: exact sampled ids, exact counters (steps, eager steps, steps in flight, gathered
 inputs), the host patching of in-flight ids one step late, prefill chunks beside decodes, drafts
-filled, overridden and recorded, and the named errors for calls out of order and impossible batches.
+filled, overridden and recorded, and the named errors for calls out of order and impossible batches
+(invariant numbers refer to docs/invariants.md).
 
 Greedy references (tiny-qwen3, seed 1): [5, 6, 7, 8] -> 92 63 34 266; [9..14] -> 107 213 151."""
 
