@@ -25,6 +25,7 @@ from refengine.spec_decode.config import SpeculativeConfig
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.model_runner import InjectedFault, ModelRunner, RunnerInvariantError
 from refengine.worker.request_state import CachedRequestState
+from tests.core.harness import hand_built_output as step
 
 A_PROMPT = (5, 6, 7, 8)
 A_GREEDY = [92, 63, 34, 266]
@@ -42,22 +43,6 @@ def make_runner(tiny, **kwargs) -> ModelRunner:
     return build_engine(
         EngineArgs(model=tiny, num_blocks=16, block_size=4, max_model_len=32, **kwargs)
     ).core.runner
-
-
-def step(new=(), cached=(), num_scheduled=None, spec=None, finished=(), preempted=()) -> SchedulerOutput:
-    num_scheduled = dict(num_scheduled or {})
-    return SchedulerOutput(
-        scheduled_new_reqs=tuple(new),
-        scheduled_cached_reqs=tuple(cached),
-        num_scheduled_tokens=num_scheduled,
-        total_num_scheduled_tokens=sum(num_scheduled.values()),
-        scheduled_spec_decode_tokens=dict(spec or {}),
-        num_spec_tokens_to_schedule=0,
-        num_invalid_spec_tokens={},
-        finished_req_ids=frozenset(finished),
-        preempted_req_ids=frozenset(preempted),
-        pending_constrained_output=False,
-    )
 
 
 def new(req_id: str, prompt=A_PROMPT, output=(), **params) -> NewRequestData:
