@@ -52,6 +52,25 @@ def make_request(req_id: str, prompt_len: int = 8, *, eos: int | None = EOS, **p
     return Request(req_id, [100 + i for i in range(prompt_len)], SamplingParams(**params), eos_token_id=eos)
 
 
+def hand_built_output(
+    new=(), cached=(), num_scheduled=None, spec=None, finished=(), preempted=()
+) -> SchedulerOutput:
+    """A SchedulerOutput written by hand, to drive the runner with a batch the test chooses."""
+    num_scheduled = dict(num_scheduled or {})
+    return SchedulerOutput(
+        scheduled_new_reqs=tuple(new),
+        scheduled_cached_reqs=tuple(cached),
+        num_scheduled_tokens=num_scheduled,
+        total_num_scheduled_tokens=sum(num_scheduled.values()),
+        scheduled_spec_decode_tokens=dict(spec or {}),
+        num_spec_tokens_to_schedule=0,
+        num_invalid_spec_tokens={},
+        finished_req_ids=frozenset(finished),
+        preempted_req_ids=frozenset(preempted),
+        pending_constrained_output=False,
+    )
+
+
 def runner_output(scheduler_output: SchedulerOutput, rows: dict[str, list[int]]) -> ModelRunnerOutput:
     """Rows for every scheduled request; a request left out of `rows` gets an empty row."""
     req_ids = list(scheduler_output.num_scheduled_tokens)

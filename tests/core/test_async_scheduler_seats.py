@@ -1,6 +1,6 @@
 """AsyncScheduler decisions with frames in flight: a request whose output is complete in flight gives
 its turn to the next one, drafts fill the placeholders of the requests still alive, and the exact
-errors for what the async path refuses."""
+errors for what the async path refuses. Invariant numbers refer to docs/invariants.md."""
 
 import pytest
 

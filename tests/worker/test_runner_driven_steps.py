@@ -1,7 +1,8 @@
 """The runner driven step by step with hand-built SchedulerOutputs on tiny-qwen3, so every step's
 batch is known: exact sampled ids, exact counters (steps, eager steps, steps in flight, gathered
 inputs), the host patching of in-flight ids one step late, prefill chunks beside decodes, drafts
-filled, overridden and recorded, and the named errors for calls out of order and impossible batches.
+filled, overridden and recorded, and the named errors for calls out of order and impossible batches
+(invariant numbers refer to docs/invariants.md).
 
 Greedy references (tiny-qwen3, seed 1): [5, 6, 7, 8] -> 92 63 34 266; [9..14] -> 107 213 151."""
 
@@ -26,6 +27,7 @@ from refengine.worker.fault_injection import InjectedFault
 from refengine.worker.model_runner import ModelRunner
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.runner import Runner
+from tests.core.harness import hand_built_output as step
 
 A_PROMPT = (5, 6, 7, 8)
 A_GREEDY = [92, 63, 34, 266]
@@ -46,22 +48,6 @@ def make_engine(tiny, **kwargs):
 def make_runner(tiny, **kwargs) -> ModelRunner:
     """The ModelRunner itself, under any test wrapper the engine puts around it."""
     return make_engine(tiny, **kwargs).runner
-
-
-def step(new=(), cached=(), num_scheduled=None, spec=None, finished=(), preempted=()) -> SchedulerOutput:
-    num_scheduled = dict(num_scheduled or {})
-    return SchedulerOutput(
-        scheduled_new_reqs=tuple(new),
-        scheduled_cached_reqs=tuple(cached),
-        num_scheduled_tokens=num_scheduled,
-        total_num_scheduled_tokens=sum(num_scheduled.values()),
-        scheduled_spec_decode_tokens=dict(spec or {}),
-        num_spec_tokens_to_schedule=0,
-        num_invalid_spec_tokens={},
-        finished_req_ids=frozenset(finished),
-        preempted_req_ids=frozenset(preempted),
-        pending_constrained_output=False,
-    )
 
 
 def new(req_id: str, prompt=A_PROMPT, output=(), **params) -> NewRequestData:

@@ -3,11 +3,12 @@
 
 import pytest
 
-from refengine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from refengine.core.outputs import CachedRequestData, NewRequestData
 from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
 from refengine.sampling_params import SamplingParams
 from refengine.worker.model_runner import RunnerInvariantError
+from tests.core.harness import hand_built_output as step
 
 PROMPT = (5, 6, 7, 8)
 
@@ -17,22 +18,6 @@ def runner():
     engine = build_engine(EngineArgs(model="tiny-qwen3", num_blocks=16, max_model_len=64))
     yield engine.core.runner
     engine.core.shutdown()
-
-
-def step(new=(), cached=(), num_scheduled=None) -> SchedulerOutput:
-    num_scheduled = dict(num_scheduled or {})
-    return SchedulerOutput(
-        scheduled_new_reqs=tuple(new),
-        scheduled_cached_reqs=tuple(cached),
-        num_scheduled_tokens=num_scheduled,
-        total_num_scheduled_tokens=sum(num_scheduled.values()),
-        scheduled_spec_decode_tokens={},
-        num_spec_tokens_to_schedule=0,
-        num_invalid_spec_tokens={},
-        finished_req_ids=frozenset(),
-        preempted_req_ids=frozenset(),
-        pending_constrained_output=False,
-    )
 
 
 def new_request(req_id: str = "a") -> NewRequestData:
