@@ -27,7 +27,7 @@ EMBEDDED_SERVE_CMD = "{refengine} serve --model smollm2 --port {port}"
 # The engine keys: `ladder compare` puts runs that differ in any of them under a "not like-for-like"
 # banner. Their values come from --metadata k=v, then the server's reports, then the --serve-cmd flags
 # (ladder.engine_info).
-ENGINE_KEYS = ("engine", "engine_version", "weights", "weight_format", "dtype", "kv_dtype", "numerics",
+ENGINE_KEYS = ("engine", "engine_version", "device", "weights", "weight_format", "dtype", "kv_dtype", "numerics",
                "spec_method", "spec_k", "async_scheduling", "max_model_len", "max_num_seqs")
 
 

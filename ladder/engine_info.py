@@ -40,6 +40,8 @@ def normalise(key: str, value: object) -> EngineValue:
         return _DTYPES.get(text.lower(), text)
     if key == "weight_format":
         return text.upper()
+    if key == "device":
+        return text.split(":")[0].lower()  # the kind of device: "cuda:0" and "cuda:1" run the same code
     if key == "async_scheduling":
         low = text.lower()
         return "on" if low in _TRUE else "off" if low in _FALSE else text
@@ -79,7 +81,7 @@ def from_server(model_entry: Mapping, metrics_text: str, props: Mapping) -> dict
         method = ref.get("spec_method") or "none"
         if _gauge(metrics_text, "refengine:drafter_random_init") == 1.0:
             method += " (random-init head)"  # no trained weights: a different drafter, not a detail
-        out.update(numerics=ref.get("numerics"), dtype=ref.get("dtype"), weight_format=ref.get("weight_format"),
+        out.update(device=ref.get("device"), numerics=ref.get("numerics"), dtype=ref.get("dtype"), weight_format=ref.get("weight_format"),
                    spec_method=method, spec_k=int(ref.get("num_speculative_tokens") or 0),
                    async_scheduling=ref.get("async_scheduling"), max_num_seqs=ref.get("max_num_seqs"))
     vllm_cache = _info_labels(metrics_text, "vllm:cache_config_info")
@@ -108,7 +110,7 @@ def _vllm_style(argv: list[str], engine: str) -> dict[str, object]:
     out: dict[str, object] = {"engine": engine, "spec_method": "none", "spec_k": 0}
     if engine == "refengine":
         out.update(dtype="float32", numerics="batch_invariant")  # its documented defaults
-    flags = {"--dtype": "dtype", "--kv-cache-dtype": "kv_dtype", "--max-model-len": "max_model_len",
+    flags = {"--device": "device", "--dtype": "dtype", "--kv-cache-dtype": "kv_dtype", "--max-model-len": "max_model_len",
              "--max-num-seqs": "max_num_seqs", "--model": "weights"}
     for i, arg in enumerate(argv):
         name, eq, inline = arg.partition("=")

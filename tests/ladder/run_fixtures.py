@@ -20,7 +20,7 @@ WORKLOAD = {
     "output_count": "usage",
 }
 
-REFENGINE = {"engine": "refengine", "engine_version": None, "weights": "smol.gguf", "weight_format": "Q4_1",
+REFENGINE = {"engine": "refengine", "engine_version": None, "device": "cpu", "weights": "smol.gguf", "weight_format": "Q4_1",
              "dtype": "float32", "kv_dtype": "float32", "numerics": "batch_invariant", "spec_method": "none",
              "spec_k": 0, "async_scheduling": "on", "max_model_len": 2048, "max_num_seqs": 8}
 

@@ -117,6 +117,15 @@ def test_banner_lists_a_spec_on_spec_off_mix(tmp_path, compare):
     assert "Engine keys no run reports, so unverified: engine_version." in out
 
 
+def test_banner_lists_a_cpu_run_beside_a_gpu_run(tmp_path, compare):
+    cpu = write_run(tmp_path, "cpu", [ok(1, 100.0)])
+    gpu = write_run(tmp_path, "gpu", [ok(1, 900.0)], engine={**REFENGINE, "device": "cuda"})
+    code, out, err = compare(cpu, gpu)
+    assert code == 0
+    assert "> - device: cpu = cpu, gpu = cuda" in out.splitlines()
+    assert "not like-for-like: device: cpu = cpu, gpu = cuda" in err
+
+
 def test_banner_lists_a_weight_format_difference_and_unknown_keys(tmp_path, compare):
     q4 = write_run(tmp_path, "q4", [ok(1, 100.0)])
     f32 = write_run(tmp_path, "f32", [ok(1, 60.0)],

@@ -10,7 +10,7 @@ REFENGINE_METRICS = """\
 # TYPE refengine:engine_info gauge
 refengine:engine_info{model_name="m",numerics="batch_invariant",dtype="float32",weight_format="Q4_1",\
 spec_method="eagle",num_speculative_tokens="3",async_scheduling="True",async_scheduling_source="method",\
-max_num_seqs="8",block_size="16",num_blocks="512"} 1.0
+max_num_seqs="8",block_size="16",num_blocks="512",device="cuda:0"} 1.0
 refengine:drafter_random_init{model_name="m"} 1.0
 """
 
@@ -34,7 +34,8 @@ def test_refengine_reports_its_configuration_and_a_random_init_head():
     assert keys["engine"] == "refengine" and keys["weights"] == "/m/smol.gguf" and keys["max_model_len"] == 2048
     assert (keys["spec_method"], keys["spec_k"]) == ("eagle (random-init head)", 3)
     assert (keys["dtype"], keys["weight_format"], keys["numerics"]) == ("float32", "Q4_1", "batch_invariant")
-    assert (keys["async_scheduling"], keys["max_num_seqs"]) == ("True", "8")
+    assert (keys["async_scheduling"], keys["max_num_seqs"], keys["device"]) == ("True", "8", "cuda:0")
+    assert engine_info.normalise("device", keys["device"]) == engine_info.normalise("device", "cuda") == "cuda"
     spec_off = REFENGINE_METRICS.replace('spec_method="eagle"', 'spec_method=""').replace(
         'num_speculative_tokens="3"', 'num_speculative_tokens="0"').replace("init{model_name=\"m\"} 1.0", "init 0.0")
     assert engine_info.from_server({"owned_by": "refengine"}, spec_off, {})["spec_method"] == "none"
@@ -49,11 +50,11 @@ def test_llamacpp_reports_format_context_and_slots():
 
 def test_serve_cmd_flags():
     keys = engine_info.from_serve_cmd(
-        "/venv/bin/refengine serve --model /m/smol.gguf --port 1 --max-num-seqs 4 --no-async-scheduling "
+        "/venv/bin/refengine serve --model /m/smol.gguf --port 1 --max-num-seqs 4 --no-async-scheduling --device cpu "
         "--speculative-config '{\"method\": \"draft_model\", \"num_speculative_tokens\": 3}'")
     assert keys["engine"] == "refengine" and keys["weights"] == "/m/smol.gguf"
     assert (keys["spec_method"], keys["spec_k"], keys["async_scheduling"]) == ("draft_model", 3, False)
-    assert (keys["dtype"], keys["kv_dtype"], keys["max_num_seqs"]) == ("float32", "float32", "4")
+    assert (keys["dtype"], keys["kv_dtype"], keys["max_num_seqs"], keys["device"]) == ("float32", "float32", "4", "cpu")
     assert engine_info.from_serve_cmd("vllm serve org/model --dtype=bfloat16 --kv-cache-dtype fp8")["kv_dtype"] == "fp8"
     assert engine_info.from_serve_cmd("python other_server.py --port 1") == {}
     # this environment's own refengine is this install; another one's version is not known here
