@@ -11,7 +11,9 @@ would start past the budget is skipped and recorded as such):
               attention (eager) and Triton attention in CUDA graphs; the batch-invariant mode in graphs
   profile     kernel time of one c = 1 decode step by kind (matrix products, attention, the rest)
   engine      qwen3-8b TPOT and output tok/s through the engine (1024-token prompts, 256 new tokens,
-              greedy, ignore_eos) at c = 1, 8, 32
+              greedy, ignore_eos) at c = 1, 8, 32, async and sync alternating, with a 2048-token budget
+              and with every prompt prefilled in one step
+  gpu_idle    GPU idle time under async from a profiler trace: all of it, and between consecutive steps
   async_ab    EAGLE drafter (random head) k = 4 with SYNTHETIC acceptance, async on vs off, c = 1 and 8
   hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
   oracle      the token-identity oracle's arms on the GPU for qwen3-0.6b in float32 batch-invariant mode
@@ -360,7 +362,8 @@ def timed_generate(llm: LLM, prompts, params, batch_queue: bool | None):
 
 
 def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OUTPUT_LEN, spec=None,
-               synthetic=None, async_scheduling=None, batch_queue=None, cuda_graphs=None) -> dict:
+               synthetic=None, async_scheduling=None, batch_queue=None, cuda_graphs=None,
+               max_num_batched_tokens: int = 2048) -> dict:
     generator = torch.Generator().manual_seed(c)
     prompts = [torch.randint(0, 500, (PROMPT_LEN,), generator=generator).tolist() for _ in range(c)]
     max_len = PROMPT_LEN + output_len + 16
@@ -369,7 +372,7 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     before = dict(attention.ATTENTION_CALLS)
     t0 = time.perf_counter()
     llm = LLM(loaded, dtype="bfloat16", numerics=loaded.model.numerics.value, max_num_seqs=c, max_model_len=max_len,
-              block_size=BLOCK, kv_cache_memory_gib=kv_gib, max_num_batched_tokens=2048, speculative_config=spec,
+              block_size=BLOCK, kv_cache_memory_gib=kv_gib, max_num_batched_tokens=max_num_batched_tokens, speculative_config=spec,
               synthetic_acceptance_rate=synthetic, async_scheduling=async_scheduling, cuda_graphs=cuda_graphs)
     build_s = time.perf_counter() - t0
     runner = llm.engine.core.runner
@@ -389,6 +392,7 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     floor = floor_ms(loaded, c, MID_CONTEXT)  # one step's floor; per token divide by tokens per step
     per_token_floor = floor / (tokens_per_step or 1)
     row = dict(section="engine", what=label, c=c, prompt=PROMPT_LEN, output=output_len,
+               max_num_batched_tokens=max_num_batched_tokens,
                numerics=loaded.model.numerics.value, attention=calls_delta(before),
                cuda_graphs=decode_steps > 0, graph_steps=decode_steps, eager_steps=runner.num_eager_steps - eager_steps,
                async_scheduling=llm.engine.async_resolution.enabled, batch_queue=batch_queue,
@@ -413,9 +417,19 @@ def engine_section(bench: Bench) -> None:
     loaded = get_qwen8b()
     Qwen8b.cache = None
     empty_cache()
-    for c in (1, 8, 32):
-        engine_run(bench, loaded, c, label="qwen3-8b greedy, async default, graphs")
-        engine_run(bench, loaded, c, label="qwen3-8b greedy, sync (async off), graphs", async_scheduling=False)
+    # Async and sync alternate, the first of a pair swapping from c to c, so that neither always runs
+    # first. With a 2048-token budget the later prompts' prefills run between the first requests' decode
+    # steps and TPOT averages them in; with a budget of c x 1024 every prompt is prefilled in the first
+    # step and TPOT is the decode step alone.
+    for budget in (2048, None):
+        for i, c in enumerate((1, 8, 32)):
+            tokens = budget or c * PROMPT_LEN
+            prefill = "2048-token budget" if budget else "all prompts prefilled in one step"
+            for async_on in ((True, False) if i % 2 == 0 else (False, True)):
+                engine_run(bench, loaded, c, max_num_batched_tokens=max(tokens, PROMPT_LEN),
+                           label=f"qwen3-8b greedy, {'async default' if async_on else 'sync (async off)'}, graphs, "
+                                 f"{prefill}",
+                           async_scheduling=None if async_on else False)
     engine_run(bench, loaded, 1, label="qwen3-8b greedy, no graphs (eager triton), 64 new tokens",
                output_len=64, cuda_graphs=False)
 
@@ -496,17 +510,29 @@ def gpu_idle(bench: Bench) -> None:
             t0 = time.perf_counter()
             llm.generate(prompts, params)
             wall = time.perf_counter() - t0
-        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+        spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                        if e.device_type == (torch.autograd.DeviceType.CUDA if DEV == "cuda" else e.device_type))
         cut = spans[0][0] + (spans[-1][1] - spans[0][0]) * 16 / 64  # drop the first 16 steps
         spans = [sp for sp in spans if sp[0] >= cut]
-        busy, end = 0.0, spans[0][0]
-        for start, stop in spans:
+        # All idle time: gaps inside a step (between the kernels of one graph replay, between the replay
+        # and the sampler) and between steps. A step ends with the device-to-host copy of its sampled
+        # ids; the gap from the end of everything up to that copy to the next activity is idle time
+        # between consecutive steps, the measure of overlap.
+        busy, end, between, boundaries = 0.0, spans[0][0], 0.0, 0
+        step_ended = False
+        for start, stop, name in spans:
+            if step_ended and start > end:
+                between += start - end
+            step_ended = False
             busy += max(0.0, stop - max(start, end))
             end = max(end, stop)
+            if "DtoH" in name:
+                step_ended, boundaries = True, boundaries + 1
         window = spans[-1][1] - spans[0][0]
         row = dict(section="gpu_idle", what="async, graphs, qwen3-8b greedy, 16 in / 64 out, last 48 steps", c=c,
-                   idle_fraction=round(1 - busy / window, 4), window_ms=round(window / 1e3, 2),
+                   idle_fraction=round(1 - busy / window, 4),
+                   idle_between_steps_fraction=round(between / window, 4) if boundaries else None,
+                   step_boundaries=boundaries, window_ms=round(window / 1e3, 2),
                    gpu_busy_ms_per_step=round(busy / 1e3 / 48, 3), wall_ms_per_token=round(wall * 1e3 / 64, 3),
                    in_flight_steps=llm.engine.core.runner.num_in_flight_steps,
                    overlapped_launches=llm.engine.core.runner.num_overlapped_launches)
