@@ -178,13 +178,15 @@ def test_merge_combines_c_slices_into_one_report(tmp_path):
 
 @pytest.mark.timeout(1800)
 def test_full_matrix_on_a_tiny_model_is_identical():
-    """Every front x method (the teachers included) x chunking x preemption x bad_words arm, greedy and seeded:
-    0 failed arms (no MISMATCH, VACUOUS, INEFFECTIVE, LOW-CONCURRENCY or WRONG). The structured arms run in
-    their own pinned subset below."""
-    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2",
-                  "--no-structured")
+    """Every front x method (the teachers included) x chunking x preemption x bad_words arm, and every front x
+    method structured-output arm (a JSON schema, a regex, a choice set), greedy and seeded: 0 failed arms (no
+    MISMATCH, VACUOUS, INEFFECTIVE, LOW-CONCURRENCY or WRONG; a structured arm must also bite, end by its
+    grammar and validate)."""
+    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout
+    methods = ("no-spec", "mtp", "eagle", "eagle3", "dflash", "ngram", "draft_model", "teacher", "teacher-corrupt")
+    assert all(f"sync/{m}[structured] " in proc.stdout for m in methods), proc.stdout[-4000:]
 
 
 @pytest.mark.model
