@@ -29,6 +29,7 @@ from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
+from refengine.spec_decode.network_proposer import to_device
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.spec_decode.target_view import TargetView
 from refengine.worker.attention_metadata_builder import (
@@ -146,15 +147,17 @@ class DFlashProposer(FixedShapeProposer):
         for d in requests:
             self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
         features = torch.cat([batch.aux_hidden_states[i] for i in self.network.capture_layers], dim=-1)
+        meta = build_attention_metadata(
+            [d.first_position for d in requests],
+            [d.num_valid_rows for d in requests],
+            [d.block_ids for d in requests],
+            self.block_size,
+        )
+        positions = torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)])
         self.network.store_context(
             self.network.combine(torch.cat([features[d.rows] for d in requests])),
-            torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)]),
-            build_attention_metadata(
-                [d.first_position for d in requests],
-                [d.num_valid_rows for d in requests],
-                [d.block_ids for d in requests],
-                self.block_size,
-            ),
+            to_device(positions, features.device),
+            to_device(meta, features.device),
         )
         wanted = {d.req_id: self._num_drafts(d) for d in requests if d.propose}
         drafts: dict[str, list[int]] = {r: [] for r in wanted}

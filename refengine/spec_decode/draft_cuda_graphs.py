@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from refengine.spec_decode.network_proposer import to_device
+
 
 class DraftGraphError(RuntimeError):
     """A replay was asked for a proposal no captured graph fits."""
@@ -41,10 +43,10 @@ class ProposalInputs:
 
     def to(self, device: torch.device) -> ProposalInputs:
         return ProposalInputs(
-            self.tokens.to(device),
-            self.starts.to(device),
-            self.num_drafts.to(device),
-            self.block_tables.to(device),
+            to_device(self.tokens, device),
+            to_device(self.starts, device),
+            to_device(self.num_drafts, device),
+            to_device(self.block_tables, device),
             self.hidden,
         )
 

@@ -19,6 +19,7 @@ import torch
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
+from refengine.spec_decode.network_proposer import to_device
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.worker.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
 
@@ -79,11 +80,12 @@ class HiddenStateProposer(FixedShapeProposer):
             [d.block_ids for d in requests],
             self.block_size,
         )
+        device = features.device
         out = self.network.forward(
-            torch.tensor(ids, dtype=torch.long),
+            to_device(torch.tensor(ids, dtype=torch.long), device),
             self.network.combine(features),
-            torch.tensor(positions, dtype=torch.long),
-            meta,
+            to_device(torch.tensor(positions, dtype=torch.long), device),
+            to_device(meta, device),
         )
         wanted = {d.req_id: self._num_drafts(d) for d in requests if d.propose}
         drafts: dict[str, list[int]] = {r: [] for r in wanted}
@@ -97,9 +99,9 @@ class HiddenStateProposer(FixedShapeProposer):
             starts=torch.tensor([d.last_position + 1 for d in proposing], dtype=torch.long),
             num_drafts=torch.tensor([wanted[d.req_id] for d in proposing], dtype=torch.long),
             block_tables=meta.block_tables[index],
-            hidden=out[last_rows.to(out.device)],
+            hidden=out[to_device(last_rows, device)],
         )
-        tokens = self._run_draft(inputs, out.device)
+        tokens = self._run_draft(inputs, device)
         self.num_readbacks += 1
         for d, row in zip(proposing, tokens.tolist(), strict=True):
             drafts[d.req_id] = row[: wanted[d.req_id]]
