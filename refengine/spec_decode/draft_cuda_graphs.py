@@ -41,6 +41,25 @@ class ProposalInputs:
     def num_seqs(self) -> int:
         return self.starts.shape[0]
 
+    def padded(self, num_seqs: int, width: int) -> ProposalInputs:
+        """These rows followed by padding up to `num_seqs` rows, the block tables widened to `width`.
+        A padded row wants no drafts (token 0 at position 0, block 0, a zero hidden row), so it writes
+        no KV and attends over nothing."""
+        extra = num_seqs - self.num_seqs
+
+        def pad(rows: torch.Tensor) -> torch.Tensor:
+            return torch.cat([rows, rows.new_zeros(extra, *rows.shape[1:])])
+
+        tables = self.block_tables.new_zeros(num_seqs, width)
+        tables[: self.num_seqs, : self.block_tables.shape[1]] = self.block_tables
+        return ProposalInputs(
+            pad(self.tokens),
+            pad(self.starts),
+            pad(self.num_drafts),
+            tables,
+            None if self.hidden is None else pad(self.hidden),
+        )
+
     def to(self, device: torch.device) -> ProposalInputs:
         return ProposalInputs(
             to_device(self.tokens, device),
@@ -96,30 +115,31 @@ class DraftCudaGraphs:
             hidden=hidden,
         )
 
-    def _fill(self, padded: int, inputs: ProposalInputs | None = None) -> None:
-        """Stage the requests (or, without any, pure padding) and copy them to the static buffers."""
+    def _fill(self, padded: int, inputs: ProposalInputs) -> None:
+        """Stage the requests, padded to `padded` rows, and copy them to the static buffers."""
+        full = inputs.padded(padded, self.width)
         self._copied.synchronize()  # the previous copy has left the staging buffer
-        self._staging.zero_()  # padding: token 0 at position 0, no drafts, block 0
         staged = self._views(self._staging, padded)
-        n = 0 if inputs is None else inputs.num_seqs
-        if inputs is not None:
-            staged.tokens[:n] = inputs.tokens
-            staged.starts[:n] = inputs.starts
-            staged.num_drafts[:n] = inputs.num_drafts
-            staged.block_tables[:n, : inputs.block_tables.shape[1]] = inputs.block_tables
+        staged.tokens.copy_(full.tokens)
+        staged.starts.copy_(full.starts)
+        staged.num_drafts.copy_(full.num_drafts)
+        staged.block_tables.copy_(full.block_tables)
         self._static.copy_(self._staging, non_blocking=True)
         self._copied.record()
         if self._hidden is not None:
-            if inputs is not None:
-                self._hidden[:n].copy_(inputs.hidden)
-            self._hidden[n:padded].zero_()
+            self._hidden[:padded].copy_(full.hidden)
+
+    def _no_requests(self) -> ProposalInputs:
+        none = torch.zeros(0, dtype=torch.int64)
+        hidden = None if self._hidden is None else self._hidden[:0]
+        return ProposalInputs(none, none, none, none.view(0, 0), hidden)
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for padded in reversed(self.batch_sizes):
-                self._fill(padded)
+                self._fill(padded, self._no_requests())
                 inputs = self._views(self._static, padded)
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())

@@ -8,6 +8,7 @@ import torch
 
 from refengine.model import KVCache
 from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.spec_decode.registry import KVLayout, build_proposer
 from refengine.worker.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
@@ -102,3 +103,24 @@ def test_a_request_that_wants_fewer_drafts_writes_no_kv_for_them(tiny4, method):
     assert short_drafts["a"] == roomy_drafts["a"]
     assert short_drafts["b"] == roomy_drafts["b"][:1]
     assert torch.equal(_head_keys(short, (3, 4))[: last + 1], _head_keys(roomy, (3, 4))[: last + 1])
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
+def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method):
+    """The proposal a CUDA graph captures, run on the CPU with the graph's padding (ProposalInputs.padded):
+    the padded rows' table points at block 0, which must stay empty, and the real row drafts what it
+    drafts alone."""
+    drafter = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
+    hidden = None
+    if drafter.reads_hidden:
+        hidden = torch.randn(1, tiny4.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    # Positions 6.. of a request holding blocks 1, 2, 3: nothing of it lives in block 0.
+    real = ProposalInputs(torch.tensor([42]), torch.tensor([6]), torch.tensor([3]), torch.tensor([[1, 2, 3]]), hidden)
+    with torch.inference_mode():
+        alone = drafter.draft(real)
+        padded = drafter.draft(real.padded(4, width=5))
+    assert padded.shape == (4, 3)
+    assert torch.equal(padded[:1], alone)
+    assert not any(layer.key[0].any() or layer.value[0].any() for layer in drafter.network.kv_cache.layers)
+    # The real row did write: positions 6 and 7 sit in its second block, block 2.
+    assert all(layer.key[2].any() for layer in drafter.network.kv_cache.layers)
