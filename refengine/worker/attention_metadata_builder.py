@@ -93,6 +93,10 @@ def uniform_query_metadata(
     num_valid 0 is padding: seq_len 0, so it attends over nothing. A real sequence's seq_len ends
     after its last real token. For sequences whose tokens are all real this is exactly what
     build_attention_metadata gives for the same positions and blocks.
+
+    Causal attention places a sequence's query rows at its last positions (seq_len - q ..), so with
+    causal=True a sequence must be all real or all padding (num_valid num_query or 0); non-causal rows
+    all see seq_len keys, so there a block may end in rows past its real ones (DFlash's).
     """
     num_seqs = first_positions.shape[0]
     device = first_positions.device
