@@ -27,13 +27,16 @@ TOKENS = [11, 42, 7, 99, 150, 3, 77, 21, 64, 5]
 def test_device_metadata_equals_the_host_builder_and_pads_with_nothing(num_query, causal):
     """Three real sequences (blocks in any order, a start at a block boundary, one mid-block) equal
     build_attention_metadata's tensors exactly; a padded sequence attends over nothing and writes no
-    KV, and a sequence with fewer real tokens than the query writes none for the rest."""
+    KV, and a non-causal sequence with fewer real tokens than the query writes none for the rest."""
     starts = [5, 0, 12]
     blocks = [[3, 1], [2], [0, 4, 6, 7, 5]]
     host = build_attention_metadata(starts, [num_query] * 3, blocks, BLOCK_SIZE, causal=causal)
     width = host.block_tables.shape[1]
     tables = torch.cat([host.block_tables, torch.tensor([[9] * width, [3, 1] + [-1] * (width - 2)])])
-    num_valid = torch.tensor([num_query] * 3 + [0, 1])
+    # The last sequence at 5..: all real under causal attention (its rows must be its last positions),
+    # only its first token real without (a DFlash block ending in rows past its real ones).
+    last_real = num_query if causal else 1
+    num_valid = torch.tensor([num_query] * 3 + [0, last_real])
     meta, positions = uniform_query_metadata(
         torch.tensor(starts + [0, 5]), num_valid, tables, BLOCK_SIZE, num_query, causal
     )
@@ -49,11 +52,11 @@ def test_device_metadata_equals_the_host_builder_and_pads_with_nothing(num_query
     assert meta.seq_lens[3].item() == 0
     assert meta.slot_mapping[real : real + num_query].tolist() == [-1] * num_query
     assert positions[real : real + num_query].tolist() == [0] * num_query
-    # The last sequence has one real token at 5 (block 1, offset 1): slot 5; its keys end there.
-    assert meta.seq_lens[4].item() == 6
-    assert meta.slot_mapping[real + num_query :].tolist() == [5] + [-1] * (num_query - 1)
-    assert positions[real + num_query :].tolist() == [5] + [0] * (num_query - 1)
-
+    # Its real tokens sit at 5, 6, 7 (block 1 of its table, offsets 1..3): slots 5, 6, 7; its keys end there.
+    pad = num_query - last_real
+    assert meta.seq_lens[4].item() == 5 + last_real
+    assert meta.slot_mapping[real + num_query :].tolist() == [5 + j for j in range(last_real)] + [-1] * pad
+    assert positions[real + num_query :].tolist() == [5 + j for j in range(last_real)] + [0] * pad
 
 def _batch(target, drafter, requests) -> DraftBatch:
     """One step of each (req_id, last, block_ids): positions 0..last of TOKENS, fed from position 0."""
