@@ -382,6 +382,8 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     llm.generate([p[:128] for p in prompts], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
                  batch_queue=batch_queue)
     graph_steps, eager_steps = runner.num_graph_steps, runner.num_eager_steps
+    drafter = runner.drafter
+    drafter_steps = (drafter.num_graph_steps, drafter.num_eager_steps) if spec is not None else (0, 0)
     timing = timed_generate(llm, prompts, params, batch_queue)
     stats = llm.engine.core.scheduler.spec_decoding_stats
     llm.engine.core.shutdown()
@@ -403,6 +405,9 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
                build_s=round(build_s, 1), in_flight_steps=runner.num_in_flight_steps,
                overlapped_launches=runner.num_overlapped_launches)
     if spec is not None:
+        # The drafter's proposals in the timed run replayed from its CUDA graphs, and those run eagerly.
+        row.update(drafter_graph_steps=drafter.num_graph_steps - drafter_steps[0],
+                   drafter_eager_steps=drafter.num_eager_steps - drafter_steps[1])
         row.update(method=spec.method, k=spec.num_speculative_tokens, synthetic_acceptance=synthetic,
                    acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
                    tokens_per_step=round(tokens_per_step or 1, 3),

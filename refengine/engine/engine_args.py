@@ -20,6 +20,7 @@ from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel, load_model
 from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
+from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
 from refengine.structured_output.manager import StructuredOutputManager
@@ -155,7 +156,8 @@ def _max_blocks_per_req(config: EngineConfig) -> int:
 
 
 def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, config: EngineConfig, drafter, device):
-    """Captured decode (and verify) steps, when the device is a GPU and attention runs in Triton."""
+    """Captured decode (and verify) steps, and the drafter's fixed-shape proposal, when the device is a GPU
+    and attention runs in Triton."""
     usable = device.type == "cuda" and attention.attention_implementation(loaded.model.kernels, device) == "triton"
     if args.cuda_graphs is False or not usable:
         if args.cuda_graphs:
@@ -172,4 +174,7 @@ def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, confi
         capture_layers=() if drafter is None else tuple(drafter.capture_layers),
     )
     graphs.capture()
+    if isinstance(drafter, FixedShapeProposer):
+        # The drafter's one-row-per-request passes, at the same padded batch sizes as the target's steps.
+        drafter.capture_cuda_graphs(graphs.batch_sizes, _max_blocks_per_req(config), device)
     return graphs

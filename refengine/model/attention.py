@@ -69,7 +69,13 @@ def paged_attention(
         begin, end = starts[seq], starts[seq + 1]
         if begin == end:
             continue
-        if seq_len < end - begin:
+        if seq_len == 0:
+            # A padded sequence (its slots are -1): it attends over nothing, zeros, as in the Triton kernels.
+            out[begin:end] = 0
+            continue
+        # A causal row at position p needs p + 1 keys; non-causal rows all see seq_len keys, and a
+        # fixed-shape block may carry rows past its sequence's last real one (slot -1).
+        if meta.causal and seq_len < end - begin:
             raise ModelInputError(f"sequence {seq}: seq_len {seq_len} < its {end - begin} new tokens")
         keys, values = _gather_kv(cache, meta.block_tables[seq], seq_len)
         out[begin:end] = attend(q[begin:end], keys, values, seq_len, meta.causal, scale)

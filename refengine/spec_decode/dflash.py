@@ -9,7 +9,9 @@ and committed.
 Query block: [t, mask x k] at positions L..L+k, where t is the last sampled token, which the target has
 not processed yet. The block attends non-causally over the context and itself; the target's lm_head
 on block rows 1..k gives all k drafts in one pass. The block's own KV lands at positions L..L+k (the
-k + 1 lookahead slots) and is overwritten by the next step's context rows.
+k + 1 lookahead slots) and is overwritten by the next step's context rows. The block has the same
+shape for every request (`draft`), so once the engine has captured it, it replays as one CUDA graph per
+padded batch size; storing the context stays eager (its rows vary with the step).
 
 Before every step the request's context length must equal the first position of the rows being
 ingested (DraftContextError otherwise): a desynchronised context is never drafted from.
@@ -24,11 +26,17 @@ from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
+from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
-from refengine.spec_decode.network_proposer import NetworkProposer
+from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
+from refengine.spec_decode.network_proposer import to_device
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.spec_decode.target_view import TargetView
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.worker.attention_metadata_builder import (
+    build_attention_metadata,
+    padded_block_table,
+    uniform_query_metadata,
+)
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -129,50 +137,64 @@ class DFlashNetwork(nn.Module):
         return parameter_name
 
 
-class DFlashProposer(NetworkProposer):
+class DFlashProposer(FixedShapeProposer):
     method = "dflash"
     network: BlockDraftNetwork
+    reads_hidden = False
 
     def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
         requests = batch.requests
         for d in requests:
             self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
         features = torch.cat([batch.aux_hidden_states[i] for i in self.network.capture_layers], dim=-1)
+        meta = build_attention_metadata(
+            [d.first_position for d in requests],
+            [d.num_valid_rows for d in requests],
+            [d.block_ids for d in requests],
+            self.block_size,
+        )
+        positions = torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)])
         self.network.store_context(
             self.network.combine(torch.cat([features[d.rows] for d in requests])),
-            torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)]),
-            build_attention_metadata(
-                [d.first_position for d in requests],
-                [d.num_valid_rows for d in requests],
-                [d.block_ids for d in requests],
-                self.block_size,
-            ),
+            to_device(positions, features.device),
+            to_device(meta, features.device),
         )
         wanted = {d.req_id: self._num_drafts(d) for d in requests if d.propose}
-        proposing = [d for d in requests if wanted.get(d.req_id, 0) > 0]
         drafts: dict[str, list[int]] = {r: [] for r in wanted}
+        proposing = [d for d in requests if wanted.get(d.req_id, 0) > 0]
         if not proposing:
             return drafts
-        mask = self.network.mask_token_id
-        ids = [t for d in proposing for t in [d.token_ids[d.last_position + 1]] + [mask] * wanted[d.req_id]]
-        starts = [d.last_position + 1 for d in proposing]
-        sizes = [wanted[d.req_id] + 1 for d in proposing]
-        meta = build_attention_metadata(
-            starts, sizes, [d.block_ids for d in proposing], self.block_size, causal=False
+        inputs = ProposalInputs(
+            tokens=torch.tensor([d.token_ids[d.last_position + 1] for d in proposing], dtype=torch.long),
+            starts=torch.tensor([d.last_position + 1 for d in proposing], dtype=torch.long),
+            num_drafts=torch.tensor([wanted[d.req_id] for d in proposing], dtype=torch.long),
+            block_tables=torch.from_numpy(padded_block_table([d.block_ids for d in proposing])[0]),
+            hidden=None,
         )
-        positions = [s + i for s, n in zip(starts, sizes, strict=True) for i in range(n)]
-        out = self.network.forward(torch.tensor(ids), torch.tensor(positions), meta)
-        # Block rows 1..n of each request, the rows after t.
-        draft_rows = [
-            r
-            for b, n in zip(meta.query_start_loc[:-1].tolist(), sizes, strict=True)
-            for r in range(b + 1, b + n)
-        ]
+        tokens = self._run_draft(inputs, features.device)
         self.num_readbacks += 1
-        tokens = iter(self.network.greedy_tokens(out[draft_rows]).tolist())
-        for d in proposing:
-            drafts[d.req_id] = [next(tokens) for _ in range(wanted[d.req_id])]
+        for d, row in zip(proposing, tokens.tolist(), strict=True):
+            drafts[d.req_id] = row[: wanted[d.req_id]]
         return drafts
+
+    def draft(self, inputs: ProposalInputs) -> torch.Tensor:
+        """Every request's query block [t, mask x k] at positions starts .. starts + k; block rows 1..k give
+        the drafts. A request that wants n < k drafts has only t and n masks real: its other rows write
+        no KV, its keys end after its real rows, and their drafts are dropped, so every block has the
+        batch's shape."""
+        num_seqs = inputs.num_seqs
+        k = self.k
+        ids = torch.cat([inputs.tokens[:, None], inputs.tokens.new_full((num_seqs, k), self.network.mask_token_id)], dim=1)
+        meta, positions = uniform_query_metadata(
+            inputs.starts,
+            torch.where(inputs.num_drafts > 0, inputs.num_drafts + 1, 0),
+            inputs.block_tables,
+            self.block_size,
+            num_query=k + 1,
+            causal=False,
+        )
+        out = self.network.forward(ids.flatten(), positions, meta)
+        return self.network.greedy_tokens(out.view(num_seqs, k + 1, -1)[:, 1:].flatten(0, 1)).view(num_seqs, k)
 
     def _num_drafts(self, d: DraftInput) -> int:
         """The block needs slots and positions last_position + 1 .. last_position + 1 + n."""

@@ -7,6 +7,9 @@ s - 1 with the head's own output row from the previous pass, one position furthe
 past the committed rows is overwritten next step, when pass 1 starts again at the target's exact
 computed position. The drafts stay on the device from pass to pass and reach the host once, after the
 last pass: one wait per step, not one per draft.
+
+Pass 1 has as many rows as the step committed and runs eagerly; passes 2..k (`draft`) have one row per
+request, so once the engine has captured them they replay as one CUDA graph per padded batch size.
 """
 
 from typing import Protocol
@@ -14,9 +17,11 @@ from typing import Protocol
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.spec_decode.network_proposer import NetworkProposer
+from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
+from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
+from refengine.spec_decode.network_proposer import to_device
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.worker.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
 
 
 class HiddenDraftNetwork(Protocol):
@@ -41,8 +46,9 @@ class HiddenDraftNetwork(Protocol):
     def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
 
 
-class HiddenStateProposer(NetworkProposer):
+class HiddenStateProposer(FixedShapeProposer):
     network: HiddenDraftNetwork
+    reads_hidden = True
 
     def __init__(
         self,
@@ -74,45 +80,50 @@ class HiddenStateProposer(NetworkProposer):
             [d.block_ids for d in requests],
             self.block_size,
         )
+        device = features.device
         out = self.network.forward(
-            torch.tensor(ids, dtype=torch.long),
+            to_device(torch.tensor(ids, dtype=torch.long), device),
             self.network.combine(features),
-            torch.tensor(positions, dtype=torch.long),
-            meta,
+            to_device(torch.tensor(positions, dtype=torch.long), device),
+            to_device(meta, device),
         )
         wanted = {d.req_id: self._num_drafts(d) for d in requests if d.propose}
-        last_row = dict(
-            zip((d.req_id for d in requests), (meta.query_start_loc[1:] - 1).tolist(), strict=True)
-        )
-        proposing = [d for d in requests if wanted.get(d.req_id, 0) > 0]
         drafts: dict[str, list[int]] = {r: [] for r in wanted}
-        if not proposing:
+        index = [i for i, d in enumerate(requests) if wanted.get(d.req_id, 0) > 0]
+        if not index:
             return drafts
-        rows = out[[last_row[d.req_id] for d in proposing]]
-        passes: list[tuple[list[DraftInput], torch.Tensor]] = []  # each pass's requests and drafts, on the device
-        for step in range(self.k):
-            tokens = self.network.greedy_tokens(rows)
-            passes.append((proposing, tokens))
-            keep = [i for i, d in enumerate(proposing) if wanted[d.req_id] > step + 1]
-            if not keep:
-                break
-            proposing = [proposing[i] for i in keep]
-            # Pass step + 2: draft step + 1 at last_position + step + 1, with the head's own output row.
-            starts = [d.last_position + step + 1 for d in proposing]
-            rows = self.network.forward(
-                tokens[keep],
-                rows[keep],
-                torch.tensor(starts, dtype=torch.long),
-                build_attention_metadata(
-                    starts, [1] * len(proposing), [d.block_ids for d in proposing], self.block_size
-                ),
-            )
+        proposing = [requests[i] for i in index]
+        last_rows = (meta.query_start_loc[1:] - 1)[index]
+        inputs = ProposalInputs(
+            tokens=torch.tensor([d.token_ids[d.last_position + 1] for d in proposing], dtype=torch.long),
+            starts=torch.tensor([d.last_position + 1 for d in proposing], dtype=torch.long),
+            num_drafts=torch.tensor([wanted[d.req_id] for d in proposing], dtype=torch.long),
+            block_tables=meta.block_tables[index],
+            hidden=out[to_device(last_rows, device)],
+        )
+        tokens = self._run_draft(inputs, device)
         self.num_readbacks += 1
-        host = iter(torch.cat([t for _, t in passes]).tolist())
-        for drafted, _ in passes:
-            for d in drafted:
-                drafts[d.req_id].append(next(host))
+        for d, row in zip(proposing, tokens.tolist(), strict=True):
+            drafts[d.req_id] = row[: wanted[d.req_id]]
         return drafts
+
+    def draft(self, inputs: ProposalInputs) -> torch.Tensor:
+        """Drafts 1..k of each request from its last committed output row. Pass s (2..k) feeds draft
+        s - 1 and pass s - 1's output row at position starts + s - 2; a request that wants fewer than s
+        drafts sits that pass out as padding (no KV written), so every pass has the batch's shape."""
+        rows = inputs.hidden
+        tokens = [self.network.greedy_tokens(rows)]
+        for step in range(self.k - 1):
+            meta, positions = uniform_query_metadata(
+                inputs.starts + step,
+                (inputs.num_drafts > step + 1).long(),
+                inputs.block_tables,
+                self.block_size,
+                num_query=1,
+            )
+            rows = self.network.forward(tokens[-1], rows, positions, meta)
+            tokens.append(self.network.greedy_tokens(rows))
+        return torch.stack(tokens, dim=1)
 
     def _num_drafts(self, d: DraftInput) -> int:
         """Draft s (s >= 2) is sampled from a row at last_position + s - 1, which needs a slot and a

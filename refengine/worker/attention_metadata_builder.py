@@ -24,11 +24,7 @@ def build_attention_metadata(
     """Metadata for sequences whose first `num_computed_tokens[b]` tokens are already cached."""
     if not len(num_computed_tokens) == len(num_new_tokens) == len(block_ids):
         raise ModelInputError("one num_computed_tokens, num_new_tokens and block_ids entry per sequence")
-    num_blocks = np.fromiter((len(blocks) for blocks in block_ids), dtype=np.int64, count=len(block_ids))
-    # One array from padded rows (-1 past each sequence's blocks); each row is copied in one C call.
-    table = np.full((len(block_ids), int(num_blocks.max(initial=0))), -1, dtype=np.int64)
-    for row, blocks in enumerate(block_ids):
-        table[row, : len(blocks)] = blocks
+    table, num_blocks = padded_block_table(block_ids)
     meta, _, _ = metadata_from_table(
         np.asarray(num_computed_tokens, dtype=np.int64),
         np.asarray(num_new_tokens, dtype=np.int64),
@@ -38,6 +34,16 @@ def build_attention_metadata(
         causal,
     )
     return meta
+
+
+def padded_block_table(block_ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """[B, max blocks] with -1 past each sequence's blocks, and each sequence's number of blocks."""
+    num_blocks = np.fromiter((len(blocks) for blocks in block_ids), dtype=np.int64, count=len(block_ids))
+    # One array from padded rows; each row is copied in one C call.
+    table = np.full((len(block_ids), int(num_blocks.max(initial=0))), -1, dtype=np.int64)
+    for row, blocks in enumerate(block_ids):
+        table[row, : len(blocks)] = blocks
+    return table, num_blocks
 
 
 def metadata_from_table(
@@ -68,3 +74,42 @@ def metadata_from_table(
         causal=causal,
     )
     return meta, positions, seq_of_token
+
+
+def uniform_query_metadata(
+    first_positions: torch.Tensor,
+    num_valid: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    num_query: int,
+    causal: bool = True,
+) -> tuple[AttentionMetadata, torch.Tensor]:
+    """Metadata, and each token's position, for B sequences that each feed `num_query` tokens from
+    `first_positions[b]`, built with tensor ops on the tensors' device: nothing is read back to the
+    host, so a CUDA graph can capture it, and the drafters' eager loops run the very same code.
+
+    Token j of sequence b is real when j < num_valid[b]; the rest write no KV (slot -1) and sit at
+    position 0 (so a padded row past the position table indexes nothing out of range). A sequence with
+    num_valid 0 is padding: seq_len 0, so it attends over nothing. A real sequence's seq_len ends
+    after its last real token. For sequences whose tokens are all real this is exactly what
+    build_attention_metadata gives for the same positions and blocks.
+
+    Causal attention places a sequence's query rows at its last positions (seq_len - q ..), so with
+    causal=True a sequence must be all real or all padding (num_valid num_query or 0); non-causal rows
+    all see seq_len keys, so there a block may end in rows past its real ones (DFlash's).
+    """
+    num_seqs = first_positions.shape[0]
+    device = first_positions.device
+    offsets = torch.arange(num_query, device=device)
+    real = offsets[None, :] < num_valid[:, None]  # [B, q]
+    positions = torch.where(real, first_positions[:, None] + offsets[None, :], 0)
+    blocks = block_tables.gather(1, positions // block_size)
+    slots = torch.where(real, blocks * block_size + positions % block_size, -1)
+    meta = AttentionMetadata(
+        query_start_loc=torch.arange(num_seqs + 1, device=device) * num_query,
+        seq_lens=torch.where(num_valid > 0, first_positions + num_valid, 0),
+        block_tables=block_tables,
+        slot_mapping=slots.flatten(),
+        causal=causal,
+    )
+    return meta, positions.flatten()

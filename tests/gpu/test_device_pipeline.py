@@ -1,6 +1,7 @@
 """The device-resident step pipeline on a CUDA device: the counter-based RNG's uniforms are bitwise the
-CPU's, and under async scheduling the runner launches step n+1 before step n's sampled ids have landed
-(the event-order witness), with the tokens of sync scheduling.
+CPU's, under async scheduling the runner launches step n+1 before step n's sampled ids have landed
+(the event-order witness), with the tokens of sync scheduling, and the drafters' fixed-shape proposals
+replay from their CUDA graphs with the drafts of the eager loop.
 
 Run on a GPU machine with `pytest -m gpu tests/gpu`; skipped elsewhere.
 """
@@ -13,6 +14,7 @@ from refengine.model.config import Numerics
 from refengine.model.shapes import build_random_model
 from refengine.sample import rng
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.config import SpeculativeConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -57,3 +59,36 @@ def test_async_launches_the_next_step_before_the_previous_one_lands():
     assert runner.num_in_flight_steps > 40
     print(f"overlapped launches {runner.num_overlapped_launches} of {runner.num_in_flight_steps} in-flight steps")
     assert runner.num_overlapped_launches > runner.num_in_flight_steps // 2
+
+
+def _drafted(loaded, method: str, drafter_graphs: bool):
+    """Tokens and per-step drafts of three greedy requests (a padded batch of four) from an engine with
+    CUDA graphs; without `drafter_graphs` its drafter runs eagerly (the target's steps still replay)."""
+    llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
+              speculative_config=SpeculativeConfig(method, 4), cuda_graphs=True, record_steps=True)
+    runner = llm.engine.runner
+    if not drafter_graphs:
+        runner.drafter.cuda_graphs = None
+    prompts = [[5, 9, 13, 200, 7] * 3, [100, 3, 3, 4], list(range(20, 60))]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    llm.engine.core.shutdown()
+    assert runner.num_graph_steps > 0  # the target's steps replayed in both arms
+    return [(o.token_ids, o.steps) for o in outs], runner.drafter
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
+def test_drafter_graphs_replay_the_eager_drafts(method):
+    """Batch-invariant numerics: the drafter's graph replays (EAGLE/EAGLE3/MTP passes 2..k, DFlash's
+    block, padded to a captured batch size) propose exactly the drafts of its eager loop."""
+    loaded = build_random_model(
+        "qwen3-0.6b", seed=1, dtype=torch.float32, numerics=Numerics.BATCH_INVARIANT, device="cuda",
+        num_hidden_layers=4, vocab_size=1024, hidden_size=256, intermediate_size=512,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+    )  # fmt: skip
+    eager, eager_drafter = _drafted(loaded, method, drafter_graphs=False)
+    graphed, drafter = _drafted(loaded, method, drafter_graphs=True)
+    assert eager_drafter.num_graph_steps == 0 and eager_drafter.num_eager_steps > 0
+    assert drafter.num_graph_steps > 0 and drafter.cuda_graphs.num_replays == drafter.num_graph_steps
+    print(f"{method}: {drafter.num_graph_steps} graph proposals, {drafter.num_eager_steps} eager")
+    assert sum(len(steps) for _, steps in graphed) > 0  # drafts were verified, so there is something to compare
+    assert graphed == eager
