@@ -253,11 +253,23 @@ def model_steps(bench: Bench) -> None:
 
                     iters = 5 if backend == "reference" else 30
                     med, best = time_ms(fn, iters=iters)
+                    gpu_ms = None
+                    if mode == "graph":
+                        # The step's GPU time: CUDA events around 30 replays queued back to back (the host
+                        # stages each step while the previous one runs), per replay.
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        for _ in range(30):
+                            fn()
+                        end.record()
+                        end.synchronize()
+                        gpu_ms = start.elapsed_time(end) / 30
                 ran = calls_delta(before) if mode == "eager" else "triton (captured)"
                 bench.row(section="steps", what=f"qwen3-8b {kind} step", c=c, context=MID_CONTEXT,
                           numerics=numerics.value, fused_ops=key != "fast-unfused", attention=ran,
                           cuda_graphs=mode == "graph",
                           graph_replays=(g.num_replays if g else 0) - replays, ms=round(med, 3), ms_min=round(best, 3),
+                          gpu_ms=None if gpu_ms is None else round(gpu_ms, 3),
                           floor_ms=round(floor, 3), roofline=round(floor / med, 3))
         del graphs
         gc.collect()

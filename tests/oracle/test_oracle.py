@@ -177,16 +177,19 @@ def test_merge_combines_c_slices_into_one_report(tmp_path):
 
 
 @pytest.mark.timeout(1800)
-def test_full_matrix_on_a_tiny_model_is_identical():
+def test_full_matrix_on_a_tiny_model_is_identical(tmp_path):
     """Every front x method (the teachers included) x chunking x preemption x bad_words arm, and every front x
     method structured-output arm (a JSON schema, a regex, a choice set), greedy and seeded: 0 failed arms (no
     MISMATCH, VACUOUS, INEFFECTIVE, LOW-CONCURRENCY or WRONG; a structured arm must also bite, end by its
     grammar and validate)."""
-    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2")
+    report = tmp_path / "oracle.md"
+    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2",
+                  "--write-report", "--report", str(report))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout
     methods = ("no-spec", "mtp", "eagle", "eagle3", "dflash", "ngram", "draft_model", "teacher", "teacher-corrupt")
-    assert all(f"sync/{m}[structured] " in proc.stdout for m in methods), proc.stdout[-4000:]
+    text = report.read_text()
+    assert all(f"| sync/{m}[structured] |" in text for m in methods), text[:4000]
 
 
 @pytest.mark.model
