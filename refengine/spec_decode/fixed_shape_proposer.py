@@ -10,21 +10,11 @@ from refengine.spec_decode.network_proposer import NetworkProposer
 
 class FixedShapeProposer(NetworkProposer):
     reads_hidden: bool  # whether `draft` reads ProposalInputs.hidden
-
-    def __init__(
-        self,
-        network,
-        num_speculative_tokens: int,
-        block_size: int,
-        max_positions: int,
-        *,
-        random_init: bool = False,
-    ) -> None:
-        super().__init__(network, num_speculative_tokens, block_size, max_positions, random_init=random_init)
-        self.cuda_graphs: DraftCudaGraphs | None = None
-        # Proposals replayed from a graph and run eagerly: a test proves which path ran.
-        self.num_graph_steps = 0
-        self.num_eager_steps = 0
+    # Set once the engine captures the proposal's graphs; until then every proposal runs eagerly.
+    cuda_graphs: DraftCudaGraphs | None = None
+    # Proposals replayed from a graph and run eagerly: a test proves which path ran.
+    num_graph_steps = 0
+    num_eager_steps = 0
 
     def draft(self, inputs: ProposalInputs) -> torch.Tensor:
         """[B, k] draft ids from device inputs, with tensor ops only (no host read), so that a CUDA

@@ -7,23 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from refengine.model.tiny import build_tiny_model
 from refengine.request import Request
 from refengine.sample.metadata import RowParams, SamplingMetadata
 from refengine.sample.sampler import apply_masks, unpack_bitmask
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 from refengine.structured_output.backend import GrammarError
-from refengine.structured_output.manager import StructuredOutputManager
 
 CHOICE = StructuredOutputsParams(choice=["abc", "abd", "xyz"])
-
-
-@pytest.fixture(scope="module")
-def manager():
-    tiny = build_tiny_model("llama", seed=0)
-    manager = StructuredOutputManager(tiny.tokenizer, tiny.config.vocab_size)
-    yield manager
-    manager.shutdown()
 
 
 def allowed(bitmask: np.ndarray, row: int, vocab_size: int) -> set[int]:

@@ -8,20 +8,10 @@ import pytest
 from refengine.config import EngineConfig
 from refengine.core.outputs import ModelRunnerOutput
 from refengine.core.scheduler import Scheduler, SchedulerInvariantError
-from refengine.model.tiny import build_tiny_model
 from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
-from refengine.structured_output.manager import StructuredOutputManager
 
 CHOICE = StructuredOutputsParams(choice=["ab", "xyz"])
-
-
-@pytest.fixture(scope="module")
-def manager():
-    tiny = build_tiny_model("llama", seed=0)
-    manager = StructuredOutputManager(tiny.tokenizer, tiny.config.vocab_size)
-    yield manager
-    manager.shutdown()
 
 
 def running(manager, k: int = 0) -> tuple[Scheduler, Request]:
