@@ -3,10 +3,6 @@
 the host builder's, padded and sat-out rows write no KV, and each pass writes its KV one position
 further on. The replay itself is checked on a GPU (tests/gpu/test_device_pipeline.py)."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -132,18 +128,3 @@ def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method):
     assert not any(layer.key[0].any() or layer.value[0].any() for layer in drafter.network.kv_cache.layers)
     # The real row did write: positions 6 and 7 sit in its second block, block 2.
     assert all(layer.key[2].any() for layer in drafter.network.kv_cache.layers)
-
-
-def test_triton_kernels_under_the_interpreter_draft_what_the_reference_drafts():
-    """triton_draft_cases.py in a fresh process: TRITON_INTERPRET must be set before triton is imported."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    cases = Path(__file__).with_name("triton_draft_cases.py")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
