@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -63,16 +64,19 @@ def paged_attention(
             f"{meta.slot_mapping.shape[0]} slots; got {q.shape[0]} tokens and {len(seq_lens)} seq_lens"
         )
     _store_kv(k, v, cache, meta.slot_mapping)
-    attend = _attend_rows if numerics is Numerics.BATCH_INVARIANT else _attend_batched
+    q_lens = [end - begin for begin, end in zip(starts, starts[1:])]
+    short = next((seq for seq, (n, s) in enumerate(zip(q_lens, seq_lens)) if s < n), None)
+    if short is not None:
+        raise ModelInputError(f"sequence {short}: seq_len {seq_lens[short]} < its {q_lens[short]} new tokens")
+    if numerics is Numerics.FAST:
+        return _attend_grouped(q, cache, meta, starts, seq_lens, scale)
     out = torch.empty_like(q)
     for seq, seq_len in enumerate(seq_lens):
         begin, end = starts[seq], starts[seq + 1]
         if begin == end:
             continue
-        if seq_len < end - begin:
-            raise ModelInputError(f"sequence {seq}: seq_len {seq_len} < its {end - begin} new tokens")
         keys, values = _gather_kv(cache, meta.block_tables[seq], seq_len)
-        out[begin:end] = attend(q[begin:end], keys, values, seq_len, meta.causal, scale)
+        out[begin:end] = _attend_rows(q[begin:end], keys, values, seq_len, meta.causal, scale)
     return out
 
 
@@ -119,16 +123,60 @@ def _attend_rows(
     return out
 
 
-def _attend_batched(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seq_len: int, causal: bool, scale: float
+def _attend_grouped(
+    q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, starts: list[int], seq_lens: list[int], scale: float
 ) -> torch.Tensor:
-    num_rows, num_heads, _ = q.shape
-    group = num_heads // keys.shape[1]
-    keys_h = keys.transpose(0, 1).repeat_interleave(group, dim=0)
-    values_h = values.transpose(0, 1).repeat_interleave(group, dim=0)
-    mask = None
-    if causal:
-        row_positions = torch.arange(seq_len - num_rows, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= row_positions[:, None]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys_h, values_h, attn_mask=mask, scale=scale)
-    return out.transpose(0, 1)
+    """Fast numerics: the sequences that feed the same number of new tokens attend in one SDPA call, so
+    a decode step is one call per layer however many sequences it holds (a loop over sequences costs a
+    few small ops per sequence and layer, more than the attention itself). Grouping by that number,
+    rather than padding every sequence to the longest chunk, keeps a prefill chunk from multiplying
+    the decodes' query rows."""
+    out = torch.empty_like(q)
+    starts_np, seq_lens_np = np.asarray(starts), np.asarray(seq_lens)
+    q_lens = np.diff(starts_np)
+    for q_len in np.unique(q_lens[q_lens > 0]).tolist():
+        seqs = np.flatnonzero(q_lens == q_len)
+        rows = (starts_np[seqs, None] + np.arange(q_len)).ravel()
+        every_row = len(rows) == q.shape[0]  # rows are in order, so they are all of q (a decode step)
+        index = None if every_row else torch.from_numpy(rows).to(q.device)
+        group_q = q if index is None else q.index_select(0, index)
+        group_out = _attend_equal_lengths(
+            group_q.view(len(seqs), q_len, *q.shape[1:]), cache, meta, seqs, seq_lens_np[seqs], scale
+        )
+        if index is None:
+            return group_out
+        out.index_copy_(0, index, group_out)
+    return out
+
+
+def _attend_equal_lengths(
+    q: torch.Tensor,
+    cache: LayerKVCache,
+    meta: AttentionMetadata,
+    seqs: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+) -> torch.Tensor:
+    """`q[G, n, Hq, D]`: n new tokens of each sequence `seqs[g]` -> `out[G * n, Hq, D]`, over its keys
+    padded to the group's longest sequence and masked.
+
+    Grouped-query heads are folded into the query rows ([G, Hkv, group * n, D] against
+    [G, Hkv, L, D]), so keys and values are never repeated per query head."""
+    num_seqs, q_len, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = cache.key.shape[2], cache.key.shape[1]
+    group = num_heads // num_kv_heads
+    # Blocks past a sequence's own are -1 in the table: any real block stands in, its keys are masked.
+    table = meta.block_tables[torch.from_numpy(seqs), : -(-int(seq_lens.max()) // block_size)]
+    table = table.to(cache.key.device).clamp(min=0)
+    keys = cache.key[table].flatten(1, 2).permute(0, 2, 1, 3)  # [G, Hkv, L, D]
+    values = cache.value[table].flatten(1, 2).permute(0, 2, 1, 3)
+    queries = q.view(num_seqs, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    queries = queries.reshape(num_seqs, num_kv_heads, group * q_len, head_dim)
+    # Row i of sequence g sits at position seq_len - n + i: it sees keys up to there (causal) or all.
+    offsets = np.arange(q_len) - (q_len - 1) if meta.causal else np.zeros(q_len, dtype=np.int64)
+    last_key = torch.from_numpy(seq_lens[:, None] - 1 + offsets).to(q.device)
+    mask = torch.arange(keys.shape[2], device=q.device) <= last_key[:, :, None]  # [G, n, L]
+    mask = mask[:, None].expand(num_seqs, group, q_len, keys.shape[2]).reshape(num_seqs, 1, group * q_len, -1)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    out = out.view(num_seqs, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(num_seqs * q_len, num_heads, head_dim)
