@@ -7,6 +7,7 @@ replace this one function.
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -63,13 +64,13 @@ def paged_attention(
             f"attention metadata describes {starts[-1]} tokens in {len(starts) - 1} sequences with "
             f"{meta.slot_mapping.shape[0]} slots; got {q.shape[0]} tokens and {len(seq_lens)} seq_lens"
         )
-    _store_kv(k, v, cache, meta.slot_mapping)
+    _store_kv(k, v, cache, meta)
     q_lens = [end - begin for begin, end in zip(starts, starts[1:])]
     short = next((seq for seq, (n, s) in enumerate(zip(q_lens, seq_lens)) if s < n), None)
     if short is not None:
         raise ModelInputError(f"sequence {short}: seq_len {seq_lens[short]} < its {q_lens[short]} new tokens")
     if numerics is Numerics.FAST:
-        return _attend_grouped(q, cache, meta, starts, seq_lens, scale)
+        return _attend_grouped(q, cache, meta, scale)
     out = torch.empty_like(q)
     for seq, seq_len in enumerate(seq_lens):
         begin, end = starts[seq], starts[seq + 1]
@@ -80,12 +81,17 @@ def paged_attention(
     return out
 
 
-def _store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
-    slot_mapping = slot_mapping.to(cache.key.device)
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    cache.key.view(-1, *cache.key.shape[2:]).index_copy_(0, slots, k[keep].to(cache.key.dtype))
-    cache.value.view(-1, *cache.value.shape[2:]).index_copy_(0, slots, v[keep].to(cache.value.dtype))
+def _store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> None:
+    key = ("store", cache.key.device)
+    if key not in meta.derived:  # once per step (the metadata caches it), not once per layer
+        slot_mapping = meta.slot_mapping.to(cache.key.device)
+        keep = slot_mapping >= 0
+        meta.derived[key] = (slot_mapping, None) if bool(keep.all()) else (slot_mapping[keep], keep)
+    slots, keep = meta.derived[key]
+    if keep is not None:  # slots of -1: tokens whose K/V go nowhere
+        k, v = k[keep], v[keep]
+    cache.key.view(-1, *cache.key.shape[2:]).index_copy_(0, slots, k.to(cache.key.dtype))
+    cache.value.view(-1, *cache.value.shape[2:]).index_copy_(0, slots, v.to(cache.value.dtype))
 
 
 def _gather_kv(
@@ -123,60 +129,78 @@ def _attend_rows(
     return out
 
 
-def _attend_grouped(
-    q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, starts: list[int], seq_lens: list[int], scale: float
-) -> torch.Tensor:
-    """Fast numerics: the sequences that feed the same number of new tokens attend in one SDPA call, so
-    a decode step is one call per layer however many sequences it holds (a loop over sequences costs a
-    few small ops per sequence and layer, more than the attention itself). Grouping by that number,
-    rather than padding every sequence to the longest chunk, keeps a prefill chunk from multiplying
-    the decodes' query rows."""
-    out = torch.empty_like(q)
-    starts_np, seq_lens_np = np.asarray(starts), np.asarray(seq_lens)
-    q_lens = np.diff(starts_np)
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Sequences that feed the same number n of new tokens: one SDPA call."""
+
+    rows: torch.Tensor | None  # their rows in the token batch; None: every row, in order (a decode step)
+    num_seqs: int
+    q_len: int
+    block_table: torch.Tensor  # [G, blocks] covering the group's longest sequence; -1 replaced by 0
+    num_keys: int  # keys read per sequence: the group's longest sequence
+    mask: torch.Tensor | None  # [G, 1, n, num_keys] True where a row sees a key; None: it sees them all
+
+
+def _fast_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> tuple[_Group, ...]:
+    """The groups of a step: host arithmetic done once per step, not once per layer (cached on the
+    metadata). Grouping by the number of new tokens, rather than padding every sequence to the longest
+    chunk, keeps a prefill chunk from multiplying the decodes' query rows."""
+    key = ("fast", block_size, device)
+    if key in meta.derived:
+        return meta.derived[key]
+    starts = meta.query_start_loc.cpu().numpy()
+    seq_lens_all = meta.seq_lens.cpu().numpy()
+    q_lens = np.diff(starts)
+    groups = []
     for q_len in np.unique(q_lens[q_lens > 0]).tolist():
         seqs = np.flatnonzero(q_lens == q_len)
-        rows = (starts_np[seqs, None] + np.arange(q_len)).ravel()
-        every_row = len(rows) == q.shape[0]  # rows are in order, so they are all of q (a decode step)
-        index = None if every_row else torch.from_numpy(rows).to(q.device)
-        group_q = q if index is None else q.index_select(0, index)
-        group_out = _attend_equal_lengths(
-            group_q.view(len(seqs), q_len, *q.shape[1:]), cache, meta, seqs, seq_lens_np[seqs], scale
-        )
-        if index is None:
-            return group_out
-        out.index_copy_(0, index, group_out)
+        rows = (starts[seqs, None] + np.arange(q_len)).ravel()
+        seq_lens = seq_lens_all[seqs]
+        num_keys = int(seq_lens.max())
+        # Blocks past a sequence's own are -1 in the table: any real block stands in, its keys are masked.
+        table = meta.block_tables[torch.from_numpy(seqs), : -(-num_keys // block_size)].to(device).clamp(min=0)
+        mask = None
+        # Row i of sequence g sits at position seq_len - n + i: it sees keys up to there (causal) or all.
+        # With one row per sequence, or none causal, and equal lengths, every row sees every key read.
+        if (q_len > 1 and meta.causal) or (seq_lens != num_keys).any():
+            offsets = np.arange(q_len) - (q_len - 1) if meta.causal else np.zeros(q_len, dtype=np.int64)
+            last_key = torch.from_numpy(seq_lens[:, None] - 1 + offsets).to(device)
+            mask = (torch.arange(num_keys, device=device) <= last_key[:, :, None])[:, None]
+        every_row = len(rows) == starts[-1]  # rows are in order, so they are all of the batch
+        groups.append(_Group(None if every_row else torch.from_numpy(rows).to(device), len(seqs), q_len, table, num_keys, mask))
+    meta.derived[key] = tuple(groups)
+    return meta.derived[key]
+
+
+def _attend_grouped(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Fast numerics: the sequences that feed the same number of new tokens attend in one SDPA call, so
+    a decode step is one call per layer however many sequences it holds (a loop over sequences costs a
+    few small ops per sequence and layer, more than the attention itself)."""
+    groups = _fast_plan(meta, cache.key.shape[1], q.device)
+    if len(groups) == 1 and groups[0].rows is None:
+        return _attend_group(q, cache, groups[0], scale)
+    out = torch.empty_like(q)
+    for group in groups:
+        out.index_copy_(0, group.rows, _attend_group(q.index_select(0, group.rows), cache, group, scale))
     return out
 
 
-def _attend_equal_lengths(
-    q: torch.Tensor,
-    cache: LayerKVCache,
-    meta: AttentionMetadata,
-    seqs: np.ndarray,
-    seq_lens: np.ndarray,
-    scale: float,
-) -> torch.Tensor:
-    """`q[G, n, Hq, D]`: n new tokens of each sequence `seqs[g]` -> `out[G * n, Hq, D]`, over its keys
-    padded to the group's longest sequence and masked.
+def _attend_group(q: torch.Tensor, cache: LayerKVCache, group: _Group, scale: float) -> torch.Tensor:
+    """`q[G * n, Hq, D]`, the group's rows -> `out[G * n, Hq, D]`, over each sequence's keys padded to
+    the group's longest.
 
-    Grouped-query heads are folded into the query rows ([G, Hkv, group * n, D] against
+    Grouped-query heads are folded into the query rows ([G, Hkv, heads_per_kv * n, D] against
     [G, Hkv, L, D]), so keys and values are never repeated per query head."""
-    num_seqs, q_len, num_heads, head_dim = q.shape
-    num_kv_heads, block_size = cache.key.shape[2], cache.key.shape[1]
-    group = num_heads // num_kv_heads
-    # Blocks past a sequence's own are -1 in the table: any real block stands in, its keys are masked.
-    table = meta.block_tables[torch.from_numpy(seqs), : -(-int(seq_lens.max()) // block_size)]
-    table = table.to(cache.key.device).clamp(min=0)
-    keys = cache.key[table].flatten(1, 2).permute(0, 2, 1, 3)  # [G, Hkv, L, D]
-    values = cache.value[table].flatten(1, 2).permute(0, 2, 1, 3)
-    queries = q.view(num_seqs, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-    queries = queries.reshape(num_seqs, num_kv_heads, group * q_len, head_dim)
-    # Row i of sequence g sits at position seq_len - n + i: it sees keys up to there (causal) or all.
-    offsets = np.arange(q_len) - (q_len - 1) if meta.causal else np.zeros(q_len, dtype=np.int64)
-    last_key = torch.from_numpy(seq_lens[:, None] - 1 + offsets).to(q.device)
-    mask = torch.arange(keys.shape[2], device=q.device) <= last_key[:, :, None]  # [G, n, L]
-    mask = mask[:, None].expand(num_seqs, group, q_len, keys.shape[2]).reshape(num_seqs, 1, group * q_len, -1)
+    num_heads, head_dim = q.shape[1:]
+    num_seqs, q_len, num_kv_heads = group.num_seqs, group.q_len, cache.key.shape[2]
+    per_kv = num_heads // num_kv_heads
+    keys = cache.key[group.block_table].flatten(1, 2)[:, : group.num_keys].permute(0, 2, 1, 3)  # [G, Hkv, L, D]
+    values = cache.value[group.block_table].flatten(1, 2)[:, : group.num_keys].permute(0, 2, 1, 3)
+    queries = q.view(num_seqs, q_len, num_kv_heads, per_kv, head_dim).permute(0, 2, 3, 1, 4)
+    queries = queries.reshape(num_seqs, num_kv_heads, per_kv * q_len, head_dim)
+    mask = group.mask
+    if mask is not None:
+        mask = mask[:, :, None].expand(num_seqs, 1, per_kv, q_len, group.num_keys).reshape(num_seqs, 1, per_kv * q_len, -1)
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
-    out = out.view(num_seqs, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
+    out = out.view(num_seqs, num_kv_heads, per_kv, q_len, head_dim).permute(0, 3, 1, 2, 4)
     return out.reshape(num_seqs * q_len, num_heads, head_dim)

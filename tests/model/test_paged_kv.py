@@ -73,14 +73,18 @@ def test_attention_matches_dense_reference_and_honours_causal_flag(numerics: Num
     torch.testing.assert_close(out, _reference_attention(q, k, v, causal), rtol=1e-5, atol=1e-5)
 
 
+MIXED = ([9, 0, 3, 14, 5], [1, 7, 0, 1, 4], [[3, 0, 8], [1, 6], [2], [4, 9, 5, 7], [10, 11, 12]])
+EQUAL_DECODES = ([6, 6], [1, 1], [[3, 0], [1, 6]])  # every key read is seen: no mask
+
+
 @pytest.mark.parametrize("causal", [True, False])
-def test_fast_padded_attention_of_a_mixed_batch_matches_the_per_row_reference(causal: bool) -> None:
-    """Fast mode attends over every sequence at once, padded to the longest: decodes, prefill chunks
+@pytest.mark.parametrize("batch", [MIXED, EQUAL_DECODES], ids=["mixed", "equal-decodes"])
+def test_fast_grouped_attention_matches_the_per_row_reference(causal: bool, batch: tuple) -> None:
+    """Fast mode attends over groups of sequences at once, padded to the longest: decodes, prefill chunks
     and a sequence with no new token in one step give each row what the exact per-row attention gives."""
     gen = torch.Generator().manual_seed(5)
     heads, kv_heads, head_dim = 6, 2, 8
-    computed, new = [9, 0, 3, 14, 5], [1, 7, 0, 1, 4]
-    tables = [[3, 0, 8], [1, 6], [2], [4, 9, 5, 7], [10, 11, 12]]
+    computed, new, tables = batch
     meta = build_attention_metadata(computed, new, tables, BLOCK_SIZE, causal=causal)
     # The cache holds every earlier key already; this step's keys go in through paged_attention.
     cache = _layer_cache(13, kv_heads, head_dim)
