@@ -194,8 +194,10 @@ def _attend_group(q: torch.Tensor, cache: LayerKVCache, group: _Group, scale: fl
     num_heads, head_dim = q.shape[1:]
     num_seqs, q_len, num_kv_heads = group.num_seqs, group.q_len, cache.key.shape[2]
     per_kv = num_heads // num_kv_heads
-    keys = cache.key[group.block_table].flatten(1, 2)[:, : group.num_keys].permute(0, 2, 1, 3)  # [G, Hkv, L, D]
-    values = cache.value[group.block_table].flatten(1, 2)[:, : group.num_keys].permute(0, 2, 1, 3)
+    blocks = group.block_table.flatten()  # index_select: a plain gather, cheaper than advanced indexing
+    keys = cache.key.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
+    values = cache.value.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
+    keys, values = keys.permute(0, 2, 1, 3), values.permute(0, 2, 1, 3)  # [G, Hkv, L, D]
     queries = q.view(num_seqs, q_len, num_kv_heads, per_kv, head_dim).permute(0, 2, 3, 1, 4)
     queries = queries.reshape(num_seqs, num_kv_heads, per_kv * q_len, head_dim)
     mask = group.mask
