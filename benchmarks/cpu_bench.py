@@ -1,7 +1,9 @@
 """Decode throughput on the CPU: refengine (batch-invariant and fast) next to transformers' generate,
-on the same SmolLM2 weights, prompts and thread count. A benchmark, not a test: it writes numbers.
+on the same SmolLM2 weights, prompts and thread count; and refengine's TPOT with async scheduling on
+and off. A benchmark, not a test: it writes numbers.
 
-    python benchmarks/cpu_bench.py [--concurrency 1,4,16] [--output-len 32] [--out reports/cpu-bench.md]
+    python benchmarks/cpu_bench.py [--concurrency 1,4,16] [--output-len 32] [--async-concurrency 4]
+                                   [--out reports/cpu-bench.md]
 """
 
 import argparse
@@ -49,45 +51,93 @@ def decode_rate(engine, c: int, output_len: int, rep: int) -> float:
     return produced / (time.perf_counter() - start)
 
 
-def bench_refengine(c: int, output_len: int, repeats: int) -> dict[str, float]:
-    """Median rate per numerics mode. The modes alternate repetition by repetition, so a change in the
-    machine's load falls on both and their ratio holds better than their absolute rates."""
-    engines = {
-        numerics: build_engine(EngineArgs(numerics=numerics, max_num_seqs=c, max_model_len=512,
-                                          num_blocks=c * 512 // 16 + 8, async_scheduling=False))
-        for numerics in NUMERICS
-    }
-    rates: dict[str, list[float]] = {numerics: [] for numerics in NUMERICS}
+def build(numerics: str, c: int, async_scheduling: bool = False):
+    return build_engine(EngineArgs(numerics=numerics, max_num_seqs=c, max_model_len=512,
+                                   num_blocks=c * 512 // 16 + 8, async_scheduling=async_scheduling))
+
+
+class TransformersPeer:
+    """transformers' `generate` on the weights transformers itself dequantises from the same GGUF."""
+
+    def __init__(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = embedded_smollm2_path()
+        self.tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+
+    def decode_rate(self, c: int, output_len: int) -> float:
+        """(c x (N - 1)) / (time(N tokens) - time(1 token)): the decode steps only, as decode_rate."""
+        texts = [PROMPTS[i % len(PROMPTS)] + f" (variant {i})" for i in range(c)]
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True)
+
+        def run(n: int) -> float:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                self.model.generate(**batch, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                    pad_token_id=self.tokenizer.pad_token_id)
+            return time.perf_counter() - start
+
+        prefill = run(1)
+        return c * (output_len - 1) / (run(output_len) - prefill)
+
+
+def bench_level(c: int, output_len: int, repeats: int, peer: TransformersPeer) -> dict[str, float]:
+    """Median rates of both numerics modes and transformers, which take turns repetition by repetition,
+    so a change in the machine's load falls on all three; and the medians of the per-repetition ratios,
+    which hold better than the rates."""
+    engines = {numerics: build(numerics, c) for numerics in NUMERICS}
+    rates: dict[str, list[float]] = {name: [] for name in (*NUMERICS, "transformers")}
     for rep in range(repeats):
         for numerics, engine in engines.items():
             rates[numerics].append(decode_rate(engine, c, output_len, rep))
-    return {numerics: statistics.median(r) for numerics, r in rates.items()}
+        rates["transformers"].append(peer.decode_rate(c, output_len))
+    row = {name: statistics.median(r) for name, r in rates.items()}
+    row["fast/transformers"] = statistics.median(f / t for f, t in zip(rates["fast"], rates["transformers"]))
+    row["fast/batch_invariant"] = statistics.median(f / b for f, b in zip(rates["fast"], rates["batch_invariant"]))
+    return row
 
 
-def bench_transformers(c: int, output_len: int, repeats: int) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def tpot_ms(engine, c: int, output_len: int, rep: int) -> float:
+    """Mean over requests of the time per output token after the first, through the engine's own front:
+    depth 2 (step_with_batch_queue) under async scheduling, depth 1 (step) without."""
+    core = engine.core
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for i, p in enumerate(prompt_ids(engine.loaded.tokenizer, c)):
+        core.add_request(Request(f"tpot-{rep}-{i}", p, params, arrival_index=i))
+    step = core.step_with_batch_queue if core.max_concurrent_batches > 1 else core.step
+    arrivals: dict[str, list[tuple[float, int]]] = {}
+    while core.has_work():
+        outputs = step()
+        now = time.perf_counter()
+        for o in () if outputs is None else outputs.outputs:
+            if o.new_token_ids:
+                arrivals.setdefault(o.req_id, []).append((now, len(o.new_token_ids)))
+    return statistics.mean(
+        (times[-1][0] - times[0][0]) / (sum(n for _, n in times) - 1) * 1e3 for times in arrivals.values()
+    )
 
-    gguf = embedded_smollm2_path()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32).eval()
-    texts = [PROMPTS[i % len(PROMPTS)] + f" (variant {i})" for i in range(c)]
-    batch = tok(texts, return_tensors="pt", padding=True)
 
-    def run(n: int) -> float:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(**batch, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
-        return time.perf_counter() - start
-
-    rates = []
-    for _ in range(repeats):
-        prefill = run(1)
-        total = run(output_len)
-        rates.append(c * (output_len - 1) / (total - prefill))
-    return statistics.median(rates)
+def bench_async(c: int, output_len: int, repeats: int) -> dict[str, float]:
+    """Median TPOT (ms) of fast numerics with async scheduling off and on, taking turns repetition by
+    repetition, and the median of the per-repetition ratios async / sync."""
+    engines = {name: build("fast", c, async_scheduling=on) for name, on in (("sync", False), ("async", True))}
+    # Both modes must have run as named, or the A/B compares one mode with itself.
+    if engines["sync"].core.max_concurrent_batches != 1 or engines["async"].core.max_concurrent_batches != 2:
+        raise RuntimeError("async scheduling was not on in exactly one of the two engines")
+    for engine in engines.values():
+        tpot_ms(engine, c, 4, -1)  # warm-up
+    tpots: dict[str, list[float]] = {name: [] for name in engines}
+    for rep in range(repeats):
+        for name, engine in engines.items():
+            tpots[name].append(tpot_ms(engine, c, output_len, rep))
+    row = {name: statistics.median(t) for name, t in tpots.items()}
+    row["async/sync"] = statistics.median(a / s for a, s in zip(tpots["async"], tpots["sync"]))
+    row["async_in_flight_steps"] = engines["async"].runner.num_in_flight_steps
+    return row
 
 
 def context() -> str:
@@ -109,31 +159,47 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--async-concurrency", type=int, default=4)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    levels = [int(x) for x in args.concurrency.split(",")]
-    rows = []
-    for c in levels:
-        rates = bench_refengine(c, args.output_len, args.repeats)
-        bi, fast = rates["batch_invariant"], rates["fast"]
-        hf = bench_transformers(c, args.output_len, args.repeats)
-        rows.append((c, bi, fast, hf))
-        print(f"c={c}: batch-invariant {bi:.1f} tok/s, fast {fast:.1f} tok/s, transformers {hf:.1f} tok/s", flush=True)
+    peer = TransformersPeer()
+    rows = {}
+    for c in (int(x) for x in args.concurrency.split(",")):
+        row = rows[c] = bench_level(c, args.output_len, args.repeats, peer)
+        print(f"c={c}: batch-invariant {row['batch_invariant']:.1f} tok/s, fast {row['fast']:.1f} tok/s, "
+              f"transformers {row['transformers']:.1f} tok/s", flush=True)
+    ab = bench_async(args.async_concurrency, args.output_len, args.repeats)
+    print(f"c={args.async_concurrency}: TPOT sync {ab['sync']:.1f} ms, async {ab['async']:.1f} ms", flush=True)
     lines = [
         "# CPU decode throughput: SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to fp32)",
         "",
         "Written by `make bench` (`benchmarks/cpu_bench.py`). Decode output tokens per second, measured after every",
         f"prompt is prefilled; greedy, {args.output_len} output tokens per request, prompts of about 20 tokens, median of",
-        f"{args.repeats} runs, batch-invariant and fast alternating run by run. transformers runs `generate` on the same",
-        "dequantised weights with the same threads and prompts (left-padded batch); its rate is",
+        f"{args.repeats} runs; refengine batch-invariant, refengine fast and transformers take turns run by run, and",
+        "each ratio is the median of the per-run ratios. transformers runs `generate` on the same dequantised",
+        "weights with the same threads and prompts (left-padded batch); its rate is",
         "(c x (N - 1)) / (time(N tokens) - time(1 token)).",
         "",
         context(),
-        "| c | refengine batch-invariant | refengine fast | transformers generate | batch-invariant time per token / fast |",
-        "|---|---|---|---|---|",
+        "| c | refengine batch-invariant | refengine fast | transformers generate | fast / transformers | fast / batch-invariant |",
+        "|---|---|---|---|---|---|",
     ]
-    for c, bi, fast, hf in rows:
-        lines.append(f"| {c} | {bi:.1f} tok/s | {fast:.1f} tok/s | {hf:.1f} tok/s | {fast / bi:.2f}x |")
+    for c, row in rows.items():
+        lines.append(
+            f"| {c} | {row['batch_invariant']:.1f} tok/s | {row['fast']:.1f} tok/s | {row['transformers']:.1f} tok/s "
+            f"| {row['fast/transformers']:.2f}x | {row['fast/batch_invariant']:.2f}x |"
+        )
+    lines += [
+        "",
+        f"Async scheduling at c = {args.async_concurrency}, fast numerics, same prompts and lengths: TPOT (mean over",
+        "requests of the time per output token after the first) through the engine's own front, depth 2",
+        "(`step_with_batch_queue`) with async scheduling on and depth 1 (`step`) with it off, taking turns run",
+        f"by run ({ab['async_in_flight_steps']} async steps left their sampled ids in flight).",
+        "",
+        "| c | TPOT sync | TPOT async | async / sync |",
+        "|---|---|---|---|",
+        f"| {args.async_concurrency} | {ab['sync']:.1f} ms | {ab['async']:.1f} ms | {ab['async/sync']:.2f}x |",
+    ]
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

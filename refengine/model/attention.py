@@ -7,7 +7,9 @@ replace this one function.
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -62,32 +64,37 @@ def paged_attention(
             f"attention metadata describes {starts[-1]} tokens in {len(starts) - 1} sequences with "
             f"{meta.slot_mapping.shape[0]} slots; got {q.shape[0]} tokens and {len(seq_lens)} seq_lens"
         )
-    _store_kv(k, v, cache, meta.slot_mapping)
-    attend = _attend_rows if numerics is Numerics.BATCH_INVARIANT else _attend_batched
+    _store_kv(k, v, cache, meta)
+    q_lens = [end - begin for begin, end in zip(starts, starts[1:])]
+    # A causal row at position p needs p + 1 keys. Non-causal rows all see seq_len keys (a fixed-shape
+    # block may carry rows past its sequence's last real one), and a padded sequence (seq_len 0, slots
+    # -1) attends over no keys: its rows come out zero (softmax over nothing), as in the Triton kernels.
+    short = next((seq for seq, (n, s) in enumerate(zip(q_lens, seq_lens)) if meta.causal and 0 < s < n), None)
+    if short is not None:
+        raise ModelInputError(f"sequence {short}: seq_len {seq_lens[short]} < its {q_lens[short]} new tokens")
+    if numerics is Numerics.FAST:
+        return _attend_grouped(q, cache, meta, scale)
     out = torch.empty_like(q)
     for seq, seq_len in enumerate(seq_lens):
         begin, end = starts[seq], starts[seq + 1]
         if begin == end:
             continue
-        if seq_len == 0:
-            # A padded sequence (its slots are -1): it attends over nothing, zeros, as in the Triton kernels.
-            out[begin:end] = 0
-            continue
-        # A causal row at position p needs p + 1 keys; non-causal rows all see seq_len keys, and a
-        # fixed-shape block may carry rows past its sequence's last real one (slot -1).
-        if meta.causal and seq_len < end - begin:
-            raise ModelInputError(f"sequence {seq}: seq_len {seq_len} < its {end - begin} new tokens")
         keys, values = _gather_kv(cache, meta.block_tables[seq], seq_len)
-        out[begin:end] = attend(q[begin:end], keys, values, seq_len, meta.causal, scale)
+        out[begin:end] = _attend_rows(q[begin:end], keys, values, seq_len, meta.causal, scale)
     return out
 
 
-def _store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
-    slot_mapping = slot_mapping.to(cache.key.device)
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    cache.key.view(-1, *cache.key.shape[2:]).index_copy_(0, slots, k[keep].to(cache.key.dtype))
-    cache.value.view(-1, *cache.value.shape[2:]).index_copy_(0, slots, v[keep].to(cache.value.dtype))
+def _store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> None:
+    key = ("store", cache.key.device)
+    if key not in meta.derived:  # once per step (the metadata caches it), not once per layer
+        slot_mapping = meta.slot_mapping.to(cache.key.device)
+        keep = slot_mapping >= 0
+        meta.derived[key] = (slot_mapping, None) if bool(keep.all()) else (slot_mapping[keep], keep)
+    slots, keep = meta.derived[key]
+    if keep is not None:  # slots of -1: tokens whose K/V go nowhere
+        k, v = k[keep], v[keep]
+    cache.key.view(-1, *cache.key.shape[2:]).index_copy_(0, slots, k.to(cache.key.dtype))
+    cache.value.view(-1, *cache.value.shape[2:]).index_copy_(0, slots, v.to(cache.value.dtype))
 
 
 def _gather_kv(
@@ -125,16 +132,80 @@ def _attend_rows(
     return out
 
 
-def _attend_batched(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seq_len: int, causal: bool, scale: float
-) -> torch.Tensor:
-    num_rows, num_heads, _ = q.shape
-    group = num_heads // keys.shape[1]
-    keys_h = keys.transpose(0, 1).repeat_interleave(group, dim=0)
-    values_h = values.transpose(0, 1).repeat_interleave(group, dim=0)
-    mask = None
-    if causal:
-        row_positions = torch.arange(seq_len - num_rows, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= row_positions[:, None]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys_h, values_h, attn_mask=mask, scale=scale)
-    return out.transpose(0, 1)
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Sequences that feed the same number n of new tokens: one SDPA call."""
+
+    rows: torch.Tensor | None  # their rows in the token batch; None: every row, in order (a decode step)
+    num_seqs: int
+    q_len: int
+    block_table: torch.Tensor  # [G, blocks] covering the group's longest sequence; -1 replaced by 0
+    num_keys: int  # keys read per sequence: the group's longest sequence
+    mask: torch.Tensor | None  # [G, 1, n, num_keys] True where a row sees a key; None: it sees them all
+
+
+def _fast_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> tuple[_Group, ...]:
+    """The groups of a step: host arithmetic done once per step, not once per layer (cached on the
+    metadata). Grouping by the number of new tokens, rather than padding every sequence to the longest
+    chunk, keeps a prefill chunk from multiplying the decodes' query rows."""
+    key = ("fast", block_size, device)
+    if key in meta.derived:
+        return meta.derived[key]
+    starts = meta.query_start_loc.cpu().numpy()
+    seq_lens_all = meta.seq_lens.cpu().numpy()
+    q_lens = np.diff(starts)
+    groups = []
+    for q_len in np.unique(q_lens[q_lens > 0]).tolist():
+        seqs = np.flatnonzero(q_lens == q_len)
+        rows = (starts[seqs, None] + np.arange(q_len)).ravel()
+        seq_lens = seq_lens_all[seqs]
+        num_keys = int(seq_lens.max())
+        # Blocks past a sequence's own are -1 in the table: any real block stands in, its keys are masked.
+        table = meta.block_tables[torch.from_numpy(seqs), : -(-num_keys // block_size)].to(device).clamp(min=0)
+        mask = None
+        # Row i of sequence g sits at position seq_len - n + i: it sees keys up to there (causal) or all.
+        # With one row per sequence, or none causal, and equal lengths, every row sees every key read.
+        if (q_len > 1 and meta.causal) or (seq_lens != num_keys).any():
+            offsets = np.arange(q_len) - (q_len - 1) if meta.causal else np.zeros(q_len, dtype=np.int64)
+            last_key = torch.from_numpy(seq_lens[:, None] - 1 + offsets).to(device)
+            mask = (torch.arange(num_keys, device=device) <= last_key[:, :, None])[:, None]
+        every_row = len(rows) == starts[-1]  # rows are in order, so they are all of the batch
+        groups.append(_Group(None if every_row else torch.from_numpy(rows).to(device), len(seqs), q_len, table, num_keys, mask))
+    meta.derived[key] = tuple(groups)
+    return meta.derived[key]
+
+
+def _attend_grouped(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Fast numerics: the sequences that feed the same number of new tokens attend in one SDPA call, so
+    a decode step is one call per layer however many sequences it holds (a loop over sequences costs a
+    few small ops per sequence and layer, more than the attention itself)."""
+    groups = _fast_plan(meta, cache.key.shape[1], q.device)
+    if len(groups) == 1 and groups[0].rows is None:
+        return _attend_group(q, cache, groups[0], scale)
+    out = torch.empty_like(q)
+    for group in groups:
+        out.index_copy_(0, group.rows, _attend_group(q.index_select(0, group.rows), cache, group, scale))
+    return out
+
+
+def _attend_group(q: torch.Tensor, cache: LayerKVCache, group: _Group, scale: float) -> torch.Tensor:
+    """`q[G * n, Hq, D]`, the group's rows -> `out[G * n, Hq, D]`, over each sequence's keys padded to
+    the group's longest.
+
+    Grouped-query heads are folded into the query rows ([G, Hkv, heads_per_kv * n, D] against
+    [G, Hkv, L, D]), so keys and values are never repeated per query head."""
+    num_heads, head_dim = q.shape[1:]
+    num_seqs, q_len, num_kv_heads = group.num_seqs, group.q_len, cache.key.shape[2]
+    per_kv = num_heads // num_kv_heads
+    blocks = group.block_table.flatten()  # index_select: a plain gather, cheaper than advanced indexing
+    keys = cache.key.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
+    values = cache.value.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
+    keys, values = keys.permute(0, 2, 1, 3), values.permute(0, 2, 1, 3)  # [G, Hkv, L, D]
+    queries = q.view(num_seqs, q_len, num_kv_heads, per_kv, head_dim).permute(0, 2, 3, 1, 4)
+    queries = queries.reshape(num_seqs, num_kv_heads, per_kv * q_len, head_dim)
+    mask = group.mask
+    if mask is not None:
+        mask = mask[:, :, None].expand(num_seqs, 1, per_kv, q_len, group.num_keys).reshape(num_seqs, 1, per_kv * q_len, -1)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    out = out.view(num_seqs, num_kv_heads, per_kv, q_len, head_dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(num_seqs * q_len, num_heads, head_dim)

@@ -3,7 +3,8 @@ The runner and the drafters build it with refengine.worker.attention_metadata_bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,6 +27,10 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
     causal: bool = True
+    # What an attention implementation derives from the fields above (attention.py's fast plan): the
+    # first layer of a step computes it, the others reuse it. Never passed in, compared or copied (`to`,
+    # dataclasses.replace): a new metadata starts empty.
+    derived: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> AttentionMetadata:
         """The same metadata with its tensors on `device` (from pinned memory the copies are async)."""

@@ -62,9 +62,11 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, numerics, dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, numerics, dtype)
+        self.numerics = numerics
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden), fused=self.kernels.fused_ops))
+        act = silu_and_mul(self.gate_up_proj(hidden), fused=self.kernels.fused_ops, numerics=self.numerics)
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):

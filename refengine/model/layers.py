@@ -9,6 +9,7 @@ from torch import nn
 
 from refengine.model import ops
 from refengine.model.config import DEFAULT_KERNELS, Kernels, Llama3RopeScaling, ModelConfig, Numerics
+from refengine.model.packed_weight import PackedWeight
 
 
 class Linear(nn.Module):
@@ -18,9 +19,10 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
         self.numerics = numerics
+        self.packed = PackedWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.numerics)
+        return ops.linear(x, self.weight, self.numerics, self.packed)
 
 
 class RMSNorm(nn.Module):

@@ -20,17 +20,23 @@ import torch.nn.functional as F
 
 from refengine.model import triton_ops
 from refengine.model.config import Numerics
+from refengine.model.packed_weight import PackedWeight
 
 # NOTE(model): 8 rows cost about as much per tile as 4 on the 2-core reference machine, and halve the
 # calls for prefill; see reports/batch-invariance.md for the measurements.
 TILE_ROWS = 8
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, numerics: Numerics) -> torch.Tensor:
-    """`x[T, K] @ weight[N, K].T`."""
-    if numerics is Numerics.FAST:
-        return F.linear(x, weight)
-    return _tiled_linear(x, weight)
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, numerics: Numerics, packed: PackedWeight | None = None
+) -> torch.Tensor:
+    """`x[T, K] @ weight[N, K].T`. `packed`: the caller's packed copy of `weight`, which fast numerics
+    use where it applies (packed_weight.py)."""
+    if numerics is Numerics.BATCH_INVARIANT:
+        return _tiled_linear(x, weight)
+    if packed is not None and packed.applies(x, weight):
+        return packed.linear(x, weight)
+    return F.linear(x, weight)
 
 
 def _tiled_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -56,9 +62,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, fused: bool =
     return weight * normed.to(x.dtype)
 
 
-def silu_and_mul(gate_up: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
+def silu_and_mul(
+    gate_up: torch.Tensor, *, fused: bool = True, numerics: Numerics = Numerics.BATCH_INVARIANT
+) -> torch.Tensor:
     """`silu(gate) * up` for `gate_up = [gate | up]` along the last dim."""
     if triton_ops.use_fused(gate_up, fused):
         return triton_ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
+    if numerics is Numerics.FAST:
+        return F.silu(gate) * up  # one kernel instead of four; its scalar tail may differ in the last bit
     return gate / (1.0 + torch.exp(-gate)) * up

@@ -14,6 +14,7 @@ from refengine.model.decoder_layer import DecoderLayer
 from refengine.model.errors import ModelInputError
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
+from refengine.model.packed_weight import PackedWeight
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,8 @@ class Transformer(nn.Module):
             if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, numerics, dtype)
         )
+        # The tied output projection's packed copy of the embedding (a separate lm_head has its own).
+        self.packed_tied_lm_head = PackedWeight()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         # Callers that build ids on the host (drafters) may hand them over there.
@@ -91,5 +94,6 @@ class Transformer(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`hidden[N, H]` -> float32 `logits[N, vocab]`."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return ops.linear(hidden, weight, self.numerics).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        return ops.linear(hidden, self.embed_tokens.weight, self.numerics, self.packed_tied_lm_head).float()

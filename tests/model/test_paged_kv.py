@@ -73,6 +73,51 @@ def test_attention_matches_dense_reference_and_honours_causal_flag(numerics: Num
     torch.testing.assert_close(out, _reference_attention(q, k, v, causal), rtol=1e-5, atol=1e-5)
 
 
+MIXED = ([9, 0, 3, 14, 5], [1, 7, 0, 1, 4], [[3, 0, 8], [1, 6], [2], [4, 9, 5, 7], [10, 11, 12]])
+EQUAL_DECODES = ([6, 6], [1, 1], [[3, 0], [1, 6]])  # every key read is seen: no mask
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("batch", [MIXED, EQUAL_DECODES], ids=["mixed", "equal-decodes"])
+def test_fast_grouped_attention_matches_the_per_row_reference(causal: bool, batch: tuple) -> None:
+    """Fast mode attends over groups of sequences at once, padded to the longest: decodes, prefill chunks
+    and a sequence with no new token in one step give each row what the exact per-row attention gives."""
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, head_dim = 6, 2, 8
+    computed, new, tables = batch
+    meta = build_attention_metadata(computed, new, tables, BLOCK_SIZE, causal=causal)
+    # The cache holds every earlier key already; this step's keys go in through paged_attention.
+    cache = _layer_cache(13, kv_heads, head_dim)
+    cache.key.normal_(generator=gen)
+    cache.value.normal_(generator=gen)
+    q = torch.randn(sum(new), heads, head_dim, generator=gen)
+    k = torch.randn(sum(new), kv_heads, head_dim, generator=gen)
+    v = torch.randn(sum(new), kv_heads, head_dim, generator=gen)
+    caches = [LayerKVCache(cache.key.clone(), cache.value.clone()) for _ in range(2)]
+    exact, fast = (
+        paged_attention(q, k, v, c, meta, 0.3, numerics)
+        for c, numerics in zip(caches, [Numerics.BATCH_INVARIANT, Numerics.FAST], strict=True)
+    )
+    torch.testing.assert_close(fast, exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("numerics", list(Numerics))
+def test_a_padded_sequence_attends_over_nothing(numerics: Numerics) -> None:
+    """A CUDA graph's padded sequences (seq_len 0, slots -1; here every sequence of a pass, as when each
+    request sits a draft pass out) come out zero in both numerics, as in the Triton kernels: no rows of
+    NaN from a softmax over no keys."""
+    heads, kv_heads, head_dim = 4, 2, 8
+    q = torch.randn(3, heads, head_dim)
+    k = torch.randn(3, kv_heads, head_dim)
+    for seq_lens, slots in (([0, 0, 0], [-1, -1, -1]), ([0, 3, 0], [-1, 2, -1])):
+        meta = AttentionMetadata(torch.tensor([0, 1, 2, 3]), torch.tensor(seq_lens), torch.tensor([[0], [1], [0]]),
+                                 torch.tensor(slots), causal=True)
+        out = paged_attention(q, k, k, _layer_cache(4, kv_heads, head_dim), meta, 1.0, numerics)
+        padded = [i for i, n in enumerate(seq_lens) if n == 0]
+        assert torch.equal(out[padded], torch.zeros_like(q[padded])), seq_lens
+        assert out.isfinite().all()
+
+
 def test_slot_minus_one_writes_nothing() -> None:
     kv_heads, head_dim = 2, 8
     cache = _layer_cache(4, kv_heads, head_dim)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from refengine.model import KVCache
+from refengine.model.config import Numerics
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
@@ -109,12 +110,16 @@ def test_a_request_that_wants_fewer_drafts_writes_no_kv_for_them(tiny4, method):
     assert torch.equal(_head_keys(short, (3, 4))[: last + 1], _head_keys(roomy, (3, 4))[: last + 1])
 
 
+@pytest.mark.parametrize("numerics", [Numerics.BATCH_INVARIANT, Numerics.FAST])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
-def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method):
+def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method, numerics):
     """The proposal a CUDA graph captures, run on the CPU with the graph's padding (ProposalInputs.padded):
     the padded rows' table points at block 0, which must stay empty, and the real row drafts what it
-    drafts alone."""
+    drafts alone, under both attentions (fast: padded sequences join no SDPA group and come out zero)."""
     drafter = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
+    for module in drafter.network.modules():
+        if hasattr(module, "numerics"):
+            module.numerics = numerics
     hidden = None
     if drafter.reads_hidden:
         hidden = torch.randn(1, tiny4.config.hidden_size, generator=torch.Generator().manual_seed(0))
@@ -128,3 +133,4 @@ def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method):
     assert not any(layer.key[0].any() or layer.value[0].any() for layer in drafter.network.kv_cache.layers)
     # The real row did write: positions 6 and 7 sit in its second block, block 2.
     assert all(layer.key[2].any() for layer in drafter.network.kv_cache.layers)
+
