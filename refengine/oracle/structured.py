@@ -11,17 +11,21 @@ import numpy as np
 from refengine.sampling_params import StructuredOutputsParams
 from refengine.structured_output.manager import StructuredOutputManager
 
+# Each constraint leaves room for free text (ASCII words, one byte a character on the tiny byte
+# tokenizer), where a trained drafter's drafts can be accepted: a structured arm of a real head must
+# show accepted drafts under the grammar's masks, not only drafts cut by it.
 SCHEMA = {
     "type": "object",
     "properties": {
         "answer": {"enum": ["yes", "no", "maybe"]},
+        "reason": {"type": "string", "pattern": "^[A-Za-z ,]{1,80}$"},
         "score": {"type": "integer", "minimum": 0, "maximum": 9},
         "tags": {"type": "array", "items": {"enum": ["red", "blue"]}, "maxItems": 3},
     },
-    "required": ["answer", "score", "tags"],
+    "required": ["answer", "reason", "score", "tags"],
     "additionalProperties": False,
 }
-REGEX = r"(yes|no), [0-9]{1,3} (apples|pears)\."
+REGEX = r"(yes|no), [A-Za-z ,]{1,80}\."
 CHOICES = ("Paris", "Rome", "New York")
 # Request i follows constraint i % 3.
 CONSTRAINTS = (
@@ -30,7 +34,7 @@ CONSTRAINTS = (
     StructuredOutputsParams(choice=list(CHOICES)),
 )
 # Enough for every constraint to end by its grammar on the tiny byte tokenizer (one token a byte).
-MAX_TOKENS = 64
+MAX_TOKENS = 192
 
 
 def text_violations(constraint: StructuredOutputsParams, text: str) -> list[str]:
