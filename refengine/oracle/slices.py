@@ -6,6 +6,8 @@ import collections
 import json
 from dataclasses import asdict, dataclass
 
+from refengine.oracle import structured
+
 # What every slice of one report must share; the slices differ only in c (and where they ran).
 SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants", "structured")
 
@@ -123,7 +125,8 @@ RULES = (
     "steps and drafting (emitting) after; a bad_words arm with no output departing from the unconstrained "
     "baseline at a banned token.\n"
     "- structured arms: request i follows a JSON schema, a regex or a choice set (i mod 3), without ignore_eos, "
-    "stop tokens, min_tokens or stop strings, and with at least 64 tokens to finish in. INEFFECTIVE if no "
+    f"stop tokens, min_tokens or stop strings, and with at least {structured.MAX_TOKENS} tokens to finish in; the "
+    "JSON schema and the regex hold up to 80 characters of free text. INEFFECTIVE if no "
     "verified row was masked and no draft cut by a grammar ('structured'), or if fewer "
     "than 90% of the requests were ended by their grammar ('grammar end'). WRONG if a token was one its grammar "
     "masked, a finished text does not parse or match, or (greedy) a token is not the argmax under the mask.\n"
