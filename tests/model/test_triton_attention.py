@@ -19,14 +19,15 @@ from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
 
-CASES = Path(__file__).with_name("triton_attention_cases.py")
 
-
+# The kernels alone, and the drafters' fixed-shape proposals on them (with the CUDA graphs' padding), each
+# against the reference attention.
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests/gpu runs the cases compiled")
-def test_kernels_under_the_interpreter():
+@pytest.mark.parametrize("cases", ["triton_attention_cases.py", "triton_draft_cases.py"])
+def test_kernels_under_the_interpreter(cases):
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name(cases))],
         env=env,
         capture_output=True,
         text=True,

@@ -1,5 +1,5 @@
 """The fixed-shape drafter proposals under the Triton attention kernels, run by
-tests/model/test_triton_drafts.py in a fresh process under Triton's interpreter (TRITON_INTERPRET=1 must be
+tests/model/test_triton_attention.py in a fresh process under Triton's interpreter (TRITON_INTERPRET=1 must be
 set before triton is imported): with the CUDA graphs' padding, rows that sit out, and DFlash's block
 rows past a request's last real one, the kernels give the reference's drafts and write no KV for them."""
 
