@@ -15,6 +15,8 @@ would start past the budget is skipped and recorded as such):
               and with every prompt prefilled in one step
   gpu_idle    GPU idle time under async from a profiler trace: all of it, and between consecutive steps
   async_ab    EAGLE drafter (random head) k = 4 with SYNTHETIC acceptance, async on vs off, c = 1 and 8
+  spec_profile  that EAGLE step at c = 1 and 8 (async, acceptance 0.7, 16 in / 64 out), phase by phase: host
+              ms, host waits on the device and device stream ms per step, device busy and idle from a trace
   hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
   oracle      the token-identity oracle's arms on the GPU for qwen3-0.6b in float32 batch-invariant mode
 
@@ -169,6 +171,86 @@ def calls_delta(before: dict) -> str:
     return "+".join(ran) or "none"
 
 
+def kernel_kind(name: str) -> str:
+    """A device event's kind, by its kernel name."""
+    low = name.lower()
+    if "split_kernel" in low or "combine_kernel" in low or "store_kv" in low:
+        return "attention (triton)"
+    if any(s in low for s in ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "matmul")):
+        return "matrix products"
+    if "memcpy" in low or "memset" in low:
+        return "copies"
+    return "elementwise/norm/rotary/other"
+
+
+def mark():
+    """A point in the device stream's order: a recorded CUDA event; in the dry run, the host clock."""
+    if DEV != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def marks_ms(entry, exit_) -> float:
+    return entry.elapsed_time(exit_) if DEV == "cuda" else (exit_ - entry) * 1e3
+
+
+class Phases:
+    """Where an engine step's time goes, from wrappers set on the engine's instances (study hooks stay
+    out of the engine; close() takes them off again): host wall seconds and calls per label, and for
+    the phases that launch device work (`stream`) the device stream's time from the wrapper's entry to
+    its exit in stream order: the phase's kernels and copies plus the gaps where the device waited for
+    the phase's launches. Stream marks are CUDA events, so they hold on any host thread; the runner
+    works on the engine's runner thread, whose CPU ranges torch.profiler does not record."""
+
+    def __init__(self) -> None:
+        self.host: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.marks: dict[str, list] = defaultdict(list)
+        self.labels: list[str] = []  # every label wrapped, called or not
+        self._undo: list[tuple[object, str, object]] = []
+
+    def wrap(self, obj, name: str, label: str, *, stream: bool = False, wait: str | None = None) -> None:
+        """`wait`: after the call, wait for the device and time that under its own label. It stands in for
+        the host read (tolist) that follows the call in the engine and waits for the same work: the read
+        then finds the work done, and the wait has a figure of its own (callers' figures still hold it)."""
+        original = getattr(obj, name)
+        self.labels += [label] if wait is None else [label, wait]
+
+        def wrapper(*args, **kwargs):
+            entry = mark() if stream else None
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                t1 = time.perf_counter()
+                self.host[label] += t1 - t0
+                self.calls[label] += 1
+                if stream:
+                    self.marks[label].append((entry, mark()))
+                if wait is not None:
+                    sync()
+                    self.host[wait] += time.perf_counter() - t1
+                    self.calls[wait] += 1
+
+        own = name in vars(obj)  # an instance attribute (runner.accept) is put back, a method uncovered
+        setattr(obj, name, wrapper)
+        self._undo.append((obj, name, original if own else None))
+
+    def close(self) -> None:
+        for obj, name, original in reversed(self._undo):
+            if original is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, original)
+        self._undo = []
+
+    def stream_ms(self, label: str) -> float:
+        sync()
+        return sum(marks_ms(entry, exit_) for entry, exit_ in self.marks[label])
+
+
 # ---- sections --------------------------------------------------------------------------------------
 def bandwidth(bench: Bench) -> None:
     if DEV != "cuda":
@@ -308,16 +390,7 @@ def profile_step(bench: Bench) -> None:
             continue
         us = event.device_time if hasattr(event, "device_time") else event.cuda_time
         name = event.name
-        low = name.lower()
-        if "split_kernel" in low or "combine_kernel" in low or "store_kv" in low:
-            kind = "attention (triton)"
-        elif any(s in low for s in ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "matmul")):
-            kind = "matrix products"
-        elif "memcpy" in low or "memset" in low:
-            kind = "copies"
-        else:
-            kind = "elementwise/norm/rotary/other"
-        kinds[kind] += us / 5 / 1e3
+        kinds[kernel_kind(name)] += us / 5 / 1e3
         names[name[:90]] += us / 5 / 1e3
     top = sorted(names.items(), key=lambda kv: -kv[1])[:15]
     total = sum(kinds.values())
@@ -350,7 +423,10 @@ def timed_generate(llm: LLM, prompts, params, batch_queue: bool | None):
 
     setattr(core, name, timed)
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, batch_queue=batch_queue)
+    try:
+        outs = llm.generate(prompts, params, batch_queue=batch_queue)
+    finally:
+        delattr(core, name)  # the engine's own step again, for the next run
     wall = time.perf_counter() - t0
     tpots, ttfts, gaps = [], [], []
     for req_arrivals in arrivals.values():
@@ -368,6 +444,7 @@ def timed_generate(llm: LLM, prompts, params, batch_queue: bool | None):
         "ttft_ms_mean": statistics.mean(ttfts),
         "output_tok_s": total_tokens / wall,
         "wall_s": wall,
+        "step_s": sum(step_times),
         "steps": len(step_times),
         "tokens": total_tokens,
     }
@@ -476,30 +553,18 @@ def host_breakdown(bench: Bench) -> None:
         core = llm.engine.core
         params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-        spent: dict[str, float] = defaultdict(float)
-
-        def timed(obj, name, label, spent=spent):
-            original = getattr(obj, name)
-
-            def wrapper(*args, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    spent[label] += time.perf_counter() - t0
-
-            setattr(obj, name, wrapper)
-
-        timed(core.scheduler, "schedule", "scheduler.schedule")
-        timed(core.scheduler, "update_from_output", "scheduler.update_from_output")
-        timed(core.runner, "execute_model", "runner.execute_model (host, launches)")
-        timed(core.runner, "sample_tokens", "runner.sample_tokens (GPU wait + host)")
-        timed(core, "step", "engine step (all of the above)")
+        phases = Phases()
+        phases.wrap(core.scheduler, "schedule", "scheduler.schedule")
+        phases.wrap(core.scheduler, "update_from_output", "scheduler.update_from_output")
+        phases.wrap(core.runner, "execute_model", "runner.execute_model (host, launches)")
+        phases.wrap(core.runner, "sample_tokens", "runner.sample_tokens (GPU wait + host)")
+        phases.wrap(core, "step", "engine step (all of the above)")
         t0 = time.perf_counter()
         llm.generate(prompts, params)
         wall = time.perf_counter() - t0
+        phases.close()
         steps = core.runner.num_graph_steps + core.runner.num_eager_steps
-        per_step = {k: round(v * 1e3 / 64, 3) for k, v in spent.items()}
+        per_step = {k: round(v * 1e3 / 64, 3) for k, v in phases.host.items()}
         per_step["generate loop total"] = round(wall * 1e3 / 64, 3)
         bench.results.setdefault("host_breakdown_ms_per_step", {})[f"c={c}"] = per_step
         print(f"[bench] host breakdown c={c}: {per_step} ({steps} runner steps)", flush=True)
@@ -508,56 +573,221 @@ def host_breakdown(bench: Bench) -> None:
         empty_cache()
 
 
+def short_engine(loaded, c: int, **engine_args) -> tuple[LLM, list[list[int]]]:
+    """An engine for c 16-token prompts (prefill next to nothing beside 64 decode steps), and the prompts."""
+    llm = LLM(loaded, dtype="bfloat16", numerics="fast", max_num_seqs=c, max_model_len=128, block_size=BLOCK,
+              kv_cache_memory_gib=0.5, **engine_args)
+    return llm, [[3 + (i * 13 + j) % 400 for j in range(16)] for i in range(c)]
+
+
+def device_trace():
+    """torch.profiler over the device's kernels and copies; the dry run traces the CPU's ops instead, only
+    to exercise the code."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CUDA if DEV == "cuda" else ProfilerActivity.CPU])
+
+
+def device_spans(prof) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every traced device event, in start order."""
+    kind = torch.autograd.DeviceType.CUDA if DEV == "cuda" else torch.autograd.DeviceType.CPU
+    return sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.device_type == kind)
+
+
+def idle_summary(spans: list[tuple[float, float, str]]) -> dict:
+    """Busy time (the union of the spans) over the window, and the idle time after device-to-host copies.
+    All idle time: gaps inside a step (between the kernels of one graph replay, between the replay and
+    the sampler) and between steps. A step ends with the device-to-host copy of its sampled ids; the gap
+    from the end of everything up to that copy to the next activity is idle time between consecutive
+    steps, the issue's measure of overlap (with drafts, the drafts' copy ends a step and the verified
+    ids' copy ends its verification: both gaps are the host turning a read around)."""
+    busy, end, after, readbacks = 0.0, spans[0][0], 0.0, 0
+    step_ended = False
+    for start, stop, name in spans:
+        if step_ended and start > end:
+            after += start - end
+        step_ended = False
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+        if "DtoH" in name:
+            step_ended, readbacks = True, readbacks + 1
+    window = spans[-1][1] - spans[0][0]
+    return {"busy_ms": busy / 1e3, "window_ms": round(window / 1e3, 2), "idle_fraction": round(1 - busy / window, 4),
+            "idle_after_readback_fraction": round(after / window, 4) if readbacks else None, "readbacks": readbacks}
+
+
+def write_trace_summary(path: Path, summary: dict, prof) -> None:
+    table = prof.key_averages().table(sort_by="cuda_time_total" if DEV == "cuda" else "cpu_time_total", row_limit=25)
+    path.write_text(json.dumps(summary, indent=1) + "\n\n" + table)
+
+
 def gpu_idle(bench: Bench) -> None:
     """GPU idle time between consecutive decode steps under async scheduling, from a profiler trace:
     1 - (union of kernel and copy intervals) / (first start to last end), over the last 48 of 64
     decode steps (16-token prompts, so prefill is negligible and the early steps are cut anyway)."""
-    from torch.profiler import ProfilerActivity, profile
-
     loaded = get_qwen8b()
     for c in (1, 8):
-        llm = LLM(loaded, dtype="bfloat16", numerics="fast", max_num_seqs=c, max_model_len=128, block_size=BLOCK,
-                  kv_cache_memory_gib=0.5)
-        prompts = [[3 + (i * 13 + j) % 400 for j in range(16)] for i in range(c)]
+        llm, prompts = short_engine(loaded, c)
         params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
         llm.generate(prompts, params)  # warm-up: kernels compiled, graphs captured
-        # The dry run traces the CPU's ops instead, only to exercise the code.
-        kind = ProfilerActivity.CUDA if DEV == "cuda" else ProfilerActivity.CPU
-        with profile(activities=[kind]) as prof:
+        with device_trace() as prof:
             t0 = time.perf_counter()
             llm.generate(prompts, params)
             wall = time.perf_counter() - t0
-        spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                       if e.device_type == (torch.autograd.DeviceType.CUDA if DEV == "cuda" else e.device_type))
+        spans = device_spans(prof)
         cut = spans[0][0] + (spans[-1][1] - spans[0][0]) * 16 / 64  # drop the first 16 steps
-        spans = [sp for sp in spans if sp[0] >= cut]
-        # All idle time: gaps inside a step (between the kernels of one graph replay, between the replay
-        # and the sampler) and between steps. A step ends with the device-to-host copy of its sampled
-        # ids; the gap from the end of everything up to that copy to the next activity is idle time
-        # between consecutive steps, the issue's measure of overlap.
-        busy, end, between, boundaries = 0.0, spans[0][0], 0.0, 0
-        step_ended = False
-        for start, stop, name in spans:
-            if step_ended and start > end:
-                between += start - end
-            step_ended = False
-            busy += max(0.0, stop - max(start, end))
-            end = max(end, stop)
-            if "DtoH" in name:
-                step_ended, boundaries = True, boundaries + 1
-        window = spans[-1][1] - spans[0][0]
+        idle = idle_summary([sp for sp in spans if sp[0] >= cut])
         row = dict(section="gpu_idle", what="async, graphs, qwen3-8b greedy, 16 in / 64 out, last 48 steps", c=c,
-                   idle_fraction=round(1 - busy / window, 4),
-                   idle_between_steps_fraction=round(between / window, 4) if boundaries else None,
-                   step_boundaries=boundaries, window_ms=round(window / 1e3, 2),
-                   gpu_busy_ms_per_step=round(busy / 1e3 / 48, 3), wall_ms_per_token=round(wall * 1e3 / 64, 3),
+                   idle_fraction=idle["idle_fraction"], idle_between_steps_fraction=idle["idle_after_readback_fraction"],
+                   step_boundaries=idle["readbacks"], window_ms=idle["window_ms"],
+                   gpu_busy_ms_per_step=round(idle["busy_ms"] / 48, 3), wall_ms_per_token=round(wall * 1e3 / 64, 3),
                    in_flight_steps=llm.engine.core.runner.num_in_flight_steps,
                    overlapped_launches=llm.engine.core.runner.num_overlapped_launches)
         bench.row(**row)
-        (bench.out / f"trace_summary_c{c}.txt").write_text(
-            json.dumps(row, indent=1) + "\n\n" + prof.key_averages().table(sort_by="cuda_time_total" if DEV == "cuda" else "cpu_time_total", row_limit=25))
+        write_trace_summary(bench.out / f"trace_summary_c{c}.txt", row, prof)
         llm.engine.core.shutdown()
         del llm
+        empty_cache()
+
+
+def spec_phases(core) -> Phases:
+    """Wrappers on every phase of an EAGLE step: the engine thread's scheduler, the runner thread's
+    execute and sample, and inside sample the verification and the drafter; the host waits on the device
+    (the two staging-copy events and the two id reads) each under a "wait:" label."""
+    runner = core.runner
+    drafter = runner.drafter
+    phases = Phases()
+    phases.wrap(core.scheduler, "schedule", "scheduler.schedule")
+    phases.wrap(core.scheduler, "update_from_output", "scheduler.update_from_output")
+    phases.wrap(runner, "execute_model", "runner.execute_model")
+    phases.wrap(runner, "sample_tokens", "runner.sample_tokens")
+    if runner.cuda_graphs is not None:
+        phases.wrap(runner.cuda_graphs, "run", "target verify graph (staging + replay)", stream=True)
+        phases.wrap(runner.cuda_graphs._copied, "synchronize", "wait: target staging copy (event)")
+    else:  # the dry run: no graphs on the CPU
+        phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
+    phases.wrap(runner, "_verify", "runner._verify (sampler + rejection)", stream=True,
+                wait="wait: verified ids (sample_tokens' tolist)")
+    phases.wrap(runner, "accept", "synthetic accept (host)")
+    phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
+    phases.wrap(drafter.network, "forward", "drafter network.forward (pass 1; 2..k too when eager)", stream=True)
+    phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True,
+                wait="wait: drafts (propose's tolist)")
+    if drafter.cuda_graphs is not None:
+        phases.wrap(drafter.cuda_graphs._copied, "synchronize", "wait: drafter staging copy (event)")
+    return phases
+
+
+def spec_profile(bench: Bench) -> None:
+    """What an EAGLE k = 4 engine step (random head, SYNTHETIC acceptance 0.7, async scheduling with the
+    batch queue, CUDA graphs, qwen3-8b fast numerics) spends its time on, at c = 1 and 8, 16-token
+    prompts and 64 new tokens, after a warm-up generate. Three runs of the same generate: plain (the wall
+    per step, untouched), instrumented (spec_phases: host ms per step per phase, the waits, the device
+    stream's ms per step of the phases that launch work) and traced (device busy and idle, kernel time
+    by kind, the profiler's table in trace_summary_spec_c{c}.txt).
+
+    A step is a runner step (one execute_model: a verify forward, its verification, the drafter's
+    proposal; the prefill step counts too). The row:
+      wall_ms_per_step                 plain run's generate wall / runner steps; wall_ms_per_engine_step
+                                       divides by the engine's step calls (the engine rows' definition,
+                                       which also counts the batch queue's launch-only calls);
+                                       wall_ms_per_step_instrumented: the same, instrumented (the cost of
+                                       the wrappers and the wait probes)
+      verify_graph_gpu_ms_per_replay,  the device stream's time of the target's verify graph (its staging
+      verify_graph_gpu_ms_per_step,    copy and replay), of runner._verify (sampler, rejection), of
+      sampler_gpu_ms_per_step,         drafter.propose (pass 1 eagerly, passes 2..k from the drafter's graph,
+      drafter_gpu_ms_per_step          the read of the drafts): kernels and copies plus the gaps where the
+                                       device waited for the phase's host launches; all of them in
+                                       stream_ms_per_step
+      wall_over_verify_graph           wall_ms_per_step / verify_graph_gpu_ms_per_replay
+      host_ms_per_step                 host wall time inside each wrapped method, nested as the engine calls
+                                       them (runner.sample_tokens holds _verify, the verified-ids wait and
+                                       drafter.propose, which holds the drafts wait); the engine thread's
+                                       step calls and the generate loop around them
+      waits_ms_per_step                the host waiting on the device, by place; waits_total_ms_per_step
+      gpu_busy_ms_per_step,            from the trace: the union of kernels and copies per step, the idle
+      idle_fraction,                   share of the window, the idle share after device-to-host reads up to
+      idle_after_readbacks_fraction,   the next device activity, kernel ms per step by kind
+      kernel_ms_per_step_by_kind
+      accepted_tokens_per_step         accepted drafts (of k = 4) per request and verify step
+      tokens_per_step                  output tokens per runner step, all requests together"""
+    loaded = get_qwen8b()
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    for c in (1, 8):
+        llm, prompts = short_engine(loaded, c, speculative_config=SpeculativeConfig("eagle", 4),
+                                    synthetic_acceptance_rate=0.7, async_scheduling=True)
+        core = llm.engine.core
+        runner, stats = core.runner, core.scheduler.spec_decoding_stats
+        llm.generate(prompts, params)  # warm-up: kernels compiled, graphs captured
+
+        def counted(run, runner=runner, stats=stats):
+            before = (runner.num_steps, stats.num_drafts, stats.num_accepted_tokens, runner.drafter.num_graph_steps)
+            out = run()
+            after = (runner.num_steps, stats.num_drafts, stats.num_accepted_tokens, runner.drafter.num_graph_steps)
+            return out, [b - a for a, b in zip(before, after, strict=True)]
+
+        plain, (steps, drafts, accepted, _) = counted(lambda llm=llm, prompts=prompts: timed_generate(llm, prompts, params, None))
+        phases = spec_phases(core)
+        try:
+            instrumented, (i_steps, _, _, drafter_graph_steps) = counted(
+                lambda llm=llm, prompts=prompts: timed_generate(llm, prompts, params, None))
+        finally:
+            phases.close()
+        # Every wrapped phase ran: a wrapper on a method the engine no longer calls would report 0 ms.
+        missed = [label for label in phases.labels if phases.calls[label] == 0]
+        if missed:
+            raise RuntimeError(f"spec_profile: phases never called: {missed}")
+        with device_trace() as prof:
+            _, (t_steps, _, _, _) = counted(lambda llm=llm, prompts=prompts: llm.generate(prompts, params))
+        spans = device_spans(prof)
+        # The device's activity is traced from every thread; the dry run's CPU ops only from this one,
+        # and the runner works on its own thread: there the trace figures stay empty.
+        idle = idle_summary(spans) if spans else dict.fromkeys(("busy_ms", "window_ms", "idle_fraction",
+                                                                "idle_after_readback_fraction", "readbacks"))
+        kinds: dict[str, float] = defaultdict(float)
+        for start, stop, name in spans:
+            kinds[kernel_kind(name)] += (stop - start) / 1e3 / t_steps
+
+        def per_step(ms: float, n: int = i_steps) -> float:
+            return round(ms / n, 3)
+
+        stream = {label: per_step(phases.stream_ms(label)) for label in phases.marks}
+        host = {label: per_step(v * 1e3) for label, v in phases.host.items() if not label.startswith("wait:")}
+        # The engine thread: its step calls (schedule, wait for the runner thread's frame, update), and the
+        # generate loop around them (output processing).
+        host["engine step calls (engine thread)"] = per_step(instrumented["step_s"] * 1e3)
+        host["generate loop outside the step calls"] = per_step((instrumented["wall_s"] - instrumented["step_s"]) * 1e3)
+        waits = {label: per_step(v * 1e3) for label, v in phases.host.items() if label.startswith("wait:")}
+        target = next(label for label in phases.marks if label.startswith("target"))
+        target_per_call = phases.stream_ms(target) / phases.calls[target]
+        wall_ms_per_step = plain["wall_s"] * 1e3 / steps
+        row = dict(section="spec_profile",
+                   what="qwen3-8b EAGLE k=4 random head, SYNTHETIC acceptance 0.7, async + batch queue, "
+                        "16 in / 64 out",
+                   c=c, cuda_graphs=runner.cuda_graphs is not None, async_scheduling=llm.engine.async_resolution.enabled,
+                   batch_queue=core.max_concurrent_batches > 1, runner_steps=steps, engine_step_calls=plain["steps"],
+                   accepted_tokens_per_step=round(accepted / max(drafts, 1), 3),
+                   tokens_per_step=round(plain["tokens"] / steps, 3),
+                   wall_ms_per_step=round(wall_ms_per_step, 3),
+                   wall_ms_per_engine_step=round(plain["wall_s"] * 1e3 / plain["steps"], 3),
+                   wall_ms_per_step_instrumented=per_step(instrumented["wall_s"] * 1e3),
+                   verify_graph_gpu_ms_per_replay=round(target_per_call, 3),
+                   verify_graph_gpu_ms_per_step=stream[target],
+                   sampler_gpu_ms_per_step=stream["runner._verify (sampler + rejection)"],
+                   drafter_gpu_ms_per_step=stream["drafter.propose (all)"],
+                   wall_over_verify_graph=round(wall_ms_per_step / target_per_call, 3) if target_per_call else None,
+                   host_ms_per_step=host, waits_ms_per_step=waits, waits_total_ms_per_step=round(sum(waits.values()), 3),
+                   stream_ms_per_step=stream, calls=dict(phases.calls),
+                   drafter_graph_steps=drafter_graph_steps,
+                   gpu_busy_ms_per_step=idle["busy_ms"] and round(idle["busy_ms"] / t_steps, 3),
+                   idle_fraction=idle["idle_fraction"],
+                   idle_after_readbacks_fraction=idle["idle_after_readback_fraction"], readbacks=idle["readbacks"],
+                   traced_steps=t_steps, window_ms=idle["window_ms"],
+                   kernel_ms_per_step_by_kind={k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])})
+        bench.row(**row)
+        write_trace_summary(bench.out / f"trace_summary_spec_c{c}.txt", row, prof)
+        core.shutdown()
+        del llm, core, runner
         empty_cache()
 
 
@@ -716,6 +946,7 @@ def main() -> None:
         ("hf", lambda: hf_peer(bench), 40),
         ("host", lambda: host_breakdown(bench), 20),
         ("async_ab", lambda: async_ab(bench), 50),
+        ("spec_profile", lambda: spec_profile(bench), 30),
         ("oracle_triton", lambda: oracle(bench, "auto"), 60),
         ("oracle_reference", lambda: oracle(bench, "reference"), 60),
     ]

@@ -1,0 +1,39 @@
+"""benchmarks/gpu_bench.py --dry-run: the GPU benchmark's code on the CPU at tiny shapes, so that a mistake
+in a section shows before a GPU run. Here the spec_profile section, which wraps the engine's methods from
+the outside: if the engine stopped calling one of them, its figures would silently read 0 ms."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WAITS = {"wait: verified ids (sample_tokens' tolist)", "wait: drafts (propose's tolist)"}
+
+
+def test_spec_profile_dry_run_times_every_phase(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_bench.py"), "--dry-run", "--out", str(tmp_path),
+         "--only", "spec_profile"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert results["sections"]["spec_profile"]["status"] == "ok", done.stdout[-3000:]
+    rows = [r for r in results["rows"] if r["section"] == "spec_profile"]
+    assert [r["c"] for r in rows] == [1, 8]
+    for row in rows:
+        calls = row["calls"]
+        # The drafter proposed after every verification, each with its two host waits on the device.
+        assert calls["drafter.propose (all)"] == calls["runner._verify (sampler + rejection)"] > 0
+        assert all(calls[w] == calls["drafter.propose (all)"] for w in WAITS)
+        assert set(row["waits_ms_per_step"]) == WAITS
+        assert {"runner.execute_model", "runner.sample_tokens", "scheduler.schedule",
+                "scheduler.update_from_output"} <= set(row["host_ms_per_step"])
+        assert {"runner._verify (sampler + rejection)", "drafter.propose (all)"} <= set(row["stream_ms_per_step"])
+        # SYNTHETIC acceptance 0.7 ran: drafts were accepted.
+        assert row["accepted_tokens_per_step"] > 0
+        assert row["runner_steps"] > 0 and row["async_scheduling"] and row["batch_queue"]
+        summary = (tmp_path / f"trace_summary_spec_c{row['c']}.txt").read_text()
+        assert json.loads(summary.split("\n\n", 1)[0])["c"] == row["c"]
