@@ -2,7 +2,6 @@
 
 import re
 import sys
-from importlib.metadata import version
 from pathlib import Path
 
 import click
@@ -11,6 +10,7 @@ from ladder import config as cfg
 from ladder.audit import DEFAULT_MAX_CPU_PCT, DEFAULT_MAX_LOOP_LAG_MS, AuditThresholds
 from ladder.config import EXIT_USAGE, RunConfig, SetupError
 from ladder.metrics import SLO_METRICS
+from ladder.own_version import own_version
 
 EPILOG = f"""\b
 Defaults: --dataset random, c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
@@ -98,7 +98,7 @@ def _percentiles(ctx, param, value: str) -> tuple[float, ...]:
 
 def _version(ctx, param, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(f"ladder {version('specladder')}")
+        click.echo(f"ladder {own_version()}")
         ctx.exit(0)
 
 

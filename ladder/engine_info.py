@@ -11,10 +11,10 @@ import re
 import shlex
 import sys
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ladder.config import ENGINE_KEYS
+from ladder.own_version import NOT_INSTALLED, own_version
 
 _DTYPES = {
     "float32": "float32", "fp32": "float32", "f32": "float32", "float": "float32", "torch.float32": "float32",
@@ -135,10 +135,8 @@ def _own_version(program: str) -> str | None:
     """specladder's version when `program` is this interpreter's own refengine: then it is this install."""
     if Path(program).absolute().parent != Path(sys.executable).absolute().parent:
         return None
-    try:
-        return f"specladder {version('specladder')}"
-    except PackageNotFoundError:
-        return None
+    own = own_version()
+    return None if own == NOT_INSTALLED else f"specladder {own}"
 
 
 def from_serve_cmd(serve_cmd: str | None) -> dict[str, object]:

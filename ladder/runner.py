@@ -19,7 +19,6 @@ import socket
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from time import perf_counter, time
 
@@ -30,6 +29,7 @@ from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOI
 from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
+from ladder.own_version import own_version
 from ladder.records import RequestRecord, failure
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
@@ -67,7 +67,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
                                           engine_info.from_serve_cmd(serve_cmd))
     hashes = {str(load): w.prompt_hash for load, w in work.rungs.items()}
     return {
-        "tool": "ladder", "version": version("specladder"),
+        "tool": "ladder", "version": own_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
         "epoch": {"unix_time": time() - (perf_counter() - epoch), "perf_counter": epoch},
         "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": serve_cmd,

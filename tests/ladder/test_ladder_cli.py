@@ -96,6 +96,23 @@ def test_version(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out == f"ladder {version('specladder')}\n"
 
 
+def test_version_from_a_source_tree_without_the_distribution(capsys, monkeypatch):
+    """A GPU host without a package registry runs the ladder from the source tree on PYTHONPATH: no
+    installed distribution to ask. The version says so; the run's manifest gets it instead of a traceback."""
+    from importlib.metadata import PackageNotFoundError
+
+    from ladder import own_version
+    from ladder.cli import main
+
+    def missing(name):  # the one behaviour the real install cannot give
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(own_version, "version", missing)
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"ladder {own_version.NOT_INSTALLED}\n"
+
+
 def test_unreachable_url(ladder):
     err = one_line_error(*ladder("--base-url", f"http://127.0.0.1:{free_port()}")[:3])
     assert "cannot reach" in err
