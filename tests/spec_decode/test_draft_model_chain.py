@@ -49,6 +49,7 @@ def test_self_draft_with_all_layers_drafts_the_targets_greedy_chain(tiny4, k):
     drafts = drafter.propose(_batch(tiny4, _input("r", PROMPT[:7], 0, 5, (0, 1, 2))))
     expected = _greedy_continuation(tiny4, PROMPT[:7], k)
     assert drafts == {"r": expected}
+    assert drafter.num_readbacks == k  # one host read per pass: the sync-only draft model's cost
 
 
 def test_a_chunk_filling_its_last_block_exactly_is_ingested_alone(tiny4):

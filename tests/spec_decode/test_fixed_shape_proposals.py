@@ -1,7 +1,8 @@
 """The fixed-shape proposals that a CUDA graph captures per padded batch size (EAGLE/EAGLE3/MTP passes
 2..k, DFlash's query block), run eagerly on the CPU: the device-side metadata every pass builds equals
 the host builder's, padded and sat-out rows write no KV, and each pass writes its KV one position
-further on. The replay itself is checked on a GPU (tests/gpu/test_device_pipeline.py)."""
+further on. The replay itself is checked on a GPU (tests/gpu/test_device_pipeline.py); here a CPU
+stand-in takes the graph path, so the proposals' host inputs must survive the graph's padding."""
 
 
 import pytest
@@ -134,3 +135,41 @@ def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method, 
     # The real row did write: positions 6 and 7 sit in its second block, block 2.
     assert all(layer.key[2].any() for layer in drafter.network.kv_cache.layers)
 
+
+
+class _PaddedReplay:
+    """A CPU stand-in for DraftCudaGraphs, whose CUDA graphs cannot run here: a replay stages the
+    proposal padded to the captured batch size and block-table width (ProposalInputs.padded, as
+    DraftCudaGraphs._fill does), then runs the captured function, the proposer's own `draft`."""
+
+    def __init__(self, draft, batch_size: int, width: int) -> None:
+        self.draft, self.batch_size, self.width = draft, batch_size, width
+        self.num_replays = 0
+
+    def can_run(self, inputs: ProposalInputs) -> bool:
+        return inputs.num_seqs <= self.batch_size and inputs.block_tables.shape[1] <= self.width
+
+    def run(self, inputs: ProposalInputs) -> torch.Tensor:
+        self.num_replays += 1
+        return self.draft(inputs.padded(self.batch_size, self.width))[: inputs.num_seqs]
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
+def test_replayed_proposals_draft_as_eager_ones_with_one_readback_per_step(tiny4, method):
+    """Two steps of one request (the prompt at 0..5, then the sampled token at 6 after a rejection), run
+    eagerly and through the graph path: every proposal's host inputs survive the graph's padding and
+    the replay drafts what the eager run drafts; each step reads its drafts back once."""
+    meta = build_attention_metadata([0], [7], [[0, 1, 2]], BLOCK_SIZE)
+    cache = KVCache.allocate(tiny4.config, 16, BLOCK_SIZE)
+    eager = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
+    replayed = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
+    replayed.cuda_graphs = _PaddedReplay(replayed.draft, batch_size=4, width=5)
+    with torch.inference_mode():
+        out = tiny4.model(torch.tensor(TOKENS[:7]), torch.arange(7), meta, cache, capture_layers=eager.capture_layers)
+        for first, num in [(0, 6), (6, 1)]:
+            d = DraftInput("r", TOKENS[: first + num + 1], first, num, slice(first, first + num), (0, 1, 2), True)
+            batch = DraftBatch((d,), out.hidden_states, out.aux_hidden_states)
+            drafts = eager.propose(batch)
+            assert len(drafts["r"]) == 3 and replayed.propose(batch) == drafts
+    assert replayed.cuda_graphs.num_replays == replayed.num_graph_steps == 2 and replayed.num_eager_steps == 0
+    assert eager.num_readbacks == replayed.num_readbacks == 2
