@@ -243,7 +243,9 @@ def test_the_injected_fault_fires_after_exactly_n_steps(tiny):
     faulty = engine.core.runner
     resolve(run(faulty, step(new=[new("a")], num_scheduled={"a": 4})))
     # Until it fires, the wrapper hands the runner the draft overrides: the padded second draft rejects.
-    out = run(faulty, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [63, 34]}), {"a": [63, -1]})
+    out = run(
+        faulty, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [63, 34]}), {"a": [63, -1]}
+    )
     assert out.sampled_token_ids == [A_GREEDY[1:3]]
     with pytest.raises(InjectedFault, match="^injected fault at runner step 3$"):
         faulty.execute_model(step(cached=[cached("a", 6)], num_scheduled={"a": 1}))
