@@ -3,6 +3,8 @@ committed token its grammar forbids is a named error, never silently accepted; t
 finishes the request with `stop`; forbidden drafts are cut and counted. The runner's rows are written by
 hand: the real runner never emits a masked token, which is exactly what these checks guard."""
 
+import threading
+
 import pytest
 
 from refengine.config import EngineConfig
@@ -12,6 +14,7 @@ from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 
 CHOICE = StructuredOutputsParams(choice=["ab", "xyz"])
+HELD = StructuredOutputsParams(regex="(ab|cd)e+")  # used by no other test: never in the grammar cache
 
 
 def running(manager, k: int = 0) -> tuple[Scheduler, Request]:
@@ -53,3 +56,31 @@ def test_drafts_the_grammar_forbids_are_cut_and_counted(manager):
     step(scheduler, [ord("x")])
     scheduler.update_draft_token_ids({"r": [ord("y"), ord("q"), ord("z")]})
     assert request.spec_token_ids == [ord("y")] and scheduler.num_grammar_cut_drafts == 2
+
+
+def test_an_idle_scheduler_waits_for_the_oldest_grammar_still_compiling(manager):
+    """wait_for_grammar: False when no request waits for its grammar; else it blocks on the oldest such
+    compile for at most its bound and says True. The compile is held on purpose (an event), the one way
+    to keep it unfinished; the bound, not the compile, must end the wait."""
+    scheduler = Scheduler(EngineConfig(num_blocks=32, block_size=4, max_model_len=64), structured_output_manager=manager)
+    assert scheduler.wait_for_grammar(0.01) is False  # nothing waits at all
+    release = threading.Event()
+    compile_grammar = manager.backend.compile
+
+    def held_compile(params):
+        release.wait(timeout=60)
+        return compile_grammar(params)
+
+    manager.backend.compile = held_compile
+    try:
+        plain = Request("plain", [1, 2], SamplingParams(max_tokens=4))
+        scheduler.add_request(plain)
+        assert scheduler.wait_for_grammar(0.01) is False  # a waiting request without a grammar
+        held = Request("held", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=HELD))
+        scheduler.add_request(held)
+        assert held.status == RequestStatus.WAITING_FOR_FSM
+        assert scheduler.wait_for_grammar(0.01) is True
+        assert not held.structured_output_request.is_ready()
+    finally:
+        release.set()
+        manager.backend.compile = compile_grammar
