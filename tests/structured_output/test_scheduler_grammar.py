@@ -62,7 +62,8 @@ def test_an_idle_scheduler_waits_for_the_oldest_grammar_still_compiling(manager)
     """wait_for_grammar: False when no request waits for its grammar; else it blocks on the oldest such
     compile for at most its bound and says True. The compile is held on purpose (an event), the one way
     to keep it unfinished; the bound, not the compile, must end the wait."""
-    scheduler = Scheduler(EngineConfig(num_blocks=32, block_size=4, max_model_len=64), structured_output_manager=manager)
+    config = EngineConfig(num_blocks=32, block_size=4, max_model_len=64)
+    scheduler = Scheduler(config, structured_output_manager=manager)
     assert scheduler.wait_for_grammar(0.01) is False  # nothing waits at all
     release = threading.Event()
     compile_grammar = manager.backend.compile
