@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from refengine.config import EngineConfig
-from refengine.core.outputs import ModelRunnerOutput
+from refengine.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from refengine.core.scheduler import Scheduler, SchedulerInvariantError
 from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -85,3 +85,38 @@ def test_an_idle_scheduler_waits_for_the_oldest_grammar_still_compiling(manager)
     finally:
         release.set()
         manager.backend.compile = compile_grammar
+
+
+def test_a_failed_compile_aborts_its_request_alone_and_the_next_one_is_admitted(manager):
+    """Past the front ends' validation, a grammar that fails to compile aborts its request with the
+    reason and no tokens, in the step that finds it; the request behind it is admitted in that step."""
+    config = EngineConfig(num_blocks=32, block_size=4, max_model_len=64)
+    scheduler = Scheduler(config, structured_output_manager=manager)
+    unclosed = StructuredOutputsParams(regex="(x")
+    bad = Request("bad", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=unclosed))
+    scheduler.add_request(bad)
+    scheduler.add_request(Request("good", [4, 5], SamplingParams(max_tokens=4), arrival_index=1))
+    bad.structured_output_request.wait(60)
+    error = bad.structured_output_request.compile_error
+    assert error
+    so = scheduler.schedule()
+    assert so.num_scheduled_tokens == {"good": 2}
+    outputs = scheduler.update_from_output(so, ModelRunnerOutput(req_ids=["good"], sampled_token_ids=[[7]]))
+    aborted = [o for o in outputs.outputs if o.req_id == "bad"]
+    assert aborted == [EngineCoreOutput("bad", (), RequestStatus.FINISHED_ABORTED.finish_reason, error)]
+    assert bad.status == RequestStatus.FINISHED_ABORTED and "bad" in outputs.finished_req_ids
+
+
+def test_a_compiled_request_that_finds_no_blocks_waits_as_a_plain_request(manager):
+    # Its grammar is ready, so it leaves WAITING_FOR_FSM even when the KV cache has no room for it yet.
+    config = EngineConfig(num_blocks=4, block_size=4, max_model_len=16)
+    scheduler = Scheduler(config, structured_output_manager=manager)
+    scheduler.add_request(Request("big", list(range(1, 15)), SamplingParams(max_tokens=2)))
+    so = scheduler.schedule()
+    assert so.num_scheduled_tokens == {"big": 14}
+    late = Request("late", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=CHOICE), arrival_index=1)
+    scheduler.add_request(late)
+    late.structured_output_request.wait(60)
+    scheduler.update_from_output(so, ModelRunnerOutput(req_ids=["big"], sampled_token_ids=[[7]]))
+    assert scheduler.schedule().num_scheduled_tokens == {"big": 1}  # big's 4 blocks are all there are
+    assert late.status == RequestStatus.WAITING and list(scheduler.waiting) == [late]
