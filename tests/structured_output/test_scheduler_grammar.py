@@ -56,6 +56,8 @@ def test_drafts_the_grammar_forbids_are_cut_and_counted(manager):
     step(scheduler, [ord("x")])
     scheduler.update_draft_token_ids({"r": [ord("y"), ord("q"), ord("z")]})
     assert request.spec_token_ids == [ord("y")] and scheduler.num_grammar_cut_drafts == 2
+    scheduler.update_draft_token_ids({"r": [ord("q"), ord("y")]})  # the count runs over the engine's life
+    assert request.spec_token_ids == [] and scheduler.num_grammar_cut_drafts == 4
 
 
 def test_an_idle_scheduler_waits_for_the_oldest_grammar_still_compiling(manager):
