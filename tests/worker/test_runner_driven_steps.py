@@ -324,3 +324,12 @@ def test_token_logprobs_refuses_rows_and_tokens_that_differ_in_number():
         token_logprobs(torch.zeros(2, 8), [1], 0)
     with pytest.raises(ValueError, match="zip"):
         token_logprobs(torch.zeros(1, 8), [1, 2], 3)
+
+
+def test_a_one_layer_model_runs():
+    # The runner takes its device from the KV cache's first layer: a model of one layer has no other.
+    one_layer = build_tiny_model("qwen3", seed=1, num_hidden_layers=1)
+    runner = make_runner(one_layer)
+    assert runner.device == torch.device("cpu")
+    out = resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
+    assert [len(ids) for ids in out.sampled_token_ids] == [1]
