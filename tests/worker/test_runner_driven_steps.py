@@ -92,12 +92,9 @@ def test_in_flight_steps_count_and_patch_exactly(tiny):
     later b's) input on the device; the host ids are patched one step late, when the step after has
     been launched."""
     runner = make_runner(tiny)
-    assert runner.executed_rows() == ()  # nothing executed yet
     outputs = []
     for so, _ in chunked_b_beside_a():
-        runner.execute_model(so)
-        assert [r.state.req_id for r in runner.executed_rows()] == ["b", "a"]
-        out = runner.sample_tokens()
+        out = run(runner, so)
         assert isinstance(out, AsyncModelRunnerOutput)
         outputs.append(out)
     assert [o.get_output().sampled_token_ids for o in outputs] == [e for _, e in chunked_b_beside_a()]
@@ -224,6 +221,17 @@ def test_finished_and_preempted_requests_leave_the_runner(tiny):
             RunnerInvariantError, match=rf"^scheduled request '{req_id}' has no runner state$"
         ):
             runner.execute_model(step(cached=[cached(req_id, num_computed)], num_scheduled={req_id: 1}))
+
+
+def test_executed_rows_are_those_of_the_step_between_execute_and_sample(tiny):
+    # The hook wrappers read them between the two calls (step_recorder.py); between steps there are none.
+    runner = make_runner(tiny)
+    assert runner.executed_rows() == ()
+    so, _ = chunked_b_beside_a()[0]
+    runner.execute_model(so)
+    assert [(r.state.req_id, r.num_scheduled_tokens) for r in runner.executed_rows()] == [("b", 2), ("a", 4)]
+    runner.sample_tokens()
+    assert runner.executed_rows() == ()
 
 
 def test_calls_out_of_order_are_refused(tiny):
