@@ -122,3 +122,11 @@ def test_a_compiled_request_that_finds_no_blocks_waits_as_a_plain_request(manage
     scheduler.update_from_output(so, ModelRunnerOutput(req_ids=["big"], sampled_token_ids=[[7]]))
     assert scheduler.schedule().num_scheduled_tokens == {"big": 1}  # big's 4 blocks are all there are
     assert late.status == RequestStatus.WAITING and list(scheduler.waiting) == [late]
+
+
+def test_a_scheduler_without_a_grammar_manager_refuses_a_structured_request_by_name():
+    scheduler = Scheduler(EngineConfig(num_blocks=32, block_size=4, max_model_len=64))
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=CHOICE))
+    with pytest.raises(ValueError, match=r"^request 'r' asks for structured output, which this engine lacks$"):
+        scheduler.add_request(request)
+    assert not scheduler.has_requests()
