@@ -3,15 +3,18 @@ committed token its grammar forbids is a named error, never silently accepted; t
 finishes the request with `stop`; forbidden drafts are cut and counted. The runner's rows are written by
 hand: the real runner never emits a masked token, which is exactly what these checks guard."""
 
+import threading
+
 import pytest
 
 from refengine.config import EngineConfig
-from refengine.core.outputs import ModelRunnerOutput
+from refengine.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from refengine.core.scheduler import Scheduler, SchedulerInvariantError
 from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 
 CHOICE = StructuredOutputsParams(choice=["ab", "xyz"])
+HELD = StructuredOutputsParams(regex="(ab|cd)e+")  # used by no other test: never in the grammar cache
 
 
 def running(manager, k: int = 0) -> tuple[Scheduler, Request]:
@@ -53,3 +56,77 @@ def test_drafts_the_grammar_forbids_are_cut_and_counted(manager):
     step(scheduler, [ord("x")])
     scheduler.update_draft_token_ids({"r": [ord("y"), ord("q"), ord("z")]})
     assert request.spec_token_ids == [ord("y")] and scheduler.num_grammar_cut_drafts == 2
+    scheduler.update_draft_token_ids({"r": [ord("q"), ord("y")]})  # the count runs over the engine's life
+    assert request.spec_token_ids == [] and scheduler.num_grammar_cut_drafts == 4
+
+
+def test_an_idle_scheduler_waits_for_the_oldest_grammar_still_compiling(manager):
+    """wait_for_grammar: False when no request waits for its grammar; else it blocks on the oldest such
+    compile for at most its bound and says True. The compile is held on purpose (an event), the one way
+    to keep it unfinished; the bound, not the compile, must end the wait."""
+    config = EngineConfig(num_blocks=32, block_size=4, max_model_len=64)
+    scheduler = Scheduler(config, structured_output_manager=manager)
+    assert scheduler.wait_for_grammar(0.01) is False  # nothing waits at all
+    release = threading.Event()
+    compile_grammar = manager.backend.compile
+
+    def held_compile(params):
+        release.wait(timeout=60)
+        return compile_grammar(params)
+
+    manager.backend.compile = held_compile
+    try:
+        plain = Request("plain", [1, 2], SamplingParams(max_tokens=4))
+        scheduler.add_request(plain)
+        assert scheduler.wait_for_grammar(0.01) is False  # a waiting request without a grammar
+        held = Request("held", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=HELD))
+        scheduler.add_request(held)
+        assert held.status == RequestStatus.WAITING_FOR_FSM
+        assert scheduler.wait_for_grammar(0.01) is True
+        assert not held.structured_output_request.is_ready()
+    finally:
+        release.set()
+        manager.backend.compile = compile_grammar
+
+
+def test_a_failed_compile_aborts_its_request_alone_and_the_next_one_is_admitted(manager):
+    """Past the front ends' validation, a grammar that fails to compile aborts its request with the
+    reason and no tokens, in the step that finds it; the request behind it is admitted in that step."""
+    config = EngineConfig(num_blocks=32, block_size=4, max_model_len=64)
+    scheduler = Scheduler(config, structured_output_manager=manager)
+    unclosed = StructuredOutputsParams(regex="(x")
+    bad = Request("bad", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=unclosed))
+    scheduler.add_request(bad)
+    scheduler.add_request(Request("good", [4, 5], SamplingParams(max_tokens=4), arrival_index=1))
+    bad.structured_output_request.wait(60)
+    error = bad.structured_output_request.compile_error
+    assert error
+    so = scheduler.schedule()
+    assert so.num_scheduled_tokens == {"good": 2}
+    outputs = scheduler.update_from_output(so, ModelRunnerOutput(req_ids=["good"], sampled_token_ids=[[7]]))
+    aborted = [o for o in outputs.outputs if o.req_id == "bad"]
+    assert aborted == [EngineCoreOutput("bad", (), RequestStatus.FINISHED_ABORTED.finish_reason, error)]
+    assert bad.status == RequestStatus.FINISHED_ABORTED and "bad" in outputs.finished_req_ids
+
+
+def test_a_compiled_request_that_finds_no_blocks_waits_as_a_plain_request(manager):
+    # Its grammar is ready, so it leaves WAITING_FOR_FSM even when the KV cache has no room for it yet.
+    config = EngineConfig(num_blocks=4, block_size=4, max_model_len=16)
+    scheduler = Scheduler(config, structured_output_manager=manager)
+    scheduler.add_request(Request("big", list(range(1, 15)), SamplingParams(max_tokens=2)))
+    so = scheduler.schedule()
+    assert so.num_scheduled_tokens == {"big": 14}
+    late = Request("late", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=CHOICE), arrival_index=1)
+    scheduler.add_request(late)
+    late.structured_output_request.wait(60)
+    scheduler.update_from_output(so, ModelRunnerOutput(req_ids=["big"], sampled_token_ids=[[7]]))
+    assert scheduler.schedule().num_scheduled_tokens == {"big": 1}  # big's 4 blocks are all there are
+    assert late.status == RequestStatus.WAITING and list(scheduler.waiting) == [late]
+
+
+def test_a_scheduler_without_a_grammar_manager_refuses_a_structured_request_by_name():
+    scheduler = Scheduler(EngineConfig(num_blocks=32, block_size=4, max_model_len=64))
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=CHOICE))
+    with pytest.raises(ValueError, match=r"^request 'r' asks for structured output, which this engine lacks$"):
+        scheduler.add_request(request)
+    assert not scheduler.has_requests()

@@ -6,10 +6,13 @@ filled, overridden and recorded, and the named errors for calls out of order and
 
 Greedy references (tiny-qwen3, seed 1): [5, 6, 7, 8] -> 92 63 34 266; [9..14] -> 107 213 151."""
 
+import numpy as np
 import pytest
+import torch
 
 from refengine.core.outputs import (
     CachedRequestData,
+    GrammarOutput,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
@@ -24,7 +27,7 @@ from refengine.spec_decode.config import SpeculativeConfig
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.fault_injection import InjectedFault
-from refengine.worker.model_runner import ModelRunner
+from refengine.worker.model_runner import ModelRunner, token_logprobs
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.runner import Runner
 from tests.core.harness import hand_built_output as step
@@ -118,7 +121,7 @@ def test_read_back_steps_give_the_same_ids_and_logprobs(tiny):
         assert [(lp.token_id, lp.top) for lp in out.logprobs["a"]] == [(expected[1][0], [])]
         assert "b" not in out.logprobs
     assert runner.num_in_flight_steps == runner.num_gathered_inputs == 0
-    assert runner.num_steps == runner.num_eager_steps == 4
+    assert runner.num_steps == runner.num_eager_steps == runner.num_readback_steps == 4
     assert runner.requests["a"].token_ids == [*A_PROMPT, *A_GREEDY]
     assert [runner.requests[r].num_computed_tokens for r in "ab"] == [7, 7]
 
@@ -220,6 +223,17 @@ def test_finished_and_preempted_requests_leave_the_runner(tiny):
             runner.execute_model(step(cached=[cached(req_id, num_computed)], num_scheduled={req_id: 1}))
 
 
+def test_executed_rows_are_those_of_the_step_between_execute_and_sample(tiny):
+    # The hook wrappers read them between the two calls (step_recorder.py); between steps there are none.
+    runner = make_runner(tiny)
+    assert runner.executed_rows() == ()
+    so, _ = chunked_b_beside_a()[0]
+    runner.execute_model(so)
+    assert [(r.state.req_id, r.num_scheduled_tokens) for r in runner.executed_rows()] == [("b", 2), ("a", 4)]
+    runner.sample_tokens()
+    assert runner.executed_rows() == ()
+
+
 def test_calls_out_of_order_are_refused(tiny):
     runner = make_runner(tiny)
     with pytest.raises(RunnerInvariantError, match="^sample_tokens called without execute_model$"):
@@ -236,9 +250,13 @@ def test_the_injected_fault_fires_after_exactly_n_steps(tiny):
     engine = make_engine(tiny, fault_after_steps=2)
     faulty = engine.core.runner
     resolve(run(faulty, step(new=[new("a")], num_scheduled={"a": 4})))
-    resolve(run(faulty, step(cached=[cached("a", 4)], num_scheduled={"a": 1})))
+    # Until it fires, the wrapper hands the runner the draft overrides: the padded second draft rejects.
+    out = run(
+        faulty, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [63, 34]}), {"a": [63, -1]}
+    )
+    assert out.sampled_token_ids == [A_GREEDY[1:3]]
     with pytest.raises(InjectedFault, match="^injected fault at runner step 3$"):
-        faulty.execute_model(step(cached=[cached("a", 5)], num_scheduled={"a": 1}))
+        faulty.execute_model(step(cached=[cached("a", 6)], num_scheduled={"a": 1}))
     assert engine.runner.num_steps == 2  # the runner itself never saw the third step
 
 
@@ -288,3 +306,38 @@ def test_a_scheduler_count_behind_the_runner_names_both_counts(tiny):
     message = r"^request 'a': scheduler sent num_computed_tokens=3, behind the runner's exact 4$"
     with pytest.raises(RunnerInvariantError, match=message):
         runner.execute_model(step(cached=[cached("a", 3)], num_scheduled={"a": 1}))
+
+
+def test_grammar_rows_that_do_not_fit_the_step_are_refused_by_name(tiny):
+    """Invariant 25: bitmasks come only for requests the step verifies, one per verified row; the
+    messages name the requests and the counts."""
+    runner = make_runner(tiny)
+    width = -(-tiny.config.vocab_size // 32)
+    resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
+    runner.execute_model(step(cached=[cached("a", 4)], num_scheduled={"a": 1}))
+    stray = GrammarOutput({"z": (0, 1), "y": (1, 1)}, np.full((2, width), -1, dtype=np.int32))
+    with pytest.raises(
+        RunnerInvariantError, match=r"^grammar rows for requests this step does not verify: \['y', 'z'\]$"
+    ):
+        runner.sample_tokens(None, stray)
+    runner.execute_model(step(cached=[cached("a", 4)], num_scheduled={"a": 1}))
+    two_rows = GrammarOutput({"a": (0, 2)}, np.full((2, width), -1, dtype=np.int32))
+    with pytest.raises(RunnerInvariantError, match=r"^request 'a': 2 grammar rows for 0 drafts$"):
+        runner.sample_tokens(None, two_rows)
+
+
+def test_token_logprobs_refuses_rows_and_tokens_that_differ_in_number():
+    # One logits row per emitted token: a count mismatch is a caller's bug, never a silent truncation.
+    with pytest.raises(ValueError, match="zip"):
+        token_logprobs(torch.zeros(2, 8), [1], 0)
+    with pytest.raises(ValueError, match="zip"):
+        token_logprobs(torch.zeros(1, 8), [1, 2], 3)
+
+
+def test_a_one_layer_model_runs():
+    # The runner takes its device from the KV cache's first layer: a model of one layer has no other.
+    one_layer = build_tiny_model("qwen3", seed=1, num_hidden_layers=1)
+    runner = make_runner(one_layer)
+    assert runner.device == torch.device("cpu")
+    out = resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
+    assert [len(ids) for ids in out.sampled_token_ids] == [1]
