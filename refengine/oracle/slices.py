@@ -126,7 +126,7 @@ RULES = (
     "baseline at a banned token.\n"
     "- structured arms: request i follows a JSON schema, a regex or a choice set (i mod 3), without ignore_eos, "
     f"stop tokens, min_tokens or stop strings, and with at least {structured.MAX_TOKENS} tokens to finish in; the "
-    "JSON schema and the regex hold up to 80 characters of free text. INEFFECTIVE if no "
+    f"JSON schema and the regex hold up to {structured.FREE_TEXT_CHARS} characters of free text. INEFFECTIVE if no "
     "verified row was masked and no draft cut by a grammar ('structured'), or if fewer "
     "than 90% of the requests were ended by their grammar ('grammar end'). WRONG if a token was one its grammar "
     "masked, a finished text does not parse or match, or (greedy) a token is not the argmax under the mask.\n"

@@ -14,18 +14,20 @@ from refengine.structured_output.manager import StructuredOutputManager
 # Each constraint leaves room for free text (ASCII words, one byte a character on the tiny byte
 # tokenizer), where a trained drafter's drafts can be accepted: a structured arm of a real head must
 # show accepted drafts under the grammar's masks, not only drafts cut by it.
+FREE_TEXT_CHARS = 80
+FREE_TEXT = f"[A-Za-z ,]{{1,{FREE_TEXT_CHARS}}}"
 SCHEMA = {
     "type": "object",
     "properties": {
         "answer": {"enum": ["yes", "no", "maybe"]},
-        "reason": {"type": "string", "pattern": "^[A-Za-z ,]{1,80}$"},
+        "reason": {"type": "string", "pattern": f"^{FREE_TEXT}$"},
         "score": {"type": "integer", "minimum": 0, "maximum": 9},
         "tags": {"type": "array", "items": {"enum": ["red", "blue"]}, "maxItems": 3},
     },
     "required": ["answer", "reason", "score", "tags"],
     "additionalProperties": False,
 }
-REGEX = r"(yes|no), [A-Za-z ,]{1,80}\."
+REGEX = rf"(yes|no), {FREE_TEXT}\."
 CHOICES = ("Paris", "Rome", "New York")
 # Request i follows constraint i % 3.
 CONSTRAINTS = (
