@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from refengine.model.device import on_device
 from refengine.spec_decode.network_proposer import to_device
 
 
@@ -137,7 +138,8 @@ class DraftCudaGraphs:
     # ---- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode():
+        # New streams and the capture use the thread's current device: make it the graphs' device.
+        with torch.inference_mode(), on_device(self.device):
             for padded in reversed(self.batch_sizes):
                 self._fill(padded, self._no_requests())
                 inputs = self._views(self._static, padded)
@@ -151,7 +153,7 @@ class DraftCudaGraphs:
                 with torch.cuda.graph(graph, pool=pool):
                     drafts = self.draft(inputs)
                 self._graphs[padded] = _Graph(graph, drafts)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
 
     # ---- replay --------------------------------------------------------------------------------
     def padded_size(self, num_seqs: int) -> int | None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from refengine.model.device import on_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
@@ -153,6 +154,11 @@ class ModelRunner:
 
     # ---- execute -----------------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> None:
+        # Streams, events and graph replays go to the thread's current device: make it the model's.
+        with on_device(self.device):
+            self._execute_model(so)
+
+    def _execute_model(self, so: SchedulerOutput) -> None:
         if self._executed is not None:
             raise RunnerInvariantError("execute_model called twice without sample_tokens in between")
         self.num_steps += 1
@@ -272,6 +278,12 @@ class ModelRunner:
         In the common path (no drafts, no logprobs, no bad words) the sampled ids stay on the device and
         the output comes back in flight: nothing here waits for the device. Otherwise the ids are read
         back here, because the drafter, the logprobs or the next bad-words mask need them on the host."""
+        with on_device(self.device):
+            return self._sample_tokens(draft_overrides, grammar_output)
+
+    def _sample_tokens(
+        self, draft_overrides: Mapping[str, list[int]] | None, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         executed, self._executed = self._executed, None
         if executed is None:
             raise RunnerInvariantError("sample_tokens called without execute_model")
