@@ -11,12 +11,11 @@ last pass: one wait per step, not one per draft.
 Pass 1 runs over every row the step fed, rejected drafts included (vLLM's padded drafter batch): each
 request's last committed row is chosen on the device from its count of rejected rows, so drafting
 needs no read-back of the verified ids, and the runner reads tokens, accepted counts and drafts back
-together, once (propose_padded, then take_drafts on the host). Pass 1 runs eagerly; passes 2..k
+together, once (fixed_shape_proposer.py). Pass 1 runs eagerly; passes 2..k
 (`draft`) have one row per request, so once the engine has captured them they replay as one CUDA
 graph per padded batch size.
 """
 
-from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -24,9 +23,8 @@ import torch
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
-from refengine.spec_decode.network_proposer import to_device
-from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput, PaddedDraftBatch
-from refengine.worker.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
+from refengine.spec_decode.proposer import PaddedDraftBatch
+from refengine.worker.attention_metadata_builder import uniform_query_metadata
 
 
 class HiddenDraftNetwork(Protocol):
@@ -54,6 +52,9 @@ class HiddenDraftNetwork(Protocol):
 class HiddenStateProposer(FixedShapeProposer):
     network: HiddenDraftNetwork
     reads_hidden = True
+    # Draft s (s >= 2) is sampled from a row at last_position + s - 1, which needs a slot and a
+    # position; draft 1 comes from the last committed row.
+    extra_slots = 0
 
     def __init__(
         self,
@@ -68,88 +69,15 @@ class HiddenStateProposer(FixedShapeProposer):
         self.method = method  # eagle, eagle3 or mtp
         super().__init__(network, num_speculative_tokens, block_size, max_positions, random_init=random_init)
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
-        """Drafts from a batch whose rows are all committed: the padded path with nothing rejected, and
-        the drafts read back here (a host drafter's protocol; the runner takes the padded path)."""
-        requests = batch.requests
-        ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
-        device = batch.hidden_states.device
-        num_proposing = sum(d.propose for d in requests)
-        padded = PaddedDraftBatch(
-            requests,
-            to_device(torch.tensor(ids, dtype=torch.long), device),
-            torch.zeros(num_proposing, dtype=torch.long, device=device),
-            batch.hidden_states,
-            batch.aux_hidden_states,
-        )
-        drafts = self.propose_padded(padded)
-        self.num_readbacks += 1
-        return self.take_drafts(requests, drafts.tolist())
-
-    def propose_padded(self, batch: PaddedDraftBatch) -> torch.Tensor:
-        """[P, k] drafts on the device, one row per proposing request, without reading anything back.
-        Pass 1 runs over every fed row; each request's last committed row (its last fed row less its
-        rejected ones, vLLM's token_indices_to_sample) is chosen on the device and feeds `draft`. A row's
-        drafts past what its request can hold are cut by take_drafts once the host knows the counts."""
-        requests = batch.requests
+    def ingest(self, batch: PaddedDraftBatch, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Pass 1 over every fed row: the row at position p gets the token after p and the target's row
+        at p."""
         layers = self.network.capture_layers
         source = (
             torch.cat([batch.aux_hidden_states[i] for i in layers], dim=-1) if layers else batch.hidden_states
         )
-        features = torch.cat([source[d.rows] for d in requests])
-        positions = [p for d in requests for p in range(d.first_position, d.last_position + 1)]
-        meta = build_attention_metadata(
-            [d.first_position for d in requests],
-            [d.num_valid_rows for d in requests],
-            [d.block_ids for d in requests],
-            self.block_size,
-        )
-        device = features.device
-        out = self.network.forward(
-            batch.input_ids,
-            self.network.combine(features),
-            to_device(torch.tensor(positions, dtype=torch.long), device),
-            to_device(meta, device),
-        )
-        index = [i for i, d in enumerate(requests) if d.propose]
-        if not index:
-            return torch.zeros(0, self.k, dtype=torch.long, device=device)
-        proposing = [requests[i] for i in index]
-        # Per request: its last fed row and position, and how far its blocks and the head reach.
-        host = torch.tensor(
-            [
-                [int(meta.query_start_loc[i + 1]) - 1 for i in index],
-                [d.last_position for d in proposing],
-                [min(len(d.block_ids) * self.block_size, self.max_positions) for d in proposing],
-            ],
-            dtype=torch.long,
-        )
-        last_fed_row, last_fed_position, limit = to_device(host, device)
-        token_indices_to_sample = last_fed_row - batch.num_rejected_tokens
-        last_position = last_fed_position - batch.num_rejected_tokens
-        inputs = ProposalInputs(
-            tokens=batch.input_ids[token_indices_to_sample],
-            starts=last_position + 1,
-            num_drafts=(limit - last_position).clamp(0, self.k),
-            block_tables=meta.block_tables[index],
-            hidden=out[token_indices_to_sample],
-        )
-        return self._run_draft(inputs, device)
-
-    def take_drafts(self, requests: Sequence[DraftInput], drafts: list[list[int]]) -> dict[str, list[int]]:
-        """The host's side of a padded proposal, once its drafts and the accepted counts have landed:
-        `requests` now count only committed rows. Records them as ingested (invariant 26: a context
-        that does not continue is refused before its drafts are used) and cuts each proposing request's
-        row of `drafts` to what it can hold."""
-        for d in requests:
-            self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
-        proposing = [d for d in requests if d.propose]
-        # Invariant: one row of drafts per proposing request, as propose_padded returned them.
-        if len(drafts) != len(proposing):
-            raise DraftContextError(
-                f"{self.method} drafter: {len(drafts)} rows of drafts for {len(proposing)} proposing requests"
-            )
-        return {d.req_id: row[: self._num_drafts(d)] for d, row in zip(proposing, drafts, strict=True)}
+        features = torch.cat([source[d.rows] for d in batch.requests])
+        return self.network.forward(batch.input_ids, self.network.combine(features), positions, meta)
 
     def draft(self, inputs: ProposalInputs) -> torch.Tensor:
         """Drafts 1..k of each request from its last committed output row. Pass s (2..k) feeds draft
@@ -168,9 +96,3 @@ class HiddenStateProposer(FixedShapeProposer):
             rows = self.network.forward(tokens[-1], rows, positions, meta)
             tokens.append(self.network.greedy_tokens(rows))
         return torch.stack(tokens, dim=1)
-
-    def _num_drafts(self, d: DraftInput) -> int:
-        """Draft s (s >= 2) is sampled from a row at last_position + s - 1, which needs a slot and a
-        position; draft 1 comes from the last committed row."""
-        limit = min(len(d.block_ids) * self.block_size, self.max_positions)
-        return max(0, min(self.k, limit - d.last_position))
