@@ -297,7 +297,7 @@ class ModelRunner:
         if propose_padded is not None and tokens is not None and executed.model_output is not None:
             with torch.inference_mode():
                 drafts = propose_padded(self._padded_draft_batch(executed, verified, tokens))
-        token_rows, draft_rows = self._read_back(tokens, drafts)
+        token_rows, draft_rows = ([], []) if tokens is None else self._read_back(tokens, drafts)
         tokens_by_req = dict(zip((r.state.req_id for r in verified), token_rows, strict=True))
 
         req_ids: list[str] = []
@@ -385,12 +385,10 @@ class ModelRunner:
         )
 
     def _read_back(
-        self, tokens: torch.Tensor | None, drafts: torch.Tensor | None
+        self, tokens: torch.Tensor, drafts: torch.Tensor | None
     ) -> tuple[list[list[int]], list[list[int]]]:
         """The step's one wait for the device: its verified ids (each row's valid prefix: the accepted
         drafts and the recovered or bonus token) and, with a padded drafter, its drafts, in one copy."""
-        if tokens is None:
-            return [], []
         self.num_readback_steps += 1
         width = tokens.shape[1]
         if drafts is None:
