@@ -394,7 +394,7 @@ class ModelRunner:
         if drafts is None:
             rows = tokens.tolist()
         else:
-            # Invariant: a padded drafter proposes one row per verified request, in the same order.
+            # Invariant 30: a padded drafter proposes one row per verified request, in the same order.
             if drafts.shape[0] != tokens.shape[0]:
                 raise RunnerInvariantError(f"{drafts.shape[0]} rows of drafts for {tokens.shape[0]} verified requests")
             rows = torch.cat([tokens, drafts], dim=1).tolist()
