@@ -30,7 +30,8 @@ class DraftGraphError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ProposalInputs:
-    """One row per proposing request, on the host (the integers) or on the device (all of them)."""
+    """One row per proposing request; each integer tensor on the host or (computed there) on the device,
+    the hidden rows on the device."""
 
     tokens: torch.Tensor  # [B] int64: the last sampled token (DFlash feeds it; EAGLE's pass 1 already did)
     starts: torch.Tensor  # [B] int64: the position of the first row the proposal feeds
@@ -121,12 +122,20 @@ class DraftCudaGraphs:
         full = inputs.padded(padded, self.width)
         self._copied.synchronize()  # the previous copy has left the staging buffer
         staged = self._views(self._staging, padded)
-        staged.tokens.copy_(full.tokens)
-        staged.starts.copy_(full.starts)
-        staged.num_drafts.copy_(full.num_drafts)
-        staged.block_tables.copy_(full.block_tables)
+        static = self._views(self._static, padded)
+        device_copies = []
+        for name in ("tokens", "starts", "num_drafts", "block_tables"):
+            value = getattr(full, name)
+            if value.device.type == "cpu":
+                getattr(staged, name).copy_(value)
+            else:
+                device_copies.append((getattr(static, name), value))
         self._static.copy_(self._staging, non_blocking=True)
         self._copied.record()
+        # Integers the device computed (the padded batch's starts and counts) never visit the host: they
+        # overwrite their staged zeros device to device, after the staging copy in stream order.
+        for target, value in device_copies:
+            target.copy_(value)
         if self._hidden is not None:
             self._hidden[:padded].copy_(full.hidden)
 
