@@ -211,12 +211,9 @@ class Phases:
         self.labels: list[str] = []  # every label wrapped, called or not
         self._undo: list[tuple[object, str, object]] = []
 
-    def wrap(self, obj, name: str, label: str, *, stream: bool = False, wait: str | None = None) -> None:
-        """`wait`: after the call, wait for the device and time that under its own label. It stands in for
-        the host read (tolist) that follows the call in the engine and waits for the same work: the read
-        then finds the work done, and the wait has a figure of its own (callers' figures still hold it)."""
+    def wrap(self, obj, name: str, label: str, *, stream: bool = False) -> None:
         original = getattr(obj, name)
-        self.labels += [label] if wait is None else [label, wait]
+        self.labels.append(label)
 
         def wrapper(*args, **kwargs):
             entry = mark() if stream else None
@@ -229,10 +226,6 @@ class Phases:
                 self.calls[label] += 1
                 if stream:
                     self.marks[label].append((entry, mark()))
-                if wait is not None:
-                    sync()
-                    self.host[wait] += time.perf_counter() - t1
-                    self.calls[wait] += 1
 
         own = name in vars(obj)  # an instance attribute (runner.accept) is put back, a method uncovered
         setattr(obj, name, wrapper)
@@ -653,7 +646,7 @@ def gpu_idle(bench: Bench) -> None:
 def spec_phases(core) -> Phases:
     """Wrappers on every phase of an EAGLE step: the engine thread's scheduler, the runner thread's
     execute and sample, and inside sample the verification and the drafter; the host waits on the device
-    (the two staging-copy events and the two id reads) each under a "wait:" label."""
+    (the two staging-copy events and the step's one read of ids and drafts) each under a "wait:" label."""
     runner = core.runner
     drafter = runner.drafter
     phases = Phases()
@@ -666,13 +659,14 @@ def spec_phases(core) -> Phases:
         phases.wrap(runner.cuda_graphs._copied, "synchronize", "wait: target staging copy (event)")
     else:  # the dry run: no graphs on the CPU
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
-    phases.wrap(runner, "_verify", "runner._verify (sampler + rejection)", stream=True,
-                wait="wait: verified ids (sample_tokens' tolist)")
+    phases.wrap(runner, "_verify", "runner._verify (sampler + rejection)", stream=True)
     phases.wrap(runner, "accept", "synthetic accept (host)")
-    phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
+    phases.wrap(drafter, "propose_padded", "drafter.propose_padded (all)", stream=True)
     phases.wrap(drafter.network, "forward", "drafter network.forward (pass 1; 2..k too when eager)", stream=True)
-    phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True,
-                wait="wait: drafts (propose's tolist)")
+    phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True)
+    # The step's one host read: verified ids, accepted counts and drafts in one copy (padded drafter
+    # batch); its host time is the wait for the device.
+    phases.wrap(runner, "_read_back", "wait: the step's one read-back (verified ids + drafts)")
     if drafter.cuda_graphs is not None:
         phases.wrap(drafter.cuda_graphs._copied, "synchronize", "wait: drafter staging copy (event)")
     return phases
@@ -695,14 +689,14 @@ def spec_profile(bench: Bench) -> None:
                                        the wrappers and the wait probes)
       verify_graph_gpu_ms_per_replay,  the device stream's time of the target's verify graph (its staging
       verify_graph_gpu_ms_per_step,    copy and replay), of runner._verify (sampler, rejection), of
-      sampler_gpu_ms_per_step,         drafter.propose (pass 1 eagerly, passes 2..k from the drafter's graph,
-      drafter_gpu_ms_per_step          the read of the drafts): kernels and copies plus the gaps where the
+      sampler_gpu_ms_per_step,         drafter.propose_padded (pass 1 eagerly over every fed row, passes
+      drafter_gpu_ms_per_step          2..k from the drafter's graph): kernels and copies plus the gaps where the
                                        device waited for the phase's host launches; all of them in
                                        stream_ms_per_step
       wall_over_verify_graph           wall_ms_per_step / verify_graph_gpu_ms_per_replay
       host_ms_per_step                 host wall time inside each wrapped method, nested as the engine calls
-                                       them (runner.sample_tokens holds _verify, the verified-ids wait and
-                                       drafter.propose, which holds the drafts wait); the engine thread's
+                                       them (runner.sample_tokens holds _verify, drafter.propose_padded
+                                       and the one read-back wait); the engine thread's
                                        step calls and the generate loop around them
       waits_ms_per_step                the host waiting on the device, by place; waits_total_ms_per_step
       gpu_busy_ms_per_step,            from the trace: the union of kernels and copies per step, the idle
@@ -774,7 +768,7 @@ def spec_profile(bench: Bench) -> None:
                    verify_graph_gpu_ms_per_replay=round(target_per_call, 3),
                    verify_graph_gpu_ms_per_step=stream[target],
                    sampler_gpu_ms_per_step=stream["runner._verify (sampler + rejection)"],
-                   drafter_gpu_ms_per_step=stream["drafter.propose (all)"],
+                   drafter_gpu_ms_per_step=stream["drafter.propose_padded (all)"],
                    wall_over_verify_graph=round(wall_ms_per_step / target_per_call, 3) if target_per_call else None,
                    host_ms_per_step=host, waits_ms_per_step=waits, waits_total_ms_per_step=round(sum(waits.values()), 3),
                    stream_ms_per_step=stream, calls=dict(phases.calls),

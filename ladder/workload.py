@@ -18,6 +18,11 @@ from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, Setu
 from ladder.endpoint import Endpoint
 from ladder.records import RequestRecord, failure
 
+# Probes that might not fit the server's max_model_len are fitted from one short probe of this many words,
+# to this share of it (random words vary in length, so the probes' tokens vary around the estimate).
+PROBE_FIT_WORDS = 16
+PROBE_FIT_SHARE = 0.9
+
 
 @dataclass(frozen=True)
 class Request:
@@ -103,10 +108,9 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
     rng = random.Random(f"ladder-probe:{config.seed}")
     continuous = True
 
-    async def probe(num_words: int) -> tuple[RequestRecord, str]:
-        """(record, prompt text without the nonce) of a 1-token request."""
+    async def probe(text: str) -> RequestRecord:
+        """The record of a 1-token request for `text` (the nonce added)."""
         nonlocal continuous
-        text = prompts.words_text(rng, num_words)
         while True:
             msgs = with_nonce((("user", text),), nonce)
             body = request_body(msgs, model=model, chat=config.chat, max_tokens=1,
@@ -122,11 +126,27 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             if rec.completion_tokens is None and not config.allow_chunk_count:
                 raise SetupError("the server sends no usage.completion_tokens; pass --allow-chunk-count "
                                  "to count one token per chunk")
-            return rec, text
+            return rec
 
     input_len = config.input_len or DEFAULT_INPUT_LEN
     words = (max(16, input_len), max(8, input_len // 2))
-    first, first_text = await probe(words[0] if kind == "random" else 8)  # a dataset's probe checks usage only
+    first_text = prompts.words_text(rng, words[0] if kind == "random" else 8)  # a dataset's probe checks usage only
+    probe_fit: dict | None = None
+    max_model_len = server_engine.get("max_model_len")
+    limit = PROBE_FIT_SHARE * (max_model_len - 1) if isinstance(max_model_len, int) else None  # 1 token out
+    if kind == "random" and limit is not None and len(first_text.encode()) > limit:
+        # A text has hardly more tokens than UTF-8 bytes, so only a probe this long risks a refusal as too
+        # long (a byte-level tokenizer counts every byte). Fit it: a short probe bounds the tokens per word
+        # from above (the template's tokens counted in), and the probes shrink to the most words that fit.
+        short = await probe(prompts.words_text(random.Random(f"ladder-probe-fit:{config.seed}"), PROBE_FIT_WORDS))
+        if short.prompt_tokens is not None:
+            fitted = max(PROBE_FIT_WORDS, int(limit * PROBE_FIT_WORDS // short.prompt_tokens))
+            if fitted < words[0]:
+                probe_fit = {"max_model_len": max_model_len, "words_asked": list(words),
+                             "short_probe": {"words": PROBE_FIT_WORDS, "tokens": short.prompt_tokens}}
+                words = (fitted, max(8, fitted // 2))
+                first_text = prompts.words_text(rng, words[0])
+    first = await probe(first_text)
     sizing: dict = {"method": "dataset"}
     if kind == "random":
         if config.tokenizer is not None:
@@ -145,11 +165,13 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             if first.prompt_tokens is None:
                 raise SetupError("the server reports no usage.prompt_tokens, so prompts cannot be sized; "
                                  "pass --tokenizer PATH")
-            second, _ = await probe(words[1])
+            second = await probe(prompts.words_text(rng, words[1]))
             cal = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
             num_words = cal.words_for(input_len)
             sizer = prompts.calibrated_sizer(num_words)
             sizing = {"method": "probe", "words": num_words, **asdict(cal)}
+        if probe_fit is not None:
+            sizing["probe_fit"] = probe_fit  # the probes were shrunk to fit the server's max_model_len
         output_len = config.output_len or DEFAULT_OUTPUT_LEN
 
         def requests(load: int | float, phase: str, count: int) -> list[Request]:

@@ -19,6 +19,9 @@ class SpeculativeSettings(Protocol):
 class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
+    # A prompt is prefilled at most this many tokens per step (0: no cap, only the budget), as vLLM's
+    # long_prefill_token_threshold; it never cuts a verify step's drafts.
+    long_prefill_token_threshold: int = 0
     max_model_len: int = 2048
     block_size: int = 16
     num_blocks: int = 1024
@@ -49,6 +52,9 @@ class EngineConfig:
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+        threshold = self.long_prefill_token_threshold
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+            raise ValueError(f"EngineConfig.long_prefill_token_threshold must be an integer >= 0, got {threshold!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"EngineConfig.seed must be an integer, got {self.seed!r}")
         if not isinstance(self.async_scheduling, bool):

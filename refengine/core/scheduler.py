@@ -222,6 +222,10 @@ class Scheduler:
         # Invariant 2: catch up with tokens + drafts + placeholders, within the budget, and never compute
         # the position of max_model_len's last token, which is sampled but never fed back.
         num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+        threshold = self.config.long_prefill_token_threshold
+        if threshold and request.num_computed_tokens < request.num_prompt_tokens:
+            # A long prompt takes several steps, so other requests are admitted beside it (chunked prefill).
+            num_new = min(num_new, threshold)
         return max(0, min(num_new, budget, self.config.max_model_len - 1 - request.num_computed_tokens))
 
     def _take(self, request: Request, num_new: int, num_scheduled: dict, spec_tokens: dict) -> None:

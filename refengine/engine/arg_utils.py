@@ -29,6 +29,7 @@ class EngineArgs:
     dtype: str = "float32"
     max_num_seqs: int = _LIMITS.max_num_seqs
     max_num_batched_tokens: int = _LIMITS.max_num_batched_tokens
+    long_prefill_token_threshold: int = _LIMITS.long_prefill_token_threshold
     max_model_len: int | None = None  # None: min(the model's context, EngineConfig's max_model_len)
     block_size: int = _LIMITS.block_size
     num_blocks: int | None = None  # None: as many as kv_cache_memory_gib holds

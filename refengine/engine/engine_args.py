@@ -88,6 +88,7 @@ def build_engine(args: EngineArgs) -> Engine:
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_model_len=max_model_len,
         block_size=args.block_size,
         num_blocks=num_blocks,

@@ -7,12 +7,21 @@ device, without the drafter code knowing about devices.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
 from torch import nn
 
 from refengine.model.kv_cache import KVCache
+
+
+def on_device(device: torch.device | str) -> contextlib.AbstractContextManager:
+    """Make `device` the current CUDA device for a block (a no-op for CPU tensors). Triton kernels,
+    new streams, events and graph captures use the thread's current device, not their tensors': an
+    engine on cuda:1 must launch there, without a process-wide `set_device` that would move others."""
+    device = torch.device(device)
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def move_to_device(obj: object, device: torch.device | str, *, _depth: int = 0, _seen: set[int] | None = None) -> None:

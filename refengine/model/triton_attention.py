@@ -35,6 +35,7 @@ import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import Numerics
+from refengine.model.device import on_device
 from refengine.model.errors import ModelInputError
 from refengine.model.kv_cache import LayerKVCache
 
@@ -384,6 +385,19 @@ def triton_paged_attention(
 
     Only shapes are checked here (values would need a device-to-host read); the reference path
     checks the values."""
+    with on_device(q.device):  # the kernels launch on the current device: make it q's
+        return _paged_attention(q, k, v, cache, meta, scale, numerics)
+
+
+def _paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: LayerKVCache,
+    meta: AttentionMetadata,
+    scale: float,
+    numerics: Numerics,
+) -> torch.Tensor:
     if triton is None:
         raise RuntimeError("the Triton attention backend needs the `triton` package (extra `gpu`)")
     num_tokens, num_heads, head_dim = q.shape

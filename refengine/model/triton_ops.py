@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from refengine.model.device import on_device
+
 try:
     import triton
     import triton.language as tl
@@ -123,9 +125,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     if rows.shape[0]:
-        _rms_norm_kernel[(rows.shape[0],)](
-            rows, weight, out, rows.stride(0), out.stride(0), n, eps, BLOCK=_next_pow2(n), num_warps=4 if n <= 2048 else 8
-        )
+        with on_device(x.device):
+            _rms_norm_kernel[(rows.shape[0],)](
+                rows, weight, out, rows.stride(0), out.stride(0), n, eps, BLOCK=_next_pow2(n),
+                num_warps=4 if n <= 2048 else 8,
+            )
     return out.reshape(shape)
 
 
@@ -138,10 +142,11 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     total = torch.empty_like(x)
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     if x.shape[0]:
-        _add_rms_norm_kernel[(x.shape[0],)](
-            x, delta, weight, total, out, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), n, eps,
-            BLOCK=_next_pow2(n), num_warps=4 if n <= 2048 else 8,
-        )  # fmt: skip
+        with on_device(x.device):
+            _add_rms_norm_kernel[(x.shape[0],)](
+                x, delta, weight, total, out, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), n, eps,
+                BLOCK=_next_pow2(n), num_warps=4 if n <= 2048 else 8,
+            )  # fmt: skip
     return total, out
 
 
@@ -153,7 +158,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     if rows.shape[0]:
-        _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](rows, out, rows.stride(0), out.stride(0), n, BLOCK=block)
+        with on_device(gate_up.device):
+            _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](
+                rows, out, rows.stride(0), out.stride(0), n, BLOCK=block
+            )
     return out.reshape(*gate_up.shape[:-1], n)
 
 
@@ -177,10 +185,11 @@ def norm_rope(
     k_out = torch.empty(num_tokens, num_k, head_dim, dtype=k.dtype, device=k.device)
     norm = q_weight is not None and k_weight is not None
     if num_tokens:
-        _norm_rope_kernel[(num_tokens, num_q + num_k)](
-            q, k, q_weight if norm else q, k_weight if norm else k, q_out, k_out, positions, cos, sin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1),
-            k_out.stride(0), k_out.stride(1), cos.stride(0), eps,
-            NUM_Q_HEADS=num_q, HEAD_DIM=head_dim, NORM=norm,
-        )  # fmt: skip
+        with on_device(q.device):
+            _norm_rope_kernel[(num_tokens, num_q + num_k)](
+                q, k, q_weight if norm else q, k_weight if norm else k, q_out, k_out, positions, cos, sin,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1),
+                k_out.stride(0), k_out.stride(1), cos.stride(0), eps,
+                NUM_Q_HEADS=num_q, HEAD_DIM=head_dim, NORM=norm,
+            )  # fmt: skip
     return q_out, k_out

@@ -82,6 +82,7 @@ def max_tokens(arm: Arm, workload: Workload) -> int:
 
 def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
     longest = max(len(p) for p in workload.prompts)
+    chunk = max(1, min(len(p) for p in workload.prompts) // 2)
     spec = None
     if arm.method is not None:
         method = HOST_METHOD if arm.teacher else arm.method
@@ -99,11 +100,16 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         # Room for every request at once: preempt arms evict on purpose (probe.py), so that the arm
         # preempts at c = 1 too and still reaches its full concurrency.
         "num_blocks": blocks_one_seq * workload.concurrency + 8,
-        # Chunked prefill: a budget shorter than the prompts together, so prefills span several steps, but
-        # with room past c - 1 decoding requests (each 1 + k tokens), so that all c still run at once.
+        # Chunked prefill: every prompt is prefilled over >= 2 steps (a chunk under the shortest prompt), and
+        # the budget holds a chunk or a verify step (1 + k tokens) for each of the c requests, so all c are
+        # admitted in the first step. A budget alone (smaller than the prompts together) admits in arrival
+        # order: at c = 32 the first request finished before the last was admitted (LOW-CONCURRENCY).
         "max_num_batched_tokens": (
-            workload.concurrency * (1 + workload.num_speculative_tokens) + longest // 3 if arm.chunked else EngineArgs.max_num_batched_tokens
+            workload.concurrency * (chunk + 1 + workload.num_speculative_tokens)
+            if arm.chunked
+            else EngineArgs.max_num_batched_tokens
         ),
+        "long_prefill_token_threshold": chunk if arm.chunked else EngineArgs.long_prefill_token_threshold,
         "speculative_config": spec,
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,

@@ -187,19 +187,23 @@ class TeacherHiddenNetwork:
         self.rows.write(meta.slot_mapping, hidden)
         out = torch.zeros(len(input_ids), self.rows.rows.shape[1])
         for seq, begin, end, seq_len, aligned in _sequences(meta, positions):
+            if not aligned:
+                continue
             seen_tokens = self.tokens.read(meta, seq, seq_len)[:, 0]
             seen_rows = self.rows.read(meta, seq, seq_len)
-            if not aligned or seen_tokens.isnan().any():
-                continue
-            tokens = seen_tokens.long().tolist()
-            for traj, feats in zip(self.trajectories.items, self.features, strict=True):
-                # Row q holds token q + 1 and the target's row at q.
-                if traj.tokens[1 : seq_len + 1] == tokens and torch.equal(feats[:seq_len], seen_rows):
-                    for row in range(begin, end):
-                        nxt = int(positions[row]) + 1
-                        if nxt < len(feats):
-                            out[row] = feats[nxt]
-                    break
+            for row in range(begin, end):
+                # Causal, as attention is: the row at position p reads positions 0..p only, so rows a
+                # padded pass feeds past the committed ones (rejected drafts) leave earlier rows alone.
+                length = int(positions[row]) + 1
+                if seen_tokens[:length].isnan().any():
+                    continue
+                tokens = seen_tokens[:length].long().tolist()
+                for traj, feats in zip(self.trajectories.items, self.features, strict=True):
+                    # Row q holds token q + 1 and the target's row at q.
+                    if traj.tokens[1 : length + 1] == tokens and torch.equal(feats[:length], seen_rows[:length]):
+                        if length < len(feats):
+                            out[row] = feats[length]
+                        break
         return out
 
     def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor:
@@ -268,13 +272,19 @@ class CorruptingProposer:
         self.indices = sorted(indices)
         self.vocab_size = vocab_size
         self.random_init = False
+        if hasattr(inner, "propose_padded"):
+            # A padded drafter's drafts reach the host through take_drafts: corrupt them there.
+            self.propose_padded = inner.propose_padded
+            self.take_drafts = lambda requests, rows: self._corrupt(inner.take_drafts(requests, rows))
 
     @property
     def capture_layers(self) -> tuple[int, ...]:
         return self.inner.capture_layers
 
     def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
-        drafts = self.inner.propose(batch)
+        return self._corrupt(self.inner.propose(batch))
+
+    def _corrupt(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         for tokens in drafts.values():
             for j in self.indices:
                 if j < len(tokens):

@@ -13,8 +13,10 @@ k + 1 lookahead slots) and is overwritten by the next step's context rows. The b
 shape for every request (`draft`), so once the engine has captured it, it replays as one CUDA graph per
 padded batch size; storing the context stays eager (its rows vary with the step).
 
-Before every step the request's context length must equal the first position of the rows being
-ingested (DraftContextError otherwise): a desynchronised context is never drafted from.
+The context is stored for every row the step fed, before the host knows what was accepted, and the
+block starts after the last committed one (fixed_shape_proposer.py's padded batch). Each step the
+request's context length must equal the first position of the rows ingested (DraftContextError
+otherwise, before the drafts are used): a desynchronised context is never drafted from.
 """
 
 from typing import Protocol
@@ -29,14 +31,9 @@ from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
-from refengine.spec_decode.network_proposer import to_device
-from refengine.spec_decode.proposer import DraftBatch, DraftInput
+from refengine.spec_decode.proposer import PaddedDraftBatch
 from refengine.spec_decode.target_view import TargetView
-from refengine.worker.attention_metadata_builder import (
-    build_attention_metadata,
-    padded_block_table,
-    uniform_query_metadata,
-)
+from refengine.worker.attention_metadata_builder import uniform_query_metadata
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -141,41 +138,16 @@ class DFlashProposer(FixedShapeProposer):
     method = "dflash"
     network: BlockDraftNetwork
     reads_hidden = False
+    # The block needs slots and positions last_position + 1 .. last_position + 1 + n.
+    extra_slots = 2
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
-        requests = batch.requests
-        for d in requests:
-            self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
+    def ingest(self, batch: PaddedDraftBatch, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+        """Every fed row's context keys and values at its position; a rejected row's lie past the
+        committed context, where the query block (or the next step's context) overwrites them first."""
         features = torch.cat([batch.aux_hidden_states[i] for i in self.network.capture_layers], dim=-1)
-        meta = build_attention_metadata(
-            [d.first_position for d in requests],
-            [d.num_valid_rows for d in requests],
-            [d.block_ids for d in requests],
-            self.block_size,
-        )
-        positions = torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)])
         self.network.store_context(
-            self.network.combine(torch.cat([features[d.rows] for d in requests])),
-            to_device(positions, features.device),
-            to_device(meta, features.device),
+            self.network.combine(torch.cat([features[d.rows] for d in batch.requests])), positions, meta
         )
-        wanted = {d.req_id: self._num_drafts(d) for d in requests if d.propose}
-        drafts: dict[str, list[int]] = {r: [] for r in wanted}
-        proposing = [d for d in requests if wanted.get(d.req_id, 0) > 0]
-        if not proposing:
-            return drafts
-        inputs = ProposalInputs(
-            tokens=torch.tensor([d.token_ids[d.last_position + 1] for d in proposing], dtype=torch.long),
-            starts=torch.tensor([d.last_position + 1 for d in proposing], dtype=torch.long),
-            num_drafts=torch.tensor([wanted[d.req_id] for d in proposing], dtype=torch.long),
-            block_tables=torch.from_numpy(padded_block_table([d.block_ids for d in proposing])[0]),
-            hidden=None,
-        )
-        tokens = self._run_draft(inputs, features.device)
-        self.num_readbacks += 1
-        for d, row in zip(proposing, tokens.tolist(), strict=True):
-            drafts[d.req_id] = row[: wanted[d.req_id]]
-        return drafts
 
     def draft(self, inputs: ProposalInputs) -> torch.Tensor:
         """Every request's query block [t, mask x k] at positions starts .. starts + k; block rows 1..k give
@@ -195,8 +167,3 @@ class DFlashProposer(FixedShapeProposer):
         )
         out = self.network.forward(ids.flatten(), positions, meta)
         return self.network.greedy_tokens(out.view(num_seqs, k + 1, -1)[:, 1:].flatten(0, 1)).view(num_seqs, k)
-
-    def _num_drafts(self, d: DraftInput) -> int:
-        """The block needs slots and positions last_position + 1 .. last_position + 1 + n."""
-        limit = min(len(d.block_ids) * self.block_size, self.max_positions)
-        return max(0, min(self.k, limit - d.last_position - 2))

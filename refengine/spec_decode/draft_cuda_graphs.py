@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from refengine.model.device import on_device
 from refengine.spec_decode.network_proposer import to_device
 
 
@@ -29,7 +30,8 @@ class DraftGraphError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ProposalInputs:
-    """One row per proposing request, on the host (the integers) or on the device (all of them)."""
+    """One row per proposing request; each integer tensor on the host or (computed there) on the device,
+    the hidden rows on the device."""
 
     tokens: torch.Tensor  # [B] int64: the last sampled token (DFlash feeds it; EAGLE's pass 1 already did)
     starts: torch.Tensor  # [B] int64: the position of the first row the proposal feeds
@@ -120,12 +122,20 @@ class DraftCudaGraphs:
         full = inputs.padded(padded, self.width)
         self._copied.synchronize()  # the previous copy has left the staging buffer
         staged = self._views(self._staging, padded)
-        staged.tokens.copy_(full.tokens)
-        staged.starts.copy_(full.starts)
-        staged.num_drafts.copy_(full.num_drafts)
-        staged.block_tables.copy_(full.block_tables)
+        static = self._views(self._static, padded)
+        device_copies = []
+        for name in ("tokens", "starts", "num_drafts", "block_tables"):
+            value = getattr(full, name)
+            if value.device.type == "cpu":
+                getattr(staged, name).copy_(value)
+            else:
+                device_copies.append((getattr(static, name), value))
         self._static.copy_(self._staging, non_blocking=True)
         self._copied.record()
+        # Integers the device computed (the padded batch's starts and counts) never visit the host: they
+        # overwrite their staged zeros device to device, after the staging copy in stream order.
+        for target, value in device_copies:
+            target.copy_(value)
         if self._hidden is not None:
             self._hidden[:padded].copy_(full.hidden)
 
@@ -137,7 +147,8 @@ class DraftCudaGraphs:
     # ---- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode():
+        # New streams and the capture use the thread's current device: make it the graphs' device.
+        with torch.inference_mode(), on_device(self.device):
             for padded in reversed(self.batch_sizes):
                 self._fill(padded, self._no_requests())
                 inputs = self._views(self._static, padded)
@@ -151,7 +162,7 @@ class DraftCudaGraphs:
                 with torch.cuda.graph(graph, pool=pool):
                     drafts = self.draft(inputs)
                 self._graphs[padded] = _Graph(graph, drafts)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
 
     # ---- replay --------------------------------------------------------------------------------
     def padded_size(self, num_seqs: int) -> int | None:

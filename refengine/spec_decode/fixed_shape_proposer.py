@@ -1,25 +1,122 @@
-"""What EAGLE/EAGLE3/MTP and DFlash share past their eager pass over the committed rows: a proposal
-of one row per request whose shapes depend on the batch size alone (`draft`), run eagerly or replayed
-from its CUDA graph once the engine has captured one (draft_cuda_graphs.py)."""
+"""What EAGLE/EAGLE3/MTP and DFlash share: a padded drafter batch (vLLM's) and, past the step's fed rows,
+a proposal of one row per request whose shapes depend on the batch size alone (`draft`), run eagerly or
+replayed from its CUDA graph once the engine has captured one (draft_cuda_graphs.py).
+
+The drafter takes in every row the step fed (`ingest`: EAGLE's pass 1, DFlash's context), rejected
+drafts included, before the host knows what was accepted. Each request's last committed row is its
+last fed row less its rejected ones (vLLM's token_indices_to_sample), chosen on the device, and the
+proposal starts there, so drafting needs no read-back of the verified ids. The drafts stay on the
+device; the runner reads them back with the verified ids, once, and hands the committed counts to
+`take_drafts`. A rejected row's KV lies past the committed positions, where nothing reads it before the
+proposal or the next step overwrites it.
+
+Invariant numbers refer to docs/invariants.md.
+"""
+
+from collections.abc import Sequence
 
 import torch
 
+from refengine.model.attention_metadata import AttentionMetadata
 from refengine.spec_decode.draft_cuda_graphs import DraftCudaGraphs, ProposalInputs
-from refengine.spec_decode.network_proposer import NetworkProposer
+from refengine.spec_decode.network_proposer import NetworkProposer, to_device
+from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput, PaddedDraftBatch
+from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 class FixedShapeProposer(NetworkProposer):
     reads_hidden: bool  # whether `draft` reads ProposalInputs.hidden
+    # Slots a proposal of n drafts needs past position last_position + n (DFlash's block is two longer).
+    extra_slots: int
     # Set once the engine captures the proposal's graphs; until then every proposal runs eagerly.
     cuda_graphs: DraftCudaGraphs | None = None
     # Proposals replayed from a graph and run eagerly: a test proves which path ran.
     num_graph_steps = 0
     num_eager_steps = 0
 
+    def ingest(self, batch: PaddedDraftBatch, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Take in every fed row of the step (device positions and metadata); return the output rows
+        `draft` continues from (one per fed row), or None when it reads none."""
+        raise NotImplementedError
+
     def draft(self, inputs: ProposalInputs) -> torch.Tensor:
         """[B, k] draft ids from device inputs, with tensor ops only (no host read), so that a CUDA
         graph can capture it; a request's drafts past its num_drafts are not used."""
         raise NotImplementedError
+
+    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
+        """Drafts from a batch whose rows are all committed: the padded path with nothing rejected, the
+        drafts read back here (the host drafters' protocol; the runner takes the padded path)."""
+        requests = batch.requests
+        ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
+        device = batch.hidden_states.device
+        padded = PaddedDraftBatch(
+            requests,
+            to_device(torch.tensor(ids, dtype=torch.long), device),
+            torch.zeros(sum(d.propose for d in requests), dtype=torch.long, device=device),
+            batch.hidden_states,
+            batch.aux_hidden_states,
+        )
+        drafts = self.propose_padded(padded)
+        self.num_readbacks += 1
+        return self.take_drafts(requests, drafts.tolist())
+
+    def propose_padded(self, batch: PaddedDraftBatch) -> torch.Tensor:
+        """[P, k] drafts on the device, one row per proposing request, without reading anything back; a
+        row's drafts past what its request can hold are cut by take_drafts once the host knows."""
+        requests = batch.requests
+        meta = build_attention_metadata(
+            [d.first_position for d in requests],
+            [d.num_valid_rows for d in requests],
+            [d.block_ids for d in requests],
+            self.block_size,
+        )
+        device = batch.hidden_states.device
+        positions = torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)])
+        out = self.ingest(batch, to_device(positions, device), to_device(meta, device))
+        index = [i for i, d in enumerate(requests) if d.propose]
+        if not index:
+            return torch.zeros(0, self.k, dtype=torch.long, device=device)
+        proposing = [requests[i] for i in index]
+        # Per request: its last fed row and position, and how far its blocks and the head reach.
+        host = torch.tensor(
+            [
+                [int(meta.query_start_loc[i + 1]) - 1 for i in index],
+                [d.last_position for d in proposing],
+                [min(len(d.block_ids) * self.block_size, self.max_positions) for d in proposing],
+            ],
+            dtype=torch.long,
+        )
+        last_fed_row, last_fed_position, limit = to_device(host, device)
+        token_indices_to_sample = last_fed_row - batch.num_rejected_tokens
+        last_position = last_fed_position - batch.num_rejected_tokens
+        inputs = ProposalInputs(
+            tokens=batch.input_ids[token_indices_to_sample],  # the last sampled token
+            starts=last_position + 1,
+            num_drafts=(limit - last_position - self.extra_slots).clamp(0, self.k),
+            block_tables=meta.block_tables[index],
+            hidden=None if out is None else out[token_indices_to_sample],
+        )
+        return self._run_draft(inputs, device)
+
+    def take_drafts(self, requests: Sequence[DraftInput], drafts: list[list[int]]) -> dict[str, list[int]]:
+        """The host's side of a padded proposal, once its drafts and the accepted counts have landed:
+        `requests` now count committed rows only. Records them as ingested (invariant 26: a context that
+        does not continue is refused before its drafts are used) and cuts each proposing request's row
+        of `drafts` to what it can hold."""
+        for d in requests:
+            self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
+        proposing = [d for d in requests if d.propose]
+        # Invariant 30: one row of drafts per proposing request, as propose_padded returned them.
+        if len(drafts) != len(proposing):
+            raise DraftContextError(
+                f"{self.method} drafter: {len(drafts)} rows of drafts for {len(proposing)} proposing requests"
+            )
+        return {d.req_id: row[: self._num_drafts(d)] for d, row in zip(proposing, drafts, strict=True)}
+
+    def _num_drafts(self, d: DraftInput) -> int:
+        limit = min(len(d.block_ids) * self.block_size, self.max_positions)
+        return max(0, min(self.k, limit - d.last_position - self.extra_slots))
 
     def capture_cuda_graphs(self, batch_sizes: list[int], max_blocks_per_seq: int, device: torch.device) -> None:
         """Capture `draft` for each padded batch size; from now on a proposal that fits one replays it."""

@@ -1,6 +1,6 @@
 """The drafter loop shared by the heads that read the target's hidden states: EAGLE, EAGLE3 and MTP.
 
-Pass 1 runs the head over a request's committed rows: the row at position p gets token_ids[p + 1]
+Pass 1 runs the head over a request's fed rows: the row at position p gets token_ids[p + 1]
 and the target's hidden state at p, so the head's KV at p is built from (token p + 1, hidden p); the
 last row's input is the just-sampled token, and its output gives draft 1. Pass s (2..k) feeds draft
 s - 1 with the head's own output row from the previous pass, one position further on. The head's KV
@@ -8,8 +8,12 @@ past the committed rows is overwritten next step, when pass 1 starts again at th
 computed position. The drafts stay on the device from pass to pass and reach the host once, after the
 last pass: one wait per step, not one per draft.
 
-Pass 1 has as many rows as the step committed and runs eagerly; passes 2..k (`draft`) have one row per
-request, so once the engine has captured them they replay as one CUDA graph per padded batch size.
+Pass 1 runs over every row the step fed, rejected drafts included (vLLM's padded drafter batch): each
+request's last committed row is chosen on the device from its count of rejected rows, so drafting
+needs no read-back of the verified ids, and the runner reads tokens, accepted counts and drafts back
+together, once (fixed_shape_proposer.py). Pass 1 runs eagerly; passes 2..k
+(`draft`) have one row per request, so once the engine has captured them they replay as one CUDA
+graph per padded batch size.
 """
 
 from typing import Protocol
@@ -19,9 +23,8 @@ import torch
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
-from refengine.spec_decode.network_proposer import to_device
-from refengine.spec_decode.proposer import DraftBatch, DraftInput
-from refengine.worker.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
+from refengine.spec_decode.proposer import PaddedDraftBatch
+from refengine.worker.attention_metadata_builder import uniform_query_metadata
 
 
 class HiddenDraftNetwork(Protocol):
@@ -49,6 +52,9 @@ class HiddenDraftNetwork(Protocol):
 class HiddenStateProposer(FixedShapeProposer):
     network: HiddenDraftNetwork
     reads_hidden = True
+    # Draft s (s >= 2) is sampled from a row at last_position + s - 1, which needs a slot and a
+    # position; draft 1 comes from the last committed row.
+    extra_slots = 0
 
     def __init__(
         self,
@@ -63,49 +69,15 @@ class HiddenStateProposer(FixedShapeProposer):
         self.method = method  # eagle, eagle3 or mtp
         super().__init__(network, num_speculative_tokens, block_size, max_positions, random_init=random_init)
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
-        requests = batch.requests
-        for d in requests:
-            self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
+    def ingest(self, batch: PaddedDraftBatch, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Pass 1 over every fed row: the row at position p gets the token after p and the target's row
+        at p."""
         layers = self.network.capture_layers
         source = (
             torch.cat([batch.aux_hidden_states[i] for i in layers], dim=-1) if layers else batch.hidden_states
         )
-        features = torch.cat([source[d.rows] for d in requests])
-        ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
-        positions = [p for d in requests for p in range(d.first_position, d.last_position + 1)]
-        meta = build_attention_metadata(
-            [d.first_position for d in requests],
-            [d.num_valid_rows for d in requests],
-            [d.block_ids for d in requests],
-            self.block_size,
-        )
-        device = features.device
-        out = self.network.forward(
-            to_device(torch.tensor(ids, dtype=torch.long), device),
-            self.network.combine(features),
-            to_device(torch.tensor(positions, dtype=torch.long), device),
-            to_device(meta, device),
-        )
-        wanted = {d.req_id: self._num_drafts(d) for d in requests if d.propose}
-        drafts: dict[str, list[int]] = {r: [] for r in wanted}
-        index = [i for i, d in enumerate(requests) if wanted.get(d.req_id, 0) > 0]
-        if not index:
-            return drafts
-        proposing = [requests[i] for i in index]
-        last_rows = (meta.query_start_loc[1:] - 1)[index]
-        inputs = ProposalInputs(
-            tokens=torch.tensor([d.token_ids[d.last_position + 1] for d in proposing], dtype=torch.long),
-            starts=torch.tensor([d.last_position + 1 for d in proposing], dtype=torch.long),
-            num_drafts=torch.tensor([wanted[d.req_id] for d in proposing], dtype=torch.long),
-            block_tables=meta.block_tables[index],
-            hidden=out[to_device(last_rows, device)],
-        )
-        tokens = self._run_draft(inputs, device)
-        self.num_readbacks += 1
-        for d, row in zip(proposing, tokens.tolist(), strict=True):
-            drafts[d.req_id] = row[: wanted[d.req_id]]
-        return drafts
+        features = torch.cat([source[d.rows] for d in batch.requests])
+        return self.network.forward(batch.input_ids, self.network.combine(features), positions, meta)
 
     def draft(self, inputs: ProposalInputs) -> torch.Tensor:
         """Drafts 1..k of each request from its last committed output row. Pass s (2..k) feeds draft
@@ -124,9 +96,3 @@ class HiddenStateProposer(FixedShapeProposer):
             rows = self.network.forward(tokens[-1], rows, positions, meta)
             tokens.append(self.network.greedy_tokens(rows))
         return torch.stack(tokens, dim=1)
-
-    def _num_drafts(self, d: DraftInput) -> int:
-        """Draft s (s >= 2) is sampled from a row at last_position + s - 1, which needs a slot and a
-        position; draft 1 comes from the last committed row."""
-        limit = min(len(d.block_ids) * self.block_size, self.max_positions)
-        return max(0, min(self.k, limit - d.last_position))

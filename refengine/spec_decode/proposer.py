@@ -48,6 +48,25 @@ class DraftBatch:
     aux_hidden_states: dict[int, torch.Tensor]  # layer i's output, for i in Proposer.capture_layers
 
 
+@dataclass(frozen=True, slots=True)
+class PaddedDraftBatch:
+    """vLLM's padded drafter batch: a step's every fed row, handed to the drafter before the host knows
+    how many drafts were accepted, so that drafting needs no read-back of the verified ids.
+
+    Each request's `num_valid_rows` counts every row it fed, rejected drafts included; the last
+    `num_rejected_tokens` of a proposing request's rows are rejected, and the device picks its last
+    committed row from that count. A rejected row's input id is any valid id: causal attention keeps
+    the committed rows from seeing it, and the next passes (or the next step's pass 1) overwrite its
+    drafter KV before anything reads it.
+    """
+
+    requests: tuple[DraftInput, ...]
+    input_ids: torch.Tensor  # [T] on the device: the token after each fed row (its committed successor)
+    num_rejected_tokens: torch.Tensor  # [P] int64 on the device, one per proposing request, in order
+    hidden_states: torch.Tensor  # [T, H], as in DraftBatch
+    aux_hidden_states: dict[int, torch.Tensor]
+
+
 class Proposer(Protocol):
     """num_speculative_tokens drafts per proposing request, fewer only when it cannot fit (lossless)."""
 

@@ -19,6 +19,7 @@ import torch
 
 from refengine.model import attention
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.device import on_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 
@@ -120,7 +121,8 @@ class CudaGraphs:
         if attention.attention_implementation(self.model.kernels, self.device) != "triton":
             raise RuntimeError("CUDA graphs need the Triton attention backend (the reference reads metadata on the host)")
         pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode():
+        # New streams and the capture use the thread's current device: make it the graphs' device.
+        with torch.inference_mode(), on_device(self.device):
             for q in self.query_lens:
                 for padded in sorted(self.batch_sizes, reverse=True):
                     self._fill(q, padded)
@@ -135,7 +137,7 @@ class CudaGraphs:
                         captured = self._forward(q, padded)
                     captured.graph = graph
                     self._graphs[(q, padded)] = captured
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
 
     # ---- replay --------------------------------------------------------------------------------
     def padded_size(self, num_seqs: int, q: int) -> int | None:

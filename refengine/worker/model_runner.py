@@ -19,11 +19,12 @@ import numpy as np
 import torch
 
 from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from refengine.model.device import on_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
 from refengine.sample.sampler import masked_token_ids, sample_batch
-from refengine.spec_decode.proposer import DraftBatch, DraftInput, Proposer
+from refengine.spec_decode.proposer import DraftBatch, DraftInput, PaddedDraftBatch, Proposer
 from refengine.worker.async_output import AsyncModelRunnerOutput, InFlightTokens
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.errors import RunnerInvariantError
@@ -120,7 +121,8 @@ class ModelRunner:
         self.num_in_flight_steps = 0
         self.num_gathered_inputs = 0
         # Steps whose sampled ids sample_tokens read back to the host, waiting for the device: those
-        # with drafts, logprobs or bad words. The drafter's own reads are its num_readbacks.
+        # with drafts, logprobs or bad words: one per such step, with a padded drafter's drafts in the same
+        # copy. A host drafter's own reads are its num_readbacks.
         self.num_readback_steps = 0
 
     # ---- state -------------------------------------------------------------------------------
@@ -153,6 +155,11 @@ class ModelRunner:
 
     # ---- execute -----------------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> None:
+        # Streams, events and graph replays go to the thread's current device: make it the model's.
+        with on_device(self.device):
+            self._execute_model(so)
+
+    def _execute_model(self, so: SchedulerOutput) -> None:
         if self._executed is not None:
             raise RunnerInvariantError("execute_model called twice without sample_tokens in between")
         self.num_steps += 1
@@ -272,6 +279,12 @@ class ModelRunner:
         In the common path (no drafts, no logprobs, no bad words) the sampled ids stay on the device and
         the output comes back in flight: nothing here waits for the device. Otherwise the ids are read
         back here, because the drafter, the logprobs or the next bad-words mask need them on the host."""
+        with on_device(self.device):
+            return self._sample_tokens(draft_overrides, grammar_output)
+
+    def _sample_tokens(
+        self, draft_overrides: Mapping[str, list[int]] | None, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         executed, self._executed = self._executed, None
         if executed is None:
             raise RunnerInvariantError("sample_tokens called without execute_model")
@@ -291,10 +304,12 @@ class ModelRunner:
         )
         if in_flight:
             return self._send_in_flight(executed.rows, verified, tokens)
-        token_rows = []
-        if tokens is not None:
-            self.num_readback_steps += 1
-            token_rows = [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in tokens.tolist()]
+        propose_padded = getattr(self.drafter, "propose_padded", None)
+        drafts = None
+        if propose_padded is not None and tokens is not None and executed.model_output is not None:
+            with torch.inference_mode():
+                drafts = propose_padded(self._padded_draft_batch(executed, verified, tokens))
+        token_rows, draft_rows = ([], []) if tokens is None else self._read_back(tokens, drafts)
         tokens_by_req = dict(zip((r.state.req_id for r in verified), token_rows, strict=True))
 
         req_ids: list[str] = []
@@ -324,7 +339,11 @@ class ModelRunner:
             sampled.append(tokens_of_row)
             num_accepted = len(tokens_of_row) - 1
             draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens - k + num_accepted, propose=True))
-        if self.drafter is not None and draft_inputs and executed.model_output is not None:
+        if drafts is not None:
+            proposals = self.drafter.take_drafts(draft_inputs, draft_rows)
+            for req_id, proposed in proposals.items():
+                self.requests[req_id].pending_drafts = list(proposed)
+        elif self.drafter is not None and draft_inputs and executed.model_output is not None:
             batch = DraftBatch(
                 tuple(draft_inputs), executed.model_output.hidden_states, executed.model_output.aux_hidden_states
             )
@@ -333,6 +352,66 @@ class ModelRunner:
             for req_id, drafts in proposals.items():
                 self.requests[req_id].pending_drafts = list(drafts)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _padded_draft_batch(
+        self, executed: ExecutedBatch, verified: list[ScheduledRow], tokens: torch.Tensor
+    ) -> PaddedDraftBatch:
+        """Every fed row of the step for the drafter, before the host knows what was accepted. A row's
+        input is the token after it: known on the host up to the last known token, then the verified
+        ids gathered on the device (a rejected row gets its masked -1 as 0: any valid id will do)."""
+        ids: list[int] = []
+        at: list[int] = []  # flat rows whose next token is a verified id ...
+        source: list[int] = []  # ... at this flat index of `tokens`
+        num_drafts: list[int] = []
+        width = tokens.shape[1]
+        verified_index = {r.state.req_id: i for i, r in enumerate(verified)}
+        for row in executed.rows:
+            start, token_ids = row.num_computed_tokens, row.state.token_ids
+            if row.first_logits_row is None:
+                ids += token_ids[start + 1 : start + row.num_scheduled_tokens + 1]
+                continue
+            k = len(row.draft_ids)
+            num_known = row.num_scheduled_tokens - k
+            ids += token_ids[start + 1 : start + num_known]
+            at += range(len(ids), len(ids) + k + 1)
+            v = verified_index[row.state.req_id]
+            source += range(v * width, v * width + k + 1)
+            ids += [0] * (k + 1)
+            num_drafts.append(k)
+        host = torch.tensor(ids + at + source + num_drafts, dtype=torch.int64)
+        if self.device.type == "cuda":
+            host = host.pin_memory().to(self.device, non_blocking=True)  # pragma: no mutate
+        n, m = len(ids), len(at)
+        verified_ids = tokens.reshape(-1)[host[n + m : n + 2 * m]].clamp(min=0)
+        input_ids = host[:n].index_copy(0, host[n : n + m], verified_ids)
+        # vLLM's num_rejected_tokens: a request's fed drafts less the accepted ones (its valid ids - 1).
+        num_accepted = (tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
+        num_rejected = host[n + 2 * m :] - num_accepted
+        model_output = executed.model_output
+        return PaddedDraftBatch(
+            tuple(self._draft_input(r, r.num_scheduled_tokens, propose=r.first_logits_row is not None) for r in executed.rows),
+            input_ids,
+            num_rejected,
+            model_output.hidden_states,
+            model_output.aux_hidden_states,
+        )
+
+    def _read_back(
+        self, tokens: torch.Tensor, drafts: torch.Tensor | None
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """The step's one wait for the device: its verified ids (each row's valid prefix: the accepted
+        drafts and the recovered or bonus token) and, with a padded drafter, its drafts, in one copy."""
+        self.num_readback_steps += 1
+        width = tokens.shape[1]
+        if drafts is None:
+            rows = tokens.tolist()
+        else:
+            # Invariant 30: a padded drafter proposes one row per verified request, in the same order.
+            if drafts.shape[0] != tokens.shape[0]:
+                raise RunnerInvariantError(f"{drafts.shape[0]} rows of drafts for {tokens.shape[0]} verified requests")
+            rows = torch.cat([tokens, drafts], dim=1).tolist()
+        token_rows = [[t for t in row[:width] if t != PLACEHOLDER_TOKEN_ID] for row in rows]
+        return token_rows, [row[width:] for row in rows]
 
     def _send_in_flight(
         self, rows: tuple[ScheduledRow, ...], verified: list[ScheduledRow], tokens: torch.Tensor

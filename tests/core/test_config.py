@@ -31,6 +31,7 @@ def test_speculative_config_supplies_k_and_lookahead():
         ({"num_blocks": 2.0}, r"num_blocks .* got 2\.0"),
         ({"max_model_len": True}, r"max_model_len .* got True"),
         ({"max_model_len": 1}, r"max_model_len=1 leaves no room"),
+        ({"long_prefill_token_threshold": -1}, r"long_prefill_token_threshold must be an integer >= 0, got -1"),
         ({"seed": "0"}, r"seed must be an integer, got '0'"),
         ({"async_scheduling": 1}, r"async_scheduling must be a bool, got 1"),
         ({"speculative_config": Spec(-1, 0)}, r"num_speculative_tokens >= 0 .* got -1 and 0"),

@@ -257,3 +257,19 @@ def test_a_preempted_request_is_readmitted_before_those_already_waiting():
     scheduler.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
     so = scheduler.schedule()
     assert [r.req_id for r in so.scheduled_new_reqs] == ["c", "d"]
+
+
+def test_long_prefill_threshold_chunks_prompts_and_admits_beside_them():
+    """With long_prefill_token_threshold, a prompt gets at most that many tokens a step, so the budget that
+    would have gone to the first prompt admits the others beside it; a verify step is never cut by it."""
+    scheduler = make_scheduler(k=3, max_num_batched_tokens=12, long_prefill_token_threshold=2)
+    for name in "abc":
+        scheduler.add_request(make_request(name, 4, max_tokens=8))
+    so, _ = step(scheduler, {"a": [], "b": [], "c": []})
+    assert so.num_scheduled_tokens == {"a": 2, "b": 2, "c": 2}
+    so, _ = step(scheduler, {"a": [1], "b": [1], "c": [1]})
+    assert so.num_scheduled_tokens == {"a": 2, "b": 2, "c": 2}
+    scheduler.update_draft_token_ids({"a": [5, 6, 7]})
+    so = scheduler.schedule()
+    assert so.num_scheduled_tokens["a"] == 4  # 1 + 3 drafts, over the threshold: not a prompt
+    assert so.scheduled_spec_decode_tokens["a"] == [5, 6, 7]

@@ -40,3 +40,25 @@ def test_jsonl_dataset_at_request_rates_against_refengine_serve(tmp_path, ladder
     assert manifest["workload"]["load"] == {"request_rate": [8.0, float("inf")], "burstiness": 1.0,
                                             "max_concurrency": 3}
     assert manifest["engine"]["engine"] == "refengine"
+
+
+def test_random_prompts_are_sized_by_probes_that_fit_a_small_max_model_len(ladder):
+    """tiny-qwen3's tokenizer is byte-level (about 6 tokens a word): the default probes of 128 and 64 words
+    would be ~750 and ~380 tokens, over --max-model-len 256, and the server refuses them with a 400. The
+    ladder shrinks them to what the server's max_model_len (from /v1/models) holds, says so in the manifest,
+    and sizes the prompts as asked."""
+    cmd = f"{REFENGINE} serve --model tiny-qwen3 --port {{port}} --max-num-seqs 2 --max-model-len 256"
+    code, out, err, run = ladder("--serve-cmd", cmd, "--dataset", "random", "--input-len", "128", "--output-len", "4",
+                                 "--c", "1", "--prompts-per-rung", "2", "--warmup", "0", "--seed", "3",
+                                 # no nonce: the same probe texts every run (a 1-token probe that samples the
+                                 # random model's EOS carries no output and stops the run)
+                                 "--no-cache-bust")
+    assert code == 0, (out, err)
+    sizing = json.loads((run / "manifest.json").read_text())["workload"]["prompt_sizing"]
+    assert sizing["method"] == "probe"
+    assert sizing["probe_fit"]["max_model_len"] == 256 and sizing["probe_fit"]["words_asked"] == [128, 64]
+    assert max(sizing["probe_tokens"]) < 256 and sizing["probe_words"][0] < 128
+    records = load_records(run)
+    assert len(records) == 2 and all(r["error"] is None and r["done"] for r in records)
+    # sized to --input-len 128 from the fitted probes: within the ladder's own tolerance of it
+    assert all(abs(r["prompt_tokens"] - 128) <= 128 * 0.1 for r in records), ([r["prompt_tokens"] for r in records], sizing)

@@ -85,7 +85,9 @@ def test_teacher_acceptance_is_exactly_100_percent(tiny4, trajectories, method, 
 @pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "dflash"])
 def test_corrupted_teacher_accepts_exactly_the_scripted_drafts(tiny4, trajectories, method, first_corrupted):
     vocab = tiny4.config.vocab_size
-    llm, outs = _run(tiny4, trajectories, method, 4, lambda d: CorruptingProposer(d, [first_corrupted], vocab))
+    llm, outs = _run(
+        tiny4, trajectories, method, 4, lambda d: CorruptingProposer(d, [first_corrupted], vocab)
+    )
     records = [r for o in outs for r in o.steps]
     assert records and all(
         r.num_accepted == _expected_accepted(r.draft_token_ids, first_corrupted) for r in records
@@ -93,6 +95,33 @@ def test_corrupted_teacher_accepts_exactly_the_scripted_drafts(tiny4, trajectori
     stats = llm.engine.core.scheduler.spec_decoding_stats
     assert stats.num_accepted_tokens == sum(r.num_accepted for r in records)
     assert {r.num_accepted for r in records} == {first_corrupted}
+
+
+class _EveryOtherStepCorrupted(CorruptingProposer):
+    """Corrupts draft 0 on every other step only: a clean step follows one that rejected everything."""
+
+    num_calls = 0
+
+    def _corrupt(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+        self.num_calls += 1
+        return super()._corrupt(drafts) if self.num_calls % 2 else drafts
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
+def test_a_step_after_a_rejecting_one_accepts_every_draft(tiny4, trajectories, method):
+    """After a step that rejected its drafts, the drafter must draft from the last committed row and
+    position (invariant 30: the padded batch's pass 1 also ran over the rejected rows), so the next
+    clean drafts are all accepted: every step accepts all of its drafts or none."""
+    vocab = tiny4.config.vocab_size
+    _, outs = _run(tiny4, trajectories, method, 4, lambda d: _EveryOtherStepCorrupted(d, [0], vocab))
+    records = [r for o in outs for r in o.steps if r.draft_token_ids]
+    full = [_expected_accepted(r.draft_token_ids, K) for r in records]
+    assert [r.num_accepted for r in records] == [
+        n if r.num_accepted else 0 for r, n in zip(records, full, strict=True)
+    ]
+    assert any(r.num_accepted == 0 for r in records) and any(
+        n > 1 and r.num_accepted == n for r, n in zip(records, full, strict=True)
+    )
 
 
 class _RowShiftedProposer:

@@ -91,3 +91,12 @@ def test_dflash_with_two_target_layers_concatenates_their_features_per_row(tiny4
     )
     drafts = shared.propose(batch)
     assert drafts["r"] == expected["r"] and len(drafts["s"]) == 3
+
+
+@pytest.mark.parametrize("method", ["eagle", "dflash"])
+def test_drafts_for_the_wrong_number_of_requests_are_refused(tiny4, method):
+    """Invariant 30 (docs/invariants.md): the host takes one row of drafts per proposing request, or refuses them all."""
+    drafter = build_proposer(SpeculativeConfig(method, 2), tiny4, LAYOUT)
+    requests = _step(_target_rows(tiny4, drafter.capture_layers, 6), "r", PROMPT[:7], 0, 5).requests
+    with pytest.raises(DraftContextError, match=rf"^{method} drafter: 2 rows of drafts for 1 proposing requests"):
+        drafter.take_drafts(requests, [[1, 2], [3, 4]])

@@ -77,3 +77,35 @@ def test_synthetic_acceptance_accepts_a_prefix_and_never_a_placeholder():
     padded = torch.tensor(list(drafts.values()))
     assert SyntheticAcceptance(1.0)(padded, padded, rows, drafts).tolist() == [3, 1]
     assert SyntheticAcceptance(0.0)(padded, padded, rows, drafts).tolist() == [0, 0]
+
+
+# Counts captured from the per-row implementation (one rng.uniform per draft) before it was batched: the
+# batched hook must accept exactly the same drafts for the same keys, positions and rates. The keys cover
+# both 32-bit halves (2**63 + ..., 2**64 - 1), the drafts a placeholder, token 0, and a row with none.
+PINNED_KEYS = (3, 7, 2**63 + 12345, 2**64 - 1, 0, 987654321987)
+PINNED_LENGTHS = (10, 11, 500, 3, 1, 77)
+PINNED_DRAFTS = {"a": (4, 4, 4, 4), "b": (9, 9, 9, 9), "c": (1, 2, 3, 4), "d": (5, -1, 5, 5), "e": (0, 0), "f": ()}
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [
+        (0.3, [0, 0, 0, 0, 0, 0]),
+        (0.5, [1, 3, 0, 0, 1, 0]),
+        (0.6, [3, 3, 0, 0, 1, 0]),
+        (0.7, [3, 3, 0, 1, 1, 0]),
+        (0.8, [3, 3, 0, 1, 2, 0]),
+        (0.9, [3, 3, 4, 1, 2, 0]),
+        (1.0, [4, 4, 4, 1, 2, 0]),
+    ],
+)
+def test_synthetic_acceptance_batched_counts_are_the_per_row_ones(rate, expected):
+    rows = [
+        ScheduledRow(
+            CachedRequestState(req_id, list(range(length)), 1, 1, (0,), RowParams(0.0, 0, 1.0, 0, (), (), rng_key=key), None),
+            i, 1, 4, 4 * i, drafts, 4 * i,
+        )  # fmt: skip
+        for i, ((req_id, drafts), key, length) in enumerate(zip(PINNED_DRAFTS.items(), PINNED_KEYS, PINNED_LENGTHS))
+    ]
+    padded = torch.tensor([[*d, *[-1] * (4 - len(d))] for d in PINNED_DRAFTS.values()])
+    assert SyntheticAcceptance(rate)(padded, padded, rows, PINNED_DRAFTS).tolist() == expected
