@@ -74,6 +74,12 @@ def build_engine(args: EngineArgs) -> Engine:
             "SYNTHETIC acceptance rate %.2f: drafts are accepted regardless of the target; outputs are not the "
             "model's (speed studies only)", args.synthetic_acceptance_rate,
         )
+    if args.cuda_graph_sizes is not None and (
+        not args.cuda_graph_sizes or min(args.cuda_graph_sizes) < 1 or max(args.cuda_graph_sizes) > args.max_num_seqs
+    ):
+        raise ValueError(
+            f"cuda_graph_sizes must be batch sizes in 1..max_num_seqs={args.max_num_seqs}, got {list(args.cuda_graph_sizes)}"
+        )
     model_config = loaded.config
     max_model_len = args.max_model_len or min(model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
@@ -173,6 +179,7 @@ def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, confi
         max_blocks_per_seq=_max_blocks_per_req(config),
         query_lens=query_lens,
         capture_layers=() if drafter is None else tuple(drafter.capture_layers),
+        batch_sizes=None if args.cuda_graph_sizes is None else sorted(set(args.cuda_graph_sizes)),
     )
     graphs.capture()
     if isinstance(drafter, FixedShapeProposer):

@@ -4,7 +4,8 @@ Two hazards on CPU make a row's result depend on its neighbours (reports/batch-i
 
 * BLAS picks a different kernel and blocking for each matrix shape (a 1-row product runs a gemv, a
   many-row one a gemm), so `(X @ W.T)[i]` changes with the number of rows in X. In batch-invariant
-  mode every product therefore runs on tiles of exactly TILE_ROWS rows, zero-padded, one call each.
+  mode every product therefore runs on tiles of exactly TILE_ROWS rows (GPU_TILE_ROWS for CUDA
+  tensors: cuBLAS too picks its kernel by shape), zero-padded, one call each.
 * torch's vectorised elementwise loops finish a contiguous tensor's tail with scalar code, and for
   `silu` and `sigmoid` the scalar and vector versions differ in the last bit, so a row's result would
   depend on where the tensor ends. These ops are built from `exp`, `sqrt`, `+`, `*` and `/`, whose
@@ -25,6 +26,9 @@ from refengine.model.packed_weight import PackedWeight
 # NOTE(model): 8 rows cost about as much per tile as 4 on the 2-core reference machine, and halve the
 # calls for prefill; see reports/batch-invariance.md for the measurements.
 TILE_ROWS = 8
+# NOTE(model): on a GPU each tile is one kernel launch, and launches, not FLOPs, bound a small model's
+# step: 64 rows keep any decode batch up to 64 in one launch and cut a prefill's launches 8-fold.
+GPU_TILE_ROWS = 64
 
 
 def linear(
@@ -41,13 +45,14 @@ def linear(
 
 def _tiled_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     num_rows = x.shape[0]
-    padded_rows = -(-num_rows // TILE_ROWS) * TILE_ROWS
+    tile_rows = TILE_ROWS if x.device.type == "cpu" else GPU_TILE_ROWS
+    padded_rows = -(-num_rows // tile_rows) * tile_rows
     tiles = x.new_zeros(padded_rows, x.shape[1])
     tiles[:num_rows] = x
     out = x.new_empty(padded_rows, weight.shape[0])
     weight_t = weight.t()
-    for start in range(0, padded_rows, TILE_ROWS):
-        torch.mm(tiles[start : start + TILE_ROWS], weight_t, out=out[start : start + TILE_ROWS])
+    for start in range(0, padded_rows, tile_rows):
+        torch.mm(tiles[start : start + tile_rows], weight_t, out=out[start : start + tile_rows])
     return out[:num_rows]
 
 

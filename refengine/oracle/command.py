@@ -58,8 +58,11 @@ def _device(ctx, param, value: str) -> str:
     return value
 
 
-def _device_name(device: str) -> str:
-    return "the CPU" if device == "cpu" else f"{torch.cuda.get_device_name(device)} ({device}, eager, no CUDA graphs)"
+def _device_name(device: str, num_graph_steps: int, num_steps: int) -> str:
+    if device == "cpu":
+        return "the CPU"
+    graphs = f"CUDA graphs at batch size c: {num_graph_steps} of {num_steps} engine steps replayed"
+    return f"{torch.cuda.get_device_name(device)} ({device}, {graphs})"
 
 
 def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
@@ -97,7 +100,7 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
               help="Worker processes running arms in parallel, each loading the model once and using one thread; "
                    "1 runs every arm in this process. The results do not depend on it.")
 @click.option("--device", default="cpu", show_default=True, callback=_device,
-              help="cpu, or cuda[:N]: the same arms on a GPU, in eager mode (no CUDA graphs).")
+              help="cpu, or cuda[:N]: the same arms on a GPU, their uniform steps replayed from CUDA graphs.")
 @click.pass_context
 def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature,
                    seed, variants, seeded, structured, block_size, write_report, report_path, jobs, device) -> None:
@@ -140,7 +143,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature if seeded else None, seed=seed,
         variants=variants, structured=structured, concurrency=tuple(concurrency), commit=_commit(),
         date=time.strftime("%Y-%m-%d"),
-        host=_host(jobs, device), sections=tuple(sections), labels=dict(labels),
+        host=_host(jobs, device, all_results), sections=tuple(sections), labels=dict(labels),
         elapsed_s=round(time.perf_counter() - started, 1),
     )
     console.print(("[bold red]" if report.num_failed else "[bold green]") + summary(report.labels, report.elapsed_s))
@@ -266,7 +269,9 @@ def _commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
-def _host(jobs: int, device: str) -> str:
+def _host(jobs: int, device: str, results: list[Results]) -> str:
+    arms = [r for done in results for r in done.values()]
+    on = _device_name(device, sum(r.num_graph_steps for r in arms), sum(r.num_engine_steps for r in arms))
     threads = f"{jobs} worker processes of 1 torch thread each" if jobs > 1 else f"{torch.get_num_threads()} torch thread(s)"
     return (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__} "
-            f"on {_device_name(device)}; {threads}")
+            f"on {on}; {threads}")

@@ -69,6 +69,7 @@ class ArmResult:
     num_grammar_cut_drafts: int = 0
     num_grammar_masked_rows: int = 0
     num_ended_by_grammar: int = 0
+    num_graph_steps: int = 0  # engine steps replayed from a CUDA graph (GPU only)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -114,8 +115,9 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,
         "record_steps": True,
-        # Graphs are captured per engine, and the oracle builds one per arm; eager steps run the same kernels.
-        "cuda_graphs": False,
+        # On a GPU the uniform steps replay CUDA graphs, as a server's do. Graphs are captured per engine and
+        # the oracle builds one per arm, so only the batch size c: a smaller batch pads up to it.
+        "cuda_graph_sizes": (workload.concurrency,),
     }
 
 
@@ -186,6 +188,7 @@ def run_arm(
         tokens=tokens,
         steps=[o.steps for o in outs],
         num_engine_steps=llm.engine.runner.num_steps,
+        num_graph_steps=llm.engine.runner.num_graph_steps,
         num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens,
         counts=probe.counts(),

@@ -25,6 +25,7 @@ from triton_attention_cases import clone_cache, make_case, reference, rel_err  #
 from refengine.engine.llm import LLM  # noqa: E402
 from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.config import Numerics  # noqa: E402
+from refengine.model.ops import GPU_TILE_ROWS, linear  # noqa: E402
 from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
@@ -65,6 +66,30 @@ def generate(loaded, **kwargs):
     runner = llm.engine.core.runner
     llm.engine.core.shutdown()
     return [o.token_ids for o in outs], runner
+
+
+def test_tiled_linear_rows_on_the_gpu_ignore_batch_size_position_and_neighbours():
+    """cuBLAS picks its kernel by shape too: a row's product is the same bits alone, in any batch size
+    around the GPU tile, and at any position among other rows."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weight = torch.randn(1536, 1024, generator=gen, device="cuda") / 32
+    x = torch.randn(2 * GPU_TILE_ROWS + 5, 1024, generator=gen, device="cuda")
+    alone = torch.cat([linear(x[i : i + 1], weight, Numerics.BATCH_INVARIANT) for i in range(x.shape[0])])
+    for num_rows in (2, GPU_TILE_ROWS - 1, GPU_TILE_ROWS + 1, x.shape[0]):
+        assert torch.equal(linear(x[:num_rows], weight, Numerics.BATCH_INVARIANT), alone[:num_rows])
+    shuffled = torch.randn_like(x)
+    shuffled[70] = x[0]
+    assert torch.equal(linear(shuffled, weight, Numerics.BATCH_INVARIANT)[70], alone[0])
+
+
+def test_graphs_captured_at_the_asked_sizes_only_pad_smaller_batches():
+    """cuda_graph_sizes (4,): every decode batch of 1..3 rows pads up to the one graph; tokens unchanged."""
+    loaded = tiny(Numerics.BATCH_INVARIANT)
+    eager, _ = generate(loaded, cuda_graphs=False)
+    graphed, runner = generate(loaded, cuda_graph_sizes=(4,))
+    assert runner.cuda_graphs.batch_sizes == [4]
+    assert runner.num_graph_steps > 0 and runner.cuda_graphs.num_replays == runner.num_graph_steps
+    assert graphed == eager
 
 
 def test_cuda_graphs_replay_eager_tokens_bitwise():
