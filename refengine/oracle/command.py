@@ -58,11 +58,12 @@ def _device(ctx, param, value: str) -> str:
     return value
 
 
-def _device_name(device: str, num_graph_steps: int, num_steps: int) -> str:
+def _device_name(device: str, results: list[Results]) -> str:
     if device == "cpu":
         return "the CPU"
-    graphs = f"CUDA graphs at batch size c: {num_graph_steps} of {num_steps} engine steps replayed"
-    return f"{torch.cuda.get_device_name(device)} ({device}, {graphs})"
+    arms = [r for done in results for r in done.values()]
+    replayed, steps = sum(r.num_graph_steps for r in arms), sum(r.num_engine_steps for r in arms)
+    return f"{torch.cuda.get_device_name(device)} ({device}, CUDA graphs at batch size c: {replayed} of {steps} engine steps replayed)"
 
 
 def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
@@ -270,8 +271,6 @@ def _commit() -> str:
 
 
 def _host(jobs: int, device: str, results: list[Results]) -> str:
-    arms = [r for done in results for r in done.values()]
-    on = _device_name(device, sum(r.num_graph_steps for r in arms), sum(r.num_engine_steps for r in arms))
     threads = f"{jobs} worker processes of 1 torch thread each" if jobs > 1 else f"{torch.get_num_threads()} torch thread(s)"
     return (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__} "
-            f"on {on}; {threads}")
+            f"on {_device_name(device, results)}; {threads}")
