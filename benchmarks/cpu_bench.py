@@ -158,7 +158,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--async-concurrency", type=int, default=4)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

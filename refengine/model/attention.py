@@ -20,7 +20,8 @@ from refengine.model.errors import ModelInputError
 from refengine.model.kv_cache import LayerKVCache
 
 # How often each implementation ran, counted when Python runs the op (a CUDA graph's replays run
-# what its capture counted, without passing through here).
+# what its capture counted, without passing through here); "reference-cache-view": of the reference's
+# fast calls, those that read a lone sequence's keys as a view of the cache.
 ATTENTION_CALLS: collections.Counter[str] = collections.Counter()
 
 
@@ -52,19 +53,35 @@ def paged_attention(
         ATTENTION_CALLS["triton"] += 1
         return triton_attention.triton_paged_attention(q, k, v, cache, meta, scale, numerics)
     ATTENTION_CALLS["reference"] += 1
+    _check_rows(meta, q.shape[0])
+    _store_kv(k, v, cache, meta)
+    if numerics is Numerics.FAST:
+        return _attend_grouped(q, cache, meta, scale)
+    starts = meta.query_start_loc.tolist()
+    out = torch.empty_like(q)
+    for seq, seq_len in enumerate(meta.seq_lens.tolist()):
+        begin, end = starts[seq], starts[seq + 1]
+        if begin == end:
+            continue
+        keys, values = _gather_kv(cache, meta.block_tables[seq], seq_len)
+        out[begin:end] = _attend_rows(q[begin:end], keys, values, seq_len, meta.causal, scale)
+    return out
+
+
+def _check_rows(meta: AttentionMetadata, num_tokens: int) -> None:
+    """Invariant: the batch holds exactly the rows the metadata describes, and a causal sequence has
+    keys for all its new tokens. Checked by a step's first layer (the metadata remembers it): every
+    layer sees the same rows, and the host reads cost more than a decode step's attention."""
+    key = ("checked", num_tokens)
+    if key in meta.derived:
+        return
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
-    # Invariant: the batch holds exactly the rows the metadata describes.
-    if (
-        starts[-1] != q.shape[0]
-        or len(seq_lens) != len(starts) - 1
-        or meta.slot_mapping.shape[0] != q.shape[0]
-    ):
+    if starts[-1] != num_tokens or len(seq_lens) != len(starts) - 1 or meta.slot_mapping.shape[0] != num_tokens:
         raise ModelInputError(
             f"attention metadata describes {starts[-1]} tokens in {len(starts) - 1} sequences with "
-            f"{meta.slot_mapping.shape[0]} slots; got {q.shape[0]} tokens and {len(seq_lens)} seq_lens"
+            f"{meta.slot_mapping.shape[0]} slots; got {num_tokens} tokens and {len(seq_lens)} seq_lens"
         )
-    _store_kv(k, v, cache, meta)
     q_lens = [end - begin for begin, end in zip(starts, starts[1:])]
     # A causal row at position p needs p + 1 keys. Non-causal rows all see seq_len keys (a fixed-shape
     # block may carry rows past its sequence's last real one), and a padded sequence (seq_len 0, slots
@@ -72,16 +89,7 @@ def paged_attention(
     short = next((seq for seq, (n, s) in enumerate(zip(q_lens, seq_lens)) if meta.causal and 0 < s < n), None)
     if short is not None:
         raise ModelInputError(f"sequence {short}: seq_len {seq_lens[short]} < its {q_lens[short]} new tokens")
-    if numerics is Numerics.FAST:
-        return _attend_grouped(q, cache, meta, scale)
-    out = torch.empty_like(q)
-    for seq, seq_len in enumerate(seq_lens):
-        begin, end = starts[seq], starts[seq + 1]
-        if begin == end:
-            continue
-        keys, values = _gather_kv(cache, meta.block_tables[seq], seq_len)
-        out[begin:end] = _attend_rows(q[begin:end], keys, values, seq_len, meta.causal, scale)
-    return out
+    meta.derived[key] = True
 
 
 def _store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> None:
@@ -142,6 +150,9 @@ class _Group:
     block_table: torch.Tensor  # [G, blocks] covering the group's longest sequence; -1 replaced by 0
     num_keys: int  # keys read per sequence: the group's longest sequence
     mask: torch.Tensor | None  # [G, 1, n, num_keys] True where a row sees a key; None: it sees them all
+    # A lone sequence whose blocks are consecutive in the cache (the usual case: the block pool hands
+    # out free blocks in order): its first block. Its keys are then a view of the cache, not a gather.
+    first_block: int | None
 
 
 def _fast_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> tuple[_Group, ...]:
@@ -161,7 +172,8 @@ def _fast_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -
         seq_lens = seq_lens_all[seqs]
         num_keys = int(seq_lens.max())
         # Blocks past a sequence's own are -1 in the table: any real block stands in, its keys are masked.
-        table = meta.block_tables[torch.from_numpy(seqs), : -(-num_keys // block_size)].to(device).clamp(min=0)
+        host_table = meta.block_tables[torch.from_numpy(seqs), : -(-num_keys // block_size)]
+        table = host_table.to(device).clamp(min=0)
         mask = None
         # Row i of sequence g sits at position seq_len - n + i: it sees keys up to there (causal) or all.
         # With one row per sequence, or none causal, and equal lengths, every row sees every key read.
@@ -170,9 +182,21 @@ def _fast_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -
             last_key = torch.from_numpy(seq_lens[:, None] - 1 + offsets).to(device)
             mask = (torch.arange(num_keys, device=device) <= last_key[:, :, None])[:, None]
         every_row = len(rows) == starts[-1]  # rows are in order, so they are all of the batch
-        groups.append(_Group(None if every_row else torch.from_numpy(rows).to(device), len(seqs), q_len, table, num_keys, mask))
+        row_ids = None if every_row else torch.from_numpy(rows).to(device)
+        groups.append(_Group(row_ids, len(seqs), q_len, table, num_keys, mask, _first_of_run(host_table)))
     meta.derived[key] = tuple(groups)
     return meta.derived[key]
+
+
+def _first_of_run(table: torch.Tensor) -> int | None:
+    """`table[1, blocks]`'s first block when the blocks run consecutively, else None. Read only from a
+    host table: on a GPU the question would cost a synchronising read."""
+    if table.shape[0] != 1 or table.shape[1] == 0 or table.device.type != "cpu":
+        return None
+    blocks = table[0]
+    first = int(blocks[0])
+    consecutive = torch.equal(blocks, torch.arange(first, first + blocks.shape[0], dtype=blocks.dtype))
+    return first if first >= 0 and consecutive else None
 
 
 def _attend_grouped(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -197,9 +221,15 @@ def _attend_group(q: torch.Tensor, cache: LayerKVCache, group: _Group, scale: fl
     num_heads, head_dim = q.shape[1:]
     num_seqs, q_len, num_kv_heads = group.num_seqs, group.q_len, cache.key.shape[2]
     per_kv = num_heads // num_kv_heads
-    blocks = group.block_table.flatten()  # index_select: a plain gather, cheaper than advanced indexing
-    keys = cache.key.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
-    values = cache.value.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
+    if group.first_block is not None:
+        ATTENTION_CALLS["reference-cache-view"] += 1
+        blocks = slice(group.first_block, group.first_block + group.block_table.shape[1])
+        keys, values = cache.key[blocks], cache.value[blocks]
+    else:
+        blocks = group.block_table.flatten()  # index_select: a plain gather, cheaper than advanced indexing
+        keys, values = cache.key.index_select(0, blocks), cache.value.index_select(0, blocks)
+    keys = keys.view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
+    values = values.view(num_seqs, -1, num_kv_heads, head_dim)[:, : group.num_keys]
     keys, values = keys.permute(0, 2, 1, 3), values.permute(0, 2, 1, 3)  # [G, Hkv, L, D]
     queries = q.view(num_seqs, q_len, num_kv_heads, per_kv, head_dim).permute(0, 2, 3, 1, 4)
     queries = queries.reshape(num_seqs, num_kv_heads, per_kv * q_len, head_dim)

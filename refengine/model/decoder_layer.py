@@ -47,10 +47,12 @@ class Attention(nn.Module):
             k_weight = None if self.k_norm is None else self.k_norm.weight
             eps = 0.0 if self.q_norm is None else self.q_norm.eps
             q, k = triton_ops.norm_rope(q, k, q_weight, k_weight, eps, positions, rotary.cos, rotary.sin)
+        elif self.q_norm is not None and self.k_norm is not None:
+            q, k = self.rotary(positions, self.q_norm(q), self.k_norm(k))
         else:
-            if self.q_norm is not None and self.k_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rotary(positions, q, k)
+            # Queries and keys sit side by side in qkv: one rotation over both heads' columns.
+            qk = qkv[:, : q_size + kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+            q, k = self.rotary.rotate(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
         out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics, self.kernels)
         return self.o_proj(out.reshape(num_tokens, q_size))
 

@@ -59,26 +59,32 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        # [cos | sin with its first half negated], one row per position: one gather serves a whole
+        # step, and rotate_half's negation moves into the table (`-a * b == a * -b` exactly, so the
+        # result is bitwise the textbook `x * cos + rotate_half(x) * sin`).
+        half = head_dim // 2
+        sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
+        self.register_buffer("cos_sin_signed", torch.cat([self.cos, sin_signed], dim=-1), persistent=False)
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> RotaryEmbedding:
         """The target's rotary embedding; drafter heads use the same one."""
         return cls(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
 
+    def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`x[T, H, D]` rotated by its token's position; any heads (queries and keys side by side too)."""
+        tables = self.cos_sin_signed[positions.to(self.cos.device)].unsqueeze(1)
+        cos, sin_signed = tables.chunk(2, dim=-1)
+        x32 = x.float()
+        # roll by half swaps the halves: [x2 | x1], rotate_half(x) before its sign
+        return (x32 * cos + x32.roll(x.shape[-1] // 2, -1) * sin_signed).to(x.dtype)
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`q[T, Hq, D]`, `k[T, Hkv, D]` rotated by their token's position."""
-        positions = positions.to(self.cos.device)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated_half.float() * sin).to(x.dtype)
+        rotated = self.rotate(positions, torch.cat([q, k], dim=1))
+        return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:

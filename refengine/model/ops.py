@@ -62,9 +62,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, fused: bool =
     if triton_ops.use_fused(x, fused):  # one launch on a GPU (triton_ops.py)
         return triton_ops.rms_norm(x, weight, eps)
     x32 = x.float()
-    mean_square = x32.pow(2).mean(-1, keepdim=True)
-    normed = x32 * (1.0 / torch.sqrt(mean_square + eps))
-    return weight * normed.to(x.dtype)
+    # `sqrt` then `reciprocal`, not `rsqrt`: torch's vectorised and scalar `rsqrt` differ in the last
+    # bit, so a row's result would depend on where the tensor ends. (`reciprocal` rather than `1.0 / t`:
+    # a Python scalar operand costs a wrapping copy per call, and a decode step runs two norms a layer.)
+    inv_rms = x32.square().mean(-1, keepdim=True).add(eps).sqrt().reciprocal()
+    return weight * (x32 * inv_rms).to(x.dtype)
 
 
 def silu_and_mul(

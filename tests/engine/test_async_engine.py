@@ -84,6 +84,28 @@ def test_depth2_schedules_next_frame_while_current_executes(tiny):
     assert {thread for name, thread in events if name == "execute"} == {"refengine-runner_0"}
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_depth1_runs_the_runner_on_the_runner_thread(tiny, async_scheduling):
+    """Depth 1 (sync, and async without the batch queue) executes and samples on the same runner thread
+    as depth 2, so an A/B of the two measures the overlap alone, not two threads' OpenMP teams."""
+    llm = LLM(tiny, num_blocks=96, block_size=4, max_model_len=96, async_scheduling=async_scheduling)
+    runner = llm.engine.core.runner
+    threads: list[tuple[str, str]] = []
+
+    def record(name, fn):
+        def wrapped(*args, **kwargs):
+            threads.append((name, threading.current_thread().name))
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    runner.execute_model = record("execute", runner.execute_model)
+    runner.sample_tokens = record("sample", runner.sample_tokens)
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), batch_queue=False)
+    assert {name for name, _ in threads} == {"execute", "sample"}
+    assert {thread for _, thread in threads} == {"refengine-runner_0"}
+
+
 def test_step_records_hold_only_frames_whose_output_was_kept(tiny):
     """At depth 2 a request that reaches max_tokens through accepted drafts already has its next frame
     in flight; the runner verifies drafts in it, and the scheduler discards its output. The request's

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from refengine.model.config import Numerics
+from refengine.model.layers import RotaryEmbedding
 from refengine.model.ops import TILE_ROWS, linear, rms_norm, silu_and_mul
 
 
@@ -58,3 +59,23 @@ def test_primitives_match_their_textbook_definitions() -> None:
     y = x[:, :24]
     expected = weight * y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(rms_norm(y, weight, 1e-6), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_is_bitwise_the_textbook_rotate_half(dtype: torch.dtype) -> None:
+    """The rotary table folds rotate_half's sign into sin and one gather serves queries and keys: the
+    result is bit for bit `x * cos + rotate_half(x) * sin`, for q and k apart and side by side."""
+    gen = torch.Generator().manual_seed(3)
+    rotary = RotaryEmbedding(head_dim=64, max_positions=256, theta=10000.0, scaling=None)
+    positions = torch.tensor([0, 5, 255, 64, 5])
+    q, k = (torch.randn(5, heads, 64, generator=gen).to(dtype) for heads in (9, 3))
+    cos, sin = rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1)
+
+    def textbook(x: torch.Tensor) -> torch.Tensor:
+        rotate_half = torch.cat([-x[..., 32:], x[..., :32]], dim=-1)
+        return (x.float() * cos + rotate_half.float() * sin).to(dtype)
+
+    got_q, got_k = rotary(positions, q, k)
+    assert torch.equal(got_q, textbook(q)) and torch.equal(got_k, textbook(k))
+    side_by_side = rotary.rotate(positions, torch.cat([q, k], dim=1))
+    assert torch.equal(side_by_side, torch.cat([textbook(q), textbook(k)], dim=1))

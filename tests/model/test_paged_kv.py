@@ -17,6 +17,7 @@ from refengine.model import (
     build_tiny_model,
     paged_attention,
 )
+from refengine.model.attention import ATTENTION_CALLS
 from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
@@ -99,6 +100,26 @@ def test_fast_grouped_attention_matches_the_per_row_reference(causal: bool, batc
         for c, numerics in zip(caches, [Numerics.BATCH_INVARIANT, Numerics.FAST], strict=True)
     )
     torch.testing.assert_close(fast, exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("new", [1, 5], ids=["decode", "chunk"])
+@pytest.mark.parametrize("table", [[4, 5, 6], [6, 4, 5]], ids=["consecutive", "scattered"])
+def test_a_lone_sequence_reads_its_keys_in_place_only_from_consecutive_blocks(new: int, table: list) -> None:
+    """Fast mode reads a lone sequence's keys as a view of the cache when its blocks run consecutively,
+    and gathers them otherwise: either way each row gets what the exact per-row attention gives."""
+    gen = torch.Generator().manual_seed(6)
+    heads, kv_heads, head_dim = 6, 2, 8
+    meta = build_attention_metadata([11 - new], [new], [table], BLOCK_SIZE)
+    cache = _layer_cache(8, kv_heads, head_dim)
+    cache.key.normal_(generator=gen)
+    cache.value.normal_(generator=gen)
+    q, k, v = (torch.randn(new, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads))
+    exact = paged_attention(q, k, v, LayerKVCache(cache.key.clone(), cache.value.clone()), meta, 0.3,
+                            Numerics.BATCH_INVARIANT)
+    views_before = ATTENTION_CALLS["reference-cache-view"]
+    fast = paged_attention(q, k, v, cache, meta, 0.3, Numerics.FAST)
+    torch.testing.assert_close(fast, exact, rtol=1e-5, atol=1e-5)
+    assert ATTENTION_CALLS["reference-cache-view"] - views_before == (table == [4, 5, 6])
 
 
 @pytest.mark.parametrize("numerics", list(Numerics))
