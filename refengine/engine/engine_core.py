@@ -70,10 +70,10 @@ class EngineCore:
         if so.pending_constrained_output:
             # Nothing is in flight at depth 1, but the drafts are still -1 placeholders (async): the
             # grammar masks need the drafts the runner fills in, as in the deferred branch.
-            self._worker.submit(self.runner.execute_model, so).result()
-            runner_output = self._worker.submit(self.runner.sample_tokens, *self._constrain_deferred(so)).result()
+            self._on_runner(self.runner.execute_model, so)
+            runner_output = self._on_runner(self.runner.sample_tokens, *self._constrain_deferred(so))
         else:
-            runner_output = self._worker.submit(self._execute, so, self.scheduler.get_grammar_bitmask(so)).result()
+            runner_output = self._on_runner(self._execute, so, self.scheduler.get_grammar_bitmask(so))
         outputs = self.scheduler.update_from_output(so, resolve(runner_output))
         self._post_step()
         return outputs
@@ -117,6 +117,10 @@ class EngineCore:
         if outputs is not None:
             self._post_step()
         return outputs
+
+    def _on_runner(self, fn, *args):
+        """Depth 1: `fn` on the runner thread, waited for."""
+        return self._worker.submit(fn, *args).result()
 
     def _constrain_deferred(self, so: SchedulerOutput) -> tuple[dict[str, list[int]], GrammarOutput | None]:
         """A deferred step's constraints, once every earlier output is applied: its drafts validated and
