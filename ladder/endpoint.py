@@ -8,7 +8,7 @@ import aiohttp
 from ladder.client import Progress, Target, request_body, stream
 from ladder.config import SetupError
 from ladder.metrics import parse_counters
-from ladder.records import RequestRecord, failure
+from ladder.records import RequestRecord, probe_failure
 
 CANARY_TRIES, CANARY_FAILS = 3, 2  # 2 of 3 failed canaries mean the engine is dead
 
@@ -121,7 +121,7 @@ class Endpoint:
                             continuous_usage=False)
         errors = []
         for tries in range(1, CANARY_TRIES + 1):
-            err = failure(await self.probe(body, timeout_s), 1, ignore_eos=True, allow_chunk_count=True)
+            err = probe_failure(await self.probe(body, timeout_s))
             if err:
                 errors.append(err)
             if len(errors) >= CANARY_FAILS:

@@ -48,6 +48,15 @@ def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_c
     return None
 
 
+def probe_failure(rec: RequestRecord) -> str | None:
+    """Why a 1-token probe or canary failed, or None. Such a request only asks the server to answer and
+    count: one token by usage is an answer even when no chunk carried text, as when the token is special
+    and skipped from the text (a random model samples its reserved tokens)."""
+    if rec.error is None and rec.done and not rec.chunk_times and rec.completion_tokens == 1:
+        return None
+    return failure(rec, 1, ignore_eos=True, allow_chunk_count=True)
+
+
 def output_tokens(rec: RequestRecord) -> int:
     """N: the server's usage count; one token per chunk only where --allow-chunk-count allowed it."""
     return rec.completion_tokens if rec.completion_tokens is not None else len(rec.chunk_times)

@@ -16,7 +16,7 @@ from ladder import datasets, engine_info, prompts
 from ladder.client import Messages, request_body
 from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, SetupError
 from ladder.endpoint import Endpoint
-from ladder.records import RequestRecord, failure
+from ladder.records import RequestRecord, probe_failure
 
 # Probes that might not fit the server's max_model_len are fitted from one short probe of this many words,
 # to this share of it (random words vary in length, so the probes' tokens vary around the estimate).
@@ -120,7 +120,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             if continuous and (rec.error or "").startswith("http_error: HTTP 400"):
                 continuous = False
                 continue
-            err = failure(rec, 1, ignore_eos=True, allow_chunk_count=True)
+            err = probe_failure(rec)
             if err:
                 raise SetupError(f"probe request to {ep.base_url + ep.path} failed: {err}")
             if rec.completion_tokens is None and not config.allow_chunk_count:

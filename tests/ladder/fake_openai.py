@@ -33,6 +33,8 @@ Script keys (all optional):
   exit_after_done   the process exits right after completing this many load requests
   token_ids         honour return_token_ids: chunks carry choices[].token_ids           (true)
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
+  silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
+                    text skips it, so no chunk carries output (a random model's reserved tokens)
 """
 
 import argparse
@@ -201,6 +203,8 @@ class FakeServer:
             positions = range(done - n, done)
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
             text = "".join("Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p, d in zip(positions, diverged))
+            if max_tokens == 1 and s.get("silent_one_token"):
+                text = ""
             ids = [99 if d else p % len(TOKEN_TEXTS) for p, d in zip(positions, diverged)]
             finish = ("stop" if stopped else "length") if done == max_tokens else None
             await emit(chunk(text, done, finish=finish, ids=ids))

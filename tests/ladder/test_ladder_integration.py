@@ -95,6 +95,16 @@ def test_one_failed_canary_of_a_live_server_is_not_engine_death(fake_server, lad
     assert "failed=1 (measured 1)" in out
 
 
+def test_probes_and_canaries_that_sample_a_special_token_are_answers(fake_server, ladder):
+    """A 1-token probe or canary whose one token is special (skipped from the text) comes back with usage
+    completion_tokens 1 and no text: the server answered. CI saw a random tiny model do this on one
+    nonce in five, which failed the whole run as "probe request failed: zero_tokens"."""
+    url = fake_server(silent_one_token=True, fail_at=[1])  # a failed request, so the canary runs too
+    code, out, err, run = ladder("--base-url", url, "--c", "1,2", *FAST)
+    assert code == 1, (out, err)  # VOID (the failed request), not 2 (probe) nor 3 (a dead engine)
+    assert [(r["status"], r.get("reason")) for r in load_rungs(run)] == [("VOID", "http_error"), ("OK", None)]
+
+
 def test_goodput_halves_when_half_the_requests_miss_the_ttft_slo(fake_server, ladder):
     # the slow half answers after 2.5 s, beyond the 2 s SLO whatever the load; the fast half after 50 ms,
     # which leaves nearly 2 s of slack for a loaded machine
