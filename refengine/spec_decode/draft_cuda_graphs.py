@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.model.device import on_device
-from refengine.spec_decode.network_proposer import to_device
+from refengine.model.device import on_device, to_device
 
 
 class DraftGraphError(RuntimeError):

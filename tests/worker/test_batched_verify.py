@@ -8,9 +8,9 @@ import torch
 from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
 from refengine.sample.metadata import RowParams
-from refengine.sample.rejection import verify
 from refengine.worker.model_runner import ScheduledRow
 from refengine.worker.request_state import CachedRequestState
+from tests.sample.reference_verify import verify
 
 
 @pytest.fixture(scope="module")
