@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refengine.engine.llm import LLM  # noqa: E402
 from refengine.model import attention  # noqa: E402
+from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import KVCache  # noqa: E402
 from refengine.model.layers import set_kernels  # noqa: E402
@@ -52,7 +53,6 @@ from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step  
 from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
-from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.worker.cuda_graphs import CudaGraphs  # noqa: E402
 
 BANDWIDTH = 4.21e12  # bytes/s, the copy bandwidth for this H200 type

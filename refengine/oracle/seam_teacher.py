@@ -24,6 +24,7 @@ import torch
 
 from refengine.engine.llm import LLM
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.spec_decode.dflash import DFlashProposer, build_target_layer_ids
@@ -31,7 +32,6 @@ from refengine.spec_decode.draft_model import DraftModelProposer
 from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
 from refengine.spec_decode.hidden_state_proposer import HiddenStateProposer
 from refengine.spec_decode.proposer import DraftBatch, Proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 GARBAGE_TOKEN = 0  # what a teacher proposes when its inputs do not match any trajectory
 DFLASH_MASK_TOKEN = 5  # any id works for the teacher: it only checks the block carries it

@@ -10,11 +10,11 @@ from typing import Protocol
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import Transformer
 from refengine.spec_decode.network_proposer import NetworkProposer
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 class TokenDraftNetwork(Protocol):

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.device import to_device
 from refengine.spec_decode.draft_cuda_graphs import DraftCudaGraphs, ProposalInputs
 from refengine.spec_decode.network_proposer import NetworkProposer
 from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput, PaddedDraftBatch
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 
 class FixedShapeProposer(NetworkProposer):

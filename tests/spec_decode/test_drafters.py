@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from refengine.model import KVCache
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.context import ContextLengths
 from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput
 from refengine.spec_decode.registry import KVLayout, build_proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 4
 TOKENS = [11, 42, 7, 99, 150, 3, 77, 21, 64, 5]

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from refengine.model import KVCache
+from refengine.model.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
 from refengine.model.config import Numerics
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.proposer import DraftBatch, DraftInput
 from refengine.spec_decode.registry import KVLayout, build_proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
 
 BLOCK_SIZE = 4
 TOKENS = [11, 42, 7, 99, 150, 3, 77, 21, 64, 5]

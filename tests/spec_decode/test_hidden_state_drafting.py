@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from refengine.model import KVCache
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.hidden_state_proposer import HiddenStateProposer
 from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput
 from refengine.spec_decode.registry import KVLayout, build_network, build_proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 4
 LAYOUT = KVLayout(num_blocks=8, block_size=BLOCK_SIZE)
