@@ -30,7 +30,7 @@ from refengine.sample.rejection_sampler import (
     draft_row_masks,
     rejection_sample,
 )
-from refengine.spec_decode.proposer import DraftBatch, DraftInput, PaddedDraftBatch, Proposer
+from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch, Proposer
 from refengine.worker.async_output import AsyncModelRunnerOutput, InFlightTokens
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.errors import RunnerInvariantError
@@ -295,11 +295,11 @@ class ModelRunner:
         )
         if in_flight:
             return self._send_in_flight(executed.rows, verified, tokens)
-        propose_padded = getattr(self.drafter, "propose_padded", None)
-        drafts = None
-        if propose_padded is not None and tokens is not None and executed.model_output is not None:
+        drafting = self.drafter is not None and executed.model_output is not None
+        drafts = None  # the drafter's device drafts, one row per verified request
+        if drafting:
             with torch.inference_mode():
-                drafts = propose_padded(self._padded_draft_batch(executed, verified, tokens))
+                drafts = self.drafter.propose(self._padded_draft_batch(executed, verified, tokens))
         token_rows, draft_rows = ([], []) if tokens is None else self._read_back(tokens, drafts)
         tokens_by_req = dict(zip((r.state.req_id for r in verified), token_rows, strict=True))
 
@@ -330,26 +330,22 @@ class ModelRunner:
             sampled.append(tokens_of_row)
             num_accepted = len(tokens_of_row) - 1
             draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens - k + num_accepted, propose=True))
-        if drafts is not None:
-            proposals = self.drafter.take_drafts(draft_inputs, draft_rows)
+        if drafting:
+            with torch.inference_mode():
+                proposals = self.drafter.commit(draft_inputs, None if drafts is None else draft_rows)
             for req_id, proposed in proposals.items():
                 self.requests[req_id].pending_drafts = list(proposed)
-        elif self.drafter is not None and draft_inputs and executed.model_output is not None:
-            batch = DraftBatch(
-                tuple(draft_inputs), executed.model_output.hidden_states, executed.model_output.aux_hidden_states
-            )
-            with torch.inference_mode():
-                proposals = self.drafter.propose(batch)
-            for req_id, drafts in proposals.items():
-                self.requests[req_id].pending_drafts = list(drafts)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
 
     def _padded_draft_batch(
-        self, executed: ExecutedBatch, verified: list[ScheduledRow], tokens: torch.Tensor
+        self, executed: ExecutedBatch, verified: list[ScheduledRow], tokens: torch.Tensor | None
     ) -> PaddedDraftBatch:
         """Every fed row of the step for the drafter, before the host knows what was accepted. A row's
         input is the token after it: known on the host up to the last known token, then the verified
-        ids gathered on the device (a rejected row gets its masked -1 as 0: any valid id will do)."""
+        ids gathered on the device (a rejected row gets its masked -1 as 0: any valid id will do).
+        `tokens` is None for a step of prefill chunks only, which verifies nothing."""
+        if tokens is None:
+            tokens = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         ids: list[int] = []
         at: list[int] = []  # flat rows whose next token is a verified id ...
         source: list[int] = []  # ... at this flat index of `tokens`
