@@ -80,6 +80,12 @@ class SpecDecodeMetadata:
         host-to-device copy."""
         num = np.fromiter((len(d) for d in drafts), dtype=np.int64, count=len(drafts))
         width = int(num.max(initial=0))
+        if width == 0 and list(first_logits_rows) == list(range(len(drafts))):
+            # No drafts, one logits row per request in order (every step without speculation): the
+            # indices are made on the device, with no host-to-device copy.
+            none = torch.zeros(len(drafts), 0, dtype=torch.long, device=device)
+            index = torch.arange(len(drafts), dtype=torch.long, device=device)[:, None]
+            return cls(none, none.new_zeros(len(drafts)), index, draft_probs)
         padded = np.full((len(drafts), width), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
         for r, row in enumerate(drafts):
             padded[r, : len(row)] = row
