@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refengine.engine.llm import LLM  # noqa: E402
 from refengine.model import attention  # noqa: E402
+from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import KVCache  # noqa: E402
 from refengine.model.layers import set_kernels  # noqa: E402
@@ -52,7 +53,6 @@ from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step  
 from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
-from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.worker.cuda_graphs import CudaGraphs  # noqa: E402
 
 BANDWIDTH = 4.21e12  # bytes/s, the copy bandwidth for this H200 type
@@ -661,7 +661,7 @@ def spec_phases(core) -> Phases:
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
     phases.wrap(runner, "_verify", "runner._verify (sampler + rejection)", stream=True)
     phases.wrap(runner, "accept", "synthetic accept (host)")
-    phases.wrap(drafter, "propose_padded", "drafter.propose_padded (all)", stream=True)
+    phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
     phases.wrap(drafter.network, "forward", "drafter network.forward (pass 1; 2..k too when eager)", stream=True)
     phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True)
     # The step's one host read: verified ids, accepted counts and drafts in one copy (padded drafter
@@ -689,13 +689,13 @@ def spec_profile(bench: Bench) -> None:
                                        the wrappers and the wait probes)
       verify_graph_gpu_ms_per_replay,  the device stream's time of the target's verify graph (its staging
       verify_graph_gpu_ms_per_step,    copy and replay), of runner._verify (sampler, rejection), of
-      sampler_gpu_ms_per_step,         drafter.propose_padded (pass 1 eagerly over every fed row, passes
+      sampler_gpu_ms_per_step,         drafter.propose (pass 1 eagerly over every fed row, passes
       drafter_gpu_ms_per_step          2..k from the drafter's graph): kernels and copies plus the gaps where the
                                        device waited for the phase's host launches; all of them in
                                        stream_ms_per_step
       wall_over_verify_graph           wall_ms_per_step / verify_graph_gpu_ms_per_replay
       host_ms_per_step                 host wall time inside each wrapped method, nested as the engine calls
-                                       them (runner.sample_tokens holds _verify, drafter.propose_padded
+                                       them (runner.sample_tokens holds _verify, drafter.propose
                                        and the one read-back wait); the engine thread's
                                        step calls and the generate loop around them
       waits_ms_per_step                the host waiting on the device, by place; waits_total_ms_per_step
@@ -768,7 +768,7 @@ def spec_profile(bench: Bench) -> None:
                    verify_graph_gpu_ms_per_replay=round(target_per_call, 3),
                    verify_graph_gpu_ms_per_step=stream[target],
                    sampler_gpu_ms_per_step=stream["runner._verify (sampler + rejection)"],
-                   drafter_gpu_ms_per_step=stream["drafter.propose_padded (all)"],
+                   drafter_gpu_ms_per_step=stream["drafter.propose (all)"],
                    wall_over_verify_graph=round(wall_ms_per_step / target_per_call, 3) if target_per_call else None,
                    host_ms_per_step=host, waits_ms_per_step=waits, waits_total_ms_per_step=round(sum(waits.values()), 3),
                    stream_ms_per_step=stream, calls=dict(phases.calls),

@@ -16,8 +16,8 @@ import timeit
 
 import torch
 
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.sample.metadata import RowParams, SamplingMetadata
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
 

@@ -1,6 +1,8 @@
 """The data flows one way: the engine and the server sit on top of the core, the runner, the model, the
-sampler and the drafters, and nothing below reaches up. Checked on the source (every import statement,
-including those inside functions), so a lazy upward import counts too."""
+sampler and the drafters, and nothing below reaches up. Below them the runner (worker/) sits on the
+drafters, the sampler and the model, the drafters and the sampler on the model, with no arrow back.
+Checked on the source (every import statement, including those inside functions), so a lazy upward
+import counts too."""
 
 import ast
 from pathlib import Path
@@ -10,6 +12,16 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "refengine"
 LOWER = ("core", "worker", "model", "sample", "spec_decode", "structured_output")
 UPPER = ("refengine.engine", "refengine.entrypoints")
+# The packages each lower package may import (the modules at refengine's top, request, config and
+# sampling_params, are shared data types that every layer may read).
+MAY_IMPORT = {
+    "worker": {"core", "model", "sample", "spec_decode"},
+    "spec_decode": {"model", "heads"},
+    "sample": {"model"},
+    "model": {"tokenizer"},
+    "core": {"structured_output"},
+    "structured_output": {"core", "tokenizer"},
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -39,3 +51,30 @@ def test_the_check_sees_an_upward_import(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from refengine.engine.outputs import StepRecord\n")
     assert "refengine.engine.outputs" in imported_modules(source)
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The refengine packages (not top-level modules) `path` imports."""
+    packages = set()
+    for name in imported_modules(path):
+        parts = name.split(".")
+        if parts[0] == "refengine" and len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+            packages.add(parts[1])
+    return packages
+
+
+@pytest.mark.parametrize("layer", sorted(MAY_IMPORT))
+def test_lower_layers_import_only_the_layers_below_them(layer):
+    arrows = [
+        f"{path.relative_to(PACKAGE.parent)} imports refengine.{package}"
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+        for package in sorted(imported_packages(path) - MAY_IMPORT[layer] - {layer})
+    ]
+    assert not arrows, arrows
+
+
+def test_the_layer_check_sees_a_drafter_importing_the_runner(tmp_path):
+    """The drafters once built their attention metadata with the runner's builder: that arrow is found."""
+    source = tmp_path / "m.py"
+    source.write_text("from refengine.worker.input_batch import InputBatch\nimport refengine.request\n")
+    assert imported_packages(source) - MAY_IMPORT["spec_decode"] == {"worker"}

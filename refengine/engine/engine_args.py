@@ -27,7 +27,7 @@ from refengine.structured_output.manager import StructuredOutputManager
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.fault_injection import FaultInjectingRunner
 from refengine.worker.input_batch import InputBatch
-from refengine.worker.model_runner import ModelRunner, accept_matching_prefix
+from refengine.worker.model_runner import ModelRunner
 from refengine.worker.runner import Runner
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
@@ -132,9 +132,7 @@ def build_engine(args: EngineArgs) -> Engine:
         drafter=drafter,
         cuda_graphs=graphs,
         accept=(
-            accept_matching_prefix
-            if args.synthetic_acceptance_rate is None
-            else SyntheticAcceptance(args.synthetic_acceptance_rate)
+            None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
         ),
     )
     # The testing and study hooks wrap the runner; the production path carries none of them.

@@ -1,5 +1,5 @@
 """What one forward step tells the attention op about its sequences (passed explicitly, no global).
-The runner and the drafters build it with refengine.worker.attention_metadata_builder."""
+The runner and the drafters build it with refengine.model.attention_metadata_builder."""
 
 from __future__ import annotations
 

@@ -9,11 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import TypeVar
 
 import torch
 from torch import nn
 
+from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.kv_cache import KVCache
+
+_Moved = TypeVar("_Moved", torch.Tensor, AttentionMetadata)
+
+
+def to_device(value: _Moved, device: torch.device) -> _Moved:
+    """A host tensor (or metadata) on `device`: to a GPU from pinned memory, without waiting for it (a
+    pageable copy would hold the host until the device caught up). The one host-to-device copy of the
+    runner, the sampler and the drafters."""
+    if device.type != "cuda" or (isinstance(value, torch.Tensor) and value.device.type == "cuda"):
+        return value  # on the host for the host, or already on the device
+    # Runs only on a GPU: CPU mutation testing cannot reach it (pytest -m gpu checks it).
+    return value.pin_memory().to(device, non_blocking=True)  # pragma: no mutate
 
 
 def on_device(device: torch.device | str) -> contextlib.AbstractContextManager:

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.sample.sampler import RowParams, apply_constraints, unpack_bitmask
 from refengine.sampling_params import SamplingParams
 from refengine.tokenizer.detokenizer import IncrementalDetokenizer
 from refengine.tokenizer.tokenizer import Tokenizer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 16  # the scratch cache's own layout, unrelated to the engine's
 

@@ -24,14 +24,14 @@ import torch
 
 from refengine.engine.llm import LLM
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.loader import LoadedModel
 from refengine.spec_decode.dflash import DFlashProposer, build_target_layer_ids
 from refengine.spec_decode.draft_model import DraftModelProposer
 from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
 from refengine.spec_decode.hidden_state_proposer import HiddenStateProposer
-from refengine.spec_decode.proposer import DraftBatch, Proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch, Proposer
 
 GARBAGE_TOKEN = 0  # what a teacher proposes when its inputs do not match any trajectory
 DFLASH_MASK_TOKEN = 5  # any id works for the teacher: it only checks the block carries it
@@ -272,17 +272,17 @@ class CorruptingProposer:
         self.indices = sorted(indices)
         self.vocab_size = vocab_size
         self.random_init = False
-        if hasattr(inner, "propose_padded"):
-            # A padded drafter's drafts reach the host through take_drafts: corrupt them there.
-            self.propose_padded = inner.propose_padded
-            self.take_drafts = lambda requests, rows: self._corrupt(inner.take_drafts(requests, rows))
 
     @property
     def capture_layers(self) -> tuple[int, ...]:
         return self.inner.capture_layers
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
-        return self._corrupt(self.inner.propose(batch))
+    def propose(self, batch: PaddedDraftBatch) -> torch.Tensor | None:
+        return self.inner.propose(batch)
+
+    def commit(self, requests: Sequence[DraftInput], drafts: list[list[int]] | None) -> dict[str, list[int]]:
+        """Every method's drafts reach the host here: corrupt them here."""
+        return self._corrupt(self.inner.commit(requests, drafts))
 
     def _corrupt(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         for tokens in drafts.values():

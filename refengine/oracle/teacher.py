@@ -12,7 +12,7 @@ the script.
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from refengine.spec_decode.proposer import DraftBatch
+from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch
 
 TEACHER = "teacher"
 CORRUPTED_TEACHER = "teacher-corrupt"
@@ -33,9 +33,12 @@ class TeacherProposer:
     capture_layers: tuple[int, ...] = ()
     random_init: bool = False
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
+    def propose(self, batch: PaddedDraftBatch) -> None:
+        """Nothing on the device: the teacher reads the committed context (commit)."""
+
+    def commit(self, requests: Sequence[DraftInput], drafts: None) -> dict[str, list[int]]:
         proposals = {}
-        for request in batch.requests:
+        for request in requests:
             if not request.propose:
                 continue
             context = list(request.token_ids)

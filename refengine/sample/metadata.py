@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from refengine.model.device import to_device
 from refengine.sample import rng
 
 
@@ -35,6 +36,9 @@ class SamplingMetadata:
     top_p: torch.Tensor  # [N] float32; 1 means off
     top_k: torch.Tensor  # [N] int64; 0 means off
     seeds: torch.Tensor  # [N] int64: rng.row_seed of (request key, the position the row decides, STREAM_SAMPLE)
+    # The two halves of that seed, so that the rejection sampler hashes its other streams on the device.
+    key_words: torch.Tensor  # [N] int64: rng.key_word of the row's request key
+    positions: torch.Tensor  # [N] int64: the position the row decides
     masked_rows: torch.Tensor  # [M] int64: (row, token) pairs set to -inf (bad words, min_tokens)
     masked_token_ids: torch.Tensor  # [M] int64
     # Grammar rows: row bitmask_rows[g] may emit token t only if bit t of token_bitmask[g] is set.
@@ -95,22 +99,23 @@ class SamplingMetadata:
         seeds = rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE)
         pairs = np.asarray(masked, dtype=np.int64).reshape(m, 2)
         ints = torch.from_numpy(
-            np.concatenate([top_k, seeds, pairs[:, 0], pairs[:, 1], np.asarray(bitmask_rows, dtype=np.int64)])
+            np.concatenate(
+                [top_k, seeds, key_words, positions, pairs[:, 0], pairs[:, 1], np.asarray(bitmask_rows, dtype=np.int64)]
+            )
         )
         floats = torch.from_numpy(np.concatenate([temperature, top_p]))
         bitmask = torch.from_numpy(token_bitmask if len(bitmask_rows) else np.zeros((0, 0), dtype=np.int32))
-        if device.type == "cuda":
-            ints = ints.pin_memory().to(device, non_blocking=True)
-            floats = floats.pin_memory().to(device, non_blocking=True)
-            bitmask = bitmask.pin_memory().to(device, non_blocking=True)
+        ints, floats, bitmask = (to_device(t, device) for t in (ints, floats, bitmask))
         return cls(
             temperature=floats[:n],
             top_p=floats[n:],
             top_k=ints[:n],
             seeds=ints[n : 2 * n],
-            masked_rows=ints[2 * n : 2 * n + m],
-            masked_token_ids=ints[2 * n + m : 2 * n + 2 * m],
-            bitmask_rows=ints[2 * n + 2 * m :],
+            key_words=ints[2 * n : 3 * n],
+            positions=ints[3 * n : 4 * n],
+            masked_rows=ints[4 * n : 4 * n + m],
+            masked_token_ids=ints[4 * n + m : 4 * n + 2 * m],
+            bitmask_rows=ints[4 * n + 2 * m :],
             token_bitmask=bitmask,
             all_greedy=not temperature.any(),
             any_top_k=bool((top_k > 0).any()),

@@ -105,33 +105,16 @@ def probabilities_batch(logits: torch.Tensor, md: SamplingMetadata) -> torch.Ten
 
 
 def sample_batch(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    """[N] token ids, one per row of [N, V] logits, on the logits' device: the argmax for greedy rows,
-    for the others an exponential race over the processed distribution keyed by (request, position)."""
-    logits = apply_masks(logits, md)
+    """[N] token ids, one per row of [N, V] logits, on the logits' device (sample_masked after the masks)."""
+    return sample_masked(apply_masks(logits, md), md)
+
+
+def sample_masked(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """[N] token ids of masked logits: the argmax for greedy rows, for the others an exponential race
+    over the processed distribution keyed by (request, position)."""
     greedy = torch.argmax(logits, dim=-1)
     if md.all_greedy:
         return greedy
     noise = rng.exponentials(md.seeds, logits.shape[-1])
     sampled = torch.argmax(probabilities_batch(logits, md) / noise, dim=-1)
     return torch.where(md.temperature == 0.0, greedy, sampled)
-
-
-def _one_row(params: RowParams, position: int, device: torch.device) -> SamplingMetadata:
-    return SamplingMetadata.build([params], [position], [[]], device)
-
-
-def probabilities(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
-    """One row's distribution (probabilities_batch on a batch of one)."""
-    return probabilities_batch(logits[None], _one_row(params, 0, logits.device))[0]
-
-
-def race(weights: torch.Tensor, key: int, position: int, stream: int) -> int:
-    """A sample proportional to `weights` (need not be normalised), keyed by (key, position)."""
-    noise = rng.exponential(key, position, stream, weights.numel()).to(weights.device)
-    return int(torch.argmax(weights / noise).item())
-
-
-def sample(logits: torch.Tensor, params: RowParams, position: int) -> int:
-    """One token for the sequence position `position` from one row of processed logits (sample_batch on
-    a batch of one)."""
-    return int(sample_batch(logits[None], _one_row(params, position, logits.device))[0].item())

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import uniform_query_metadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
@@ -33,7 +34,6 @@ from refengine.spec_decode.draft_layer import DraftDecoderLayer
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
 from refengine.spec_decode.proposer import PaddedDraftBatch
 from refengine.spec_decode.target_view import TargetView
-from refengine.worker.attention_metadata_builder import uniform_query_metadata
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ DFlash's query block. The proposer writes it with tensor ops only (its attention
 attention_metadata_builder.uniform_query_metadata), so the same function runs eagerly or is captured
 here. Replay copies the requests' integers into static buffers (one host-to-device copy from a pinned
 staging buffer) and their hidden rows device to device, then runs the smallest captured batch of at
-least their number. Padded rows want 0 drafts: they write no KV (slot -1) and attend over nothing
+least their number, chosen afresh per replay (model/cuda_graph_sizes.py). Padded rows want 0 drafts: they write no KV (slot -1) and attend over nothing
 (seq_len 0), and their rows are cut off before anyone sees them.
 
 Capture needs attention that never reads device values on the host, i.e. the Triton backend.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.model.device import on_device
-from refengine.spec_decode.network_proposer import to_device
+from refengine.model.cuda_graph_sizes import padded_batch_size
+from refengine.model.device import on_device, to_device
 
 
 class DraftGraphError(RuntimeError):
@@ -166,7 +166,7 @@ class DraftCudaGraphs:
 
     # ---- replay --------------------------------------------------------------------------------
     def padded_size(self, num_seqs: int) -> int | None:
-        return next((b for b in self.batch_sizes if b >= num_seqs and b in self._graphs), None)
+        return padded_batch_size(num_seqs, self._graphs)
 
     def can_run(self, inputs: ProposalInputs) -> bool:
         return inputs.block_tables.shape[1] <= self.width and self.padded_size(inputs.num_seqs) is not None

@@ -5,16 +5,17 @@ tokens), so it needs no allocator of its own. A self-draft is the target's first
 norm and lm_head: it shares the target's weights and only owns its KV.
 """
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import Transformer
 from refengine.spec_decode.network_proposer import NetworkProposer
-from refengine.spec_decode.proposer import DraftBatch, DraftInput
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch
 
 
 class TokenDraftNetwork(Protocol):
@@ -69,37 +70,37 @@ class DraftModelProposer(NetworkProposer):
     network: TokenDraftNetwork
     capture_layers: tuple[int, ...] = ()  # it reads tokens, not the target's hidden states
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
+    def propose(self, batch: PaddedDraftBatch) -> None:
+        """Nothing before the host knows what was accepted: each pass reads the previous one's token
+        back (sync scheduling only), so the whole chain runs in commit."""
+
+    def commit(self, requests: Sequence[DraftInput], drafts: None) -> dict[str, list[int]]:
         wanted: dict[str, int] = {}  # drafts each proposing request has room for
-        for d in batch.requests:
+        for d in requests:
             self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
             if d.propose:
                 wanted[d.req_id] = self._num_drafts(d)
         # Pass 1: the committed rows, plus the just-sampled token where the request drafts.
         rows = [
             tuple(d.token_ids[d.first_position : d.last_position + 1 + (wanted.get(d.req_id, 0) > 0)])
-            for d in batch.requests
+            for d in requests
         ]
-        sampled = self._run(
-            rows, [d.first_position for d in batch.requests], [d.block_ids for d in batch.requests]
-        )
-        drafts = {
-            d.req_id: [tok] for d, tok in zip(batch.requests, sampled, strict=True) if wanted.get(d.req_id, 0)
-        }
-        by_id = {d.req_id: d for d in batch.requests}
+        sampled = self._run(rows, [d.first_position for d in requests], [d.block_ids for d in requests])
+        proposed = {d.req_id: [tok] for d, tok in zip(requests, sampled, strict=True) if wanted.get(d.req_id, 0)}
+        by_id = {d.req_id: d for d in requests}
         # Pass s + 1 feeds draft s at last_position + 1 + s.
         for step in range(1, self.k):
-            active = [r for r in drafts if wanted[r] > step]
+            active = [r for r in proposed if wanted[r] > step]
             if not active:
                 break
             sampled = self._run(
-                [(drafts[r][-1],) for r in active],
+                [(proposed[r][-1],) for r in active],
                 [by_id[r].last_position + 1 + step for r in active],
                 [by_id[r].block_ids for r in active],
             )
             for r, tok in zip(active, sampled, strict=True):
-                drafts[r].append(tok)
-        return {r: drafts.get(r, []) for r in wanted}
+                proposed[r].append(tok)
+        return {r: proposed.get(r, []) for r in wanted}
 
     def _num_drafts(self, d: DraftInput) -> int:
         """Draft s is sampled from a row at last_position + s, which needs a slot and a position."""

@@ -7,7 +7,7 @@ drafts included, before the host knows what was accepted. Each request's last co
 last fed row less its rejected ones (vLLM's token_indices_to_sample), chosen on the device, and the
 proposal starts there, so drafting needs no read-back of the verified ids. The drafts stay on the
 device; the runner reads them back with the verified ids, once, and hands the committed counts to
-`take_drafts`. A rejected row's KV lies past the committed positions, where nothing reads it before the
+`commit`. A rejected row's KV lies past the committed positions, where nothing reads it before the
 proposal or the next step overwrites it.
 
 Invariant numbers refer to docs/invariants.md.
@@ -18,10 +18,11 @@ from collections.abc import Sequence
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
+from refengine.model.device import to_device
 from refengine.spec_decode.draft_cuda_graphs import DraftCudaGraphs, ProposalInputs
-from refengine.spec_decode.network_proposer import NetworkProposer, to_device
-from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput, PaddedDraftBatch
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.spec_decode.network_proposer import NetworkProposer
+from refengine.spec_decode.proposer import DraftContextError, DraftInput, PaddedDraftBatch
 
 
 class FixedShapeProposer(NetworkProposer):
@@ -44,26 +45,9 @@ class FixedShapeProposer(NetworkProposer):
         graph can capture it; a request's drafts past its num_drafts are not used."""
         raise NotImplementedError
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
-        """Drafts from a batch whose rows are all committed: the padded path with nothing rejected, the
-        drafts read back here (the host drafters' protocol; the runner takes the padded path)."""
-        requests = batch.requests
-        ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
-        device = batch.hidden_states.device
-        padded = PaddedDraftBatch(
-            requests,
-            to_device(torch.tensor(ids, dtype=torch.long), device),
-            torch.zeros(sum(d.propose for d in requests), dtype=torch.long, device=device),
-            batch.hidden_states,
-            batch.aux_hidden_states,
-        )
-        drafts = self.propose_padded(padded)
-        self.num_readbacks += 1
-        return self.take_drafts(requests, drafts.tolist())
-
-    def propose_padded(self, batch: PaddedDraftBatch) -> torch.Tensor:
+    def propose(self, batch: PaddedDraftBatch) -> torch.Tensor:
         """[P, k] drafts on the device, one row per proposing request, without reading anything back; a
-        row's drafts past what its request can hold are cut by take_drafts once the host knows."""
+        row's drafts past what its request can hold are cut by commit once the host knows."""
         requests = batch.requests
         meta = build_attention_metadata(
             [d.first_position for d in requests],
@@ -99,7 +83,7 @@ class FixedShapeProposer(NetworkProposer):
         )
         return self._run_draft(inputs, device)
 
-    def take_drafts(self, requests: Sequence[DraftInput], drafts: list[list[int]]) -> dict[str, list[int]]:
+    def commit(self, requests: Sequence[DraftInput], drafts: list[list[int]]) -> dict[str, list[int]]:
         """The host's side of a padded proposal, once its drafts and the accepted counts have landed:
         `requests` now count committed rows only. Records them as ingested (invariant 26: a context that
         does not continue is refused before its drafts are used) and cuts each proposing request's row
@@ -107,7 +91,7 @@ class FixedShapeProposer(NetworkProposer):
         for d in requests:
             self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
         proposing = [d for d in requests if d.propose]
-        # Invariant 30: one row of drafts per proposing request, as propose_padded returned them.
+        # Invariant 30: one row of drafts per proposing request, as propose returned them.
         if len(drafts) != len(proposing):
             raise DraftContextError(
                 f"{self.method} drafter: {len(drafts)} rows of drafts for {len(proposing)} proposing requests"

@@ -21,10 +21,10 @@ from typing import Protocol
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import uniform_query_metadata
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
 from refengine.spec_decode.proposer import PaddedDraftBatch
-from refengine.worker.attention_metadata_builder import uniform_query_metadata
 
 
 class HiddenDraftNetwork(Protocol):

@@ -2,22 +2,8 @@
 layout they draft into, and the per-request context check (invariants 17 and 26 in docs/invariants.md)."""
 
 from collections.abc import Iterable
-from typing import TypeVar
 
-import torch
-
-from refengine.model.attention_metadata import AttentionMetadata
 from refengine.spec_decode.context import ContextLengths
-
-_Moved = TypeVar("_Moved", torch.Tensor, AttentionMetadata)
-
-
-def to_device(value: _Moved, device: torch.device) -> _Moved:
-    """A host tensor (or metadata) on `device`: to a GPU from pinned memory, without waiting for it, as
-    the runner sends its inputs (a pageable copy would hold the host until the device caught up)."""
-    if device.type != "cuda" or (isinstance(value, torch.Tensor) and value.device.type == "cuda"):
-        return value  # on the host for the host, or already on the device
-    return value.pin_memory().to(device, non_blocking=True)
 
 
 class NetworkProposer:

@@ -3,7 +3,7 @@ and propose the tokens that followed it. Drafts may be shorter than k, or empty.
 
 from collections.abc import Iterable, Sequence
 
-from refengine.spec_decode.proposer import DraftBatch
+from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch
 
 
 def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -31,10 +31,11 @@ class NgramProposer:
         self.min_n = prompt_lookup_min
         self.max_n = prompt_lookup_max
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
-        return {
-            d.req_id: propose_ngram(d.token_ids, self.k, self.min_n, self.max_n) for d in batch.requests if d.propose
-        }
+    def propose(self, batch: PaddedDraftBatch) -> None:
+        """Nothing on the device: the lookup needs the committed tokens (commit)."""
+
+    def commit(self, requests: Sequence[DraftInput], drafts: None) -> dict[str, list[int]]:
+        return {d.req_id: propose_ngram(d.token_ids, self.k, self.min_n, self.max_n) for d in requests if d.propose}
 
     def remove(self, req_ids: Iterable[str]) -> None:
         """Stateless: everything it needs is in the committed token list."""

@@ -1,8 +1,12 @@
-"""The drafter interface: what the runner hands a drafter after each verification.
+"""The drafter interface: the two calls the runner makes of every method after each verification.
 
-Every drafter keeps its per-request state keyed by request id (invariant 17) and sees only the rows
-that hold committed tokens: the fed prompt or decode tokens plus the accepted drafts. Rejected rows are
-never shown to it, so its context cannot run ahead of what the target committed (invariant 26).
+`propose` comes first, right after the step's verification is launched and before the host knows what
+was accepted: it gets every row the step fed (vLLM's padded drafter batch) and returns its drafts on the
+device, or None for a drafter that drafts on the host. `commit` follows once the verified ids (and
+`propose`'s drafts) are on the host: it gets the rows that hold committed tokens (the fed prompt or
+decode tokens plus the accepted drafts) and returns each proposing request's drafts. Every drafter
+keeps its per-request state keyed by request id (invariant 17) and records committed rows only, so its
+context cannot run ahead of what the target committed (invariant 26).
 
 Invariant numbers refer to docs/invariants.md.
 """
@@ -12,6 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from refengine.model.device import to_device
 
 
 class DraftContextError(RuntimeError):
@@ -78,8 +84,34 @@ class Proposer(Protocol):
         """True when a head has no trained weights; the engine logs it and /metrics exposes it."""
         ...
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]: ...
+    def propose(self, batch: PaddedDraftBatch) -> torch.Tensor | None:
+        """[P, k] drafts on the device, one row per proposing request of `batch` in order, with nothing
+        read back; None for a drafter that drafts on the host, in `commit`."""
+        ...
+
+    def commit(self, requests: Sequence[DraftInput], drafts: list[list[int]] | None) -> dict[str, list[int]]:
+        """Each proposing request's drafts, once the host knows what was accepted: `requests` count
+        committed rows only, `drafts` are `propose`'s rows on the host (None where it returned None)."""
+        ...
 
     def remove(self, req_ids: Iterable[str]) -> None:
         """Drop state of finished or preempted requests (a resumed request starts from position 0)."""
         ...
+
+
+def propose_committed(drafter: Proposer, batch: DraftBatch) -> dict[str, list[int]]:
+    """Both calls for a batch whose rows are all committed (nothing rejected), the drafts read back
+    here: how a caller outside the runner's step drafts (a test, a study)."""
+    requests = batch.requests
+    ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
+    device = batch.hidden_states.device
+    padded = PaddedDraftBatch(
+        requests,
+        to_device(torch.tensor(ids, dtype=torch.long), device),
+        torch.zeros(sum(d.propose for d in requests), dtype=torch.long, device=device),
+        batch.hidden_states,
+        batch.aux_hidden_states,
+    )
+    with torch.inference_mode():
+        drafts = drafter.propose(padded)
+        return drafter.commit(requests, None if drafts is None else drafts.tolist())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from refengine.core.outputs import ModelRunnerOutput
-from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
+from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from refengine.worker.request_state import CachedRequestState
 
 

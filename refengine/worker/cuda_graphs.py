@@ -19,15 +19,10 @@ import torch
 
 from refengine.model import attention
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.cuda_graph_sizes import default_batch_sizes, padded_batch_size
 from refengine.model.device import on_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
-
-
-def default_batch_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
-    sizes += list(range(16, max_num_seqs, 8))
-    return sorted(set(sizes + [max_num_seqs]))
 
 
 @dataclass
@@ -143,7 +138,7 @@ class CudaGraphs:
     def padded_size(self, num_seqs: int, q: int) -> int | None:
         if q not in self.query_lens:
             return None
-        return next((b for b in self.batch_sizes if b >= num_seqs and (q, b) in self._graphs), None)
+        return padded_batch_size(num_seqs, (b for captured_q, b in self._graphs if captured_q == q))
 
     def can_run(self, num_scheduled: list[int], meta: AttentionMetadata, capture_layers: tuple[int, ...]) -> bool:
         if not num_scheduled or len(set(num_scheduled)) != 1 or tuple(capture_layers) != self.capture_layers:

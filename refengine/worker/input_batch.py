@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import metadata_from_table
 from refengine.sample import rng
 from refengine.sample.metadata import SamplingMetadata
-from refengine.worker.attention_metadata_builder import metadata_from_table
 from refengine.worker.block_table import BlockTable
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.request_state import CachedRequestState

@@ -11,6 +11,7 @@ the two (it applies the previous frame's output and validates drafts against con
 Invariant numbers refer to docs/invariants.md.
 """
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,12 +20,17 @@ import numpy as np
 import torch
 
 from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from refengine.model.device import on_device
+from refengine.model.device import on_device, to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
-from refengine.sample.rejection import PLACEHOLDER_TOKEN_ID
-from refengine.sample.sampler import masked_token_ids, sample_batch
-from refengine.spec_decode.proposer import DraftBatch, DraftInput, PaddedDraftBatch, Proposer
+from refengine.sample.rejection_sampler import (
+    PLACEHOLDER_TOKEN_ID,
+    SpecDecodeMetadata,
+    accept_matching_prefix,
+    draft_row_masks,
+    rejection_sample,
+)
+from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch, Proposer
 from refengine.worker.async_output import AsyncModelRunnerOutput, InFlightTokens
 from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.errors import RunnerInvariantError
@@ -56,7 +62,10 @@ class ScheduledRow:
     first_logits_row: int | None  # None: a prefill chunk that does not reach the last known token
 
 
-class AcceptRule(Protocol):
+class StepAcceptRule(Protocol):
+    """A rule that replaces verification's acceptance for speed studies (synthetic_acceptance.py): it
+    sees the step's rows, so that it draws from the host's facts without waiting for the device."""
+
     def __call__(
         self,
         drafts: torch.Tensor,
@@ -67,17 +76,6 @@ class AcceptRule(Protocol):
         """[R] accepted drafts of each row, from its [R, width] drafts (padded with -1) and the targets at
         their positions, on their device."""
         ...
-
-
-def accept_matching_prefix(
-    drafts: torch.Tensor,
-    targets: torch.Tensor,
-    rows: Sequence["ScheduledRow"],
-    drafts_by_req: Mapping[str, tuple[int, ...]],
-) -> torch.Tensor:
-    """The verification rule: drafts are accepted while they equal their targets (-1 never does)."""
-    matches = drafts == targets
-    return torch.cumprod(matches.long(), dim=1).sum(dim=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +94,13 @@ class ModelRunner:
         *,
         drafter: Proposer | None = None,
         cuda_graphs: CudaGraphs | None = None,
-        accept: AcceptRule = accept_matching_prefix,
+        accept: StepAcceptRule | None = None,
     ) -> None:
         self.model = model
         # Inputs are built on the host; on a GPU they travel from pinned memory, non-blocking.
         self.device = kv_cache.layers[0].key.device if kv_cache.layers else torch.device("cpu")
         self.cuda_graphs = cuda_graphs
-        # How drafts are accepted: verification, unless a speed study swaps in synthetic_acceptance.py's.
+        # How drafts are accepted: verification (None), unless a speed study swaps in synthetic_acceptance.py's.
         self.accept = accept
         self.num_graph_steps = 0
         self.num_eager_steps = 0
@@ -229,13 +227,8 @@ class ModelRunner:
                 out, logits = self.cuda_graphs.run(ids_t, positions_t, meta, num_scheduled[0], gather)
                 self.num_graph_steps += 1
             else:
-                if self.device.type == "cuda":
-                    # Pinned host-to-device copies run only on a GPU, out of CPU mutation testing's reach.
-                    # pragma: no mutate block
-                    ids_t = ids_t.pin_memory().to(self.device, non_blocking=True)
-                    positions_t = positions_t.pin_memory().to(self.device, non_blocking=True)
-                    sample_t = sample_t.pin_memory().to(self.device, non_blocking=True)
-                    meta = meta.pin_memory().to(self.device, non_blocking=True)
+                ids_t, positions_t, sample_t = (to_device(t, self.device) for t in (ids_t, positions_t, sample_t))
+                meta = to_device(meta, self.device)
                 if gather is not None:
                     ids_t = ids_t.to(self.device).index_copy_(0, *gather)
                 out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
@@ -251,9 +244,7 @@ class ModelRunner:
         if latest is None or not at:
             return None
         self.num_gathered_inputs += len(at)
-        index = torch.tensor(at + rows, dtype=torch.int64)
-        if self.device.type == "cuda":
-            index = index.pin_memory().to(self.device, non_blocking=True)  # pragma: no mutate
+        index = to_device(torch.tensor(at + rows, dtype=torch.int64), self.device)
         return index[: len(at)], latest.device[index[len(at) :], 0]
 
     @staticmethod
@@ -304,11 +295,11 @@ class ModelRunner:
         )
         if in_flight:
             return self._send_in_flight(executed.rows, verified, tokens)
-        propose_padded = getattr(self.drafter, "propose_padded", None)
-        drafts = None
-        if propose_padded is not None and tokens is not None and executed.model_output is not None:
+        drafting = self.drafter is not None and executed.model_output is not None
+        drafts = None  # the drafter's device drafts, one row per verified request
+        if drafting:
             with torch.inference_mode():
-                drafts = propose_padded(self._padded_draft_batch(executed, verified, tokens))
+                drafts = self.drafter.propose(self._padded_draft_batch(executed, verified, tokens))
         token_rows, draft_rows = ([], []) if tokens is None else self._read_back(tokens, drafts)
         tokens_by_req = dict(zip((r.state.req_id for r in verified), token_rows, strict=True))
 
@@ -339,26 +330,22 @@ class ModelRunner:
             sampled.append(tokens_of_row)
             num_accepted = len(tokens_of_row) - 1
             draft_inputs.append(self._draft_input(row, row.num_scheduled_tokens - k + num_accepted, propose=True))
-        if drafts is not None:
-            proposals = self.drafter.take_drafts(draft_inputs, draft_rows)
+        if drafting:
+            with torch.inference_mode():
+                proposals = self.drafter.commit(draft_inputs, None if drafts is None else draft_rows)
             for req_id, proposed in proposals.items():
                 self.requests[req_id].pending_drafts = list(proposed)
-        elif self.drafter is not None and draft_inputs and executed.model_output is not None:
-            batch = DraftBatch(
-                tuple(draft_inputs), executed.model_output.hidden_states, executed.model_output.aux_hidden_states
-            )
-            with torch.inference_mode():
-                proposals = self.drafter.propose(batch)
-            for req_id, drafts in proposals.items():
-                self.requests[req_id].pending_drafts = list(drafts)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
 
     def _padded_draft_batch(
-        self, executed: ExecutedBatch, verified: list[ScheduledRow], tokens: torch.Tensor
+        self, executed: ExecutedBatch, verified: list[ScheduledRow], tokens: torch.Tensor | None
     ) -> PaddedDraftBatch:
         """Every fed row of the step for the drafter, before the host knows what was accepted. A row's
         input is the token after it: known on the host up to the last known token, then the verified
-        ids gathered on the device (a rejected row gets its masked -1 as 0: any valid id will do)."""
+        ids gathered on the device (a rejected row gets its masked -1 as 0: any valid id will do).
+        `tokens` is None for a step of prefill chunks only, which verifies nothing."""
+        if tokens is None:
+            tokens = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         ids: list[int] = []
         at: list[int] = []  # flat rows whose next token is a verified id ...
         source: list[int] = []  # ... at this flat index of `tokens`
@@ -378,9 +365,7 @@ class ModelRunner:
             source += range(v * width, v * width + k + 1)
             ids += [0] * (k + 1)
             num_drafts.append(k)
-        host = torch.tensor(ids + at + source + num_drafts, dtype=torch.int64)
-        if self.device.type == "cuda":
-            host = host.pin_memory().to(self.device, non_blocking=True)  # pragma: no mutate
+        host = to_device(torch.tensor(ids + at + source + num_drafts, dtype=torch.int64), self.device)
         n, m = len(ids), len(at)
         verified_ids = tokens.reshape(-1)[host[n + m : n + 2 * m]].clamp(min=0)
         input_ids = host[:n].index_copy(0, host[n : n + m], verified_ids)
@@ -463,13 +448,11 @@ class ModelRunner:
         drafts_by_req: Mapping[str, tuple[int, ...]],
         grammar_output: GrammarOutput | None = None,
     ) -> torch.Tensor:
-        """Verify every sampled request of the step in one batched pass on the logits' device: the one
-        verify path for greedy and seeded rows, with or without drafts.
+        """Verify every sampled request of the step in one pass of the batched rejection sampler on the
+        logits' device: the one verify path for greedy and seeded rows, with or without drafts.
 
         Logits row j of a request decides position num_tokens + j as if drafts[:j] had been accepted
-        (constraints see that history). Its target token is what spec-off decoding would emit there
-        (one-hot drafts: rejection.py's module docstring), so a draft is accepted while it equals the
-        target, and the target at the first unaccepted row is the recovered or bonus token."""
+        (constraints see that history)."""
         batch_rows: list[int] = []
         positions: list[int] = []
         masked: list[tuple[int, int]] = []  # (logits row, token) pairs the constraints forbid
@@ -479,42 +462,20 @@ class ModelRunner:
             first = len(positions)
             batch_rows += [row.batch_row] * (len(drafts) + 1)
             positions += range(state.num_tokens, state.num_tokens + len(drafts) + 1)
-            params = state.params
-            if not params.bad_words_token_ids and state.num_output_tokens >= params.min_tokens:
-                continue  # unconstrained: no per-row host work
-            for j in range(len(drafts) + 1):
-                history: list[int] = []
-                if params.bad_words_token_ids:
-                    # Only the tail a banned word's prefix can match: no per-step work in the context length.
-                    tail = max(len(w) for w in params.bad_words_token_ids) - 1
-                    history = [*state.token_ids[max(0, state.num_tokens - tail) :], *drafts[:j]]
-                masked += ((first + j, t) for t in masked_token_ids(params, history, state.num_output_tokens + j))
+            pairs = draft_row_masks(state.params, state.token_ids, drafts, state.num_output_tokens)
+            masked += ((first + j, token) for j, token in pairs)
         device = logits.device
         bitmask_rows, bitmask = self._grammar_rows(rows, drafts_by_req, grammar_output)
         metadata = self.input_batch.sampling_metadata(batch_rows, positions, masked, device, bitmask_rows, bitmask)
-        targets = sample_batch(logits, metadata)
-
-        width = max(len(drafts_by_req[r.state.req_id]) for r in rows)
-        if width == 0:
-            return targets[:, None]  # one logits row per request, in order: nothing to accept
-        # [R, width + 1] indices of each request's logits rows, padded by repeating its first row; drafts
-        # padded with -1, which never equals a target, so acceptance stops at a request's own k.
-        index, drafts_padded = [], []
-        for row in rows:
-            drafts = drafts_by_req[row.state.req_id]
-            first = row.first_logits_row
-            index.append([first + j if j <= len(drafts) else first for j in range(width + 1)])
-            drafts_padded.append([*drafts, *[PLACEHOLDER_TOKEN_ID] * (width - len(drafts))])
-        ints = torch.tensor([i for r in index for i in r] + [d for r in drafts_padded for d in r], dtype=torch.int64)
-        if device.type == "cuda":
-            ints = ints.pin_memory().to(device, non_blocking=True)  # pragma: no mutate
-        n = len(rows) * (width + 1)
-        target_rows = targets[ints[:n].view(len(rows), width + 1)]
-        accepted = self.accept(ints[n:].view(len(rows), width), target_rows[:, :width], rows, drafts_by_req)
-        # Accepted drafts equal their targets, so a request's tokens are its targets up to and including
-        # the first unaccepted row; the rest is padding.
-        keep = torch.arange(width + 1, device=device)[None, :] <= accepted[:, None]
-        return torch.where(keep, target_rows, PLACEHOLDER_TOKEN_ID)
+        spec = SpecDecodeMetadata.build(
+            [drafts_by_req[r.state.req_id] for r in rows], [r.first_logits_row for r in rows], device
+        )
+        accept = (
+            accept_matching_prefix
+            if self.accept is None
+            else functools.partial(self.accept, rows=rows, drafts_by_req=drafts_by_req)
+        )
+        return rejection_sample(logits, metadata, spec, accept)
 
     @staticmethod
     def _grammar_rows(

@@ -26,12 +26,12 @@ def test_spec_profile_dry_run_times_every_phase(tmp_path: Path) -> None:
     for row in rows:
         calls = row["calls"]
         # The drafter proposed after every verification, each step with one host wait on the device.
-        assert calls["drafter.propose_padded (all)"] == calls["runner._verify (sampler + rejection)"] > 0
-        assert all(calls[w] == calls["drafter.propose_padded (all)"] for w in WAITS)
+        assert calls["drafter.propose (all)"] == calls["runner._verify (sampler + rejection)"] > 0
+        assert all(calls[w] == calls["drafter.propose (all)"] for w in WAITS)
         assert set(row["waits_ms_per_step"]) == WAITS
         assert {"runner.execute_model", "runner.sample_tokens", "scheduler.schedule",
                 "scheduler.update_from_output"} <= set(row["host_ms_per_step"])
-        assert {"runner._verify (sampler + rejection)", "drafter.propose_padded (all)"} <= set(row["stream_ms_per_step"])
+        assert {"runner._verify (sampler + rejection)", "drafter.propose (all)"} <= set(row["stream_ms_per_step"])
         # SYNTHETIC acceptance 0.7 ran: drafts were accepted.
         assert row["accepted_tokens_per_step"] > 0
         assert row["runner_steps"] > 0 and row["async_scheduling"] and row["batch_queue"]

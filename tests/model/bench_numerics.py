@@ -16,7 +16,7 @@ import time
 import torch
 
 from refengine.model import KVCache, Transformer, load_model, ops
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 16
 CONTEXT = 128

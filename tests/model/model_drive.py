@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from refengine.model import KVCache, Transformer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 4
 

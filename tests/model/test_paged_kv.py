@@ -18,7 +18,7 @@ from refengine.model import (
     paged_attention,
 )
 from refengine.model.attention import ATTENTION_CALLS
-from refengine.worker.attention_metadata_builder import build_attention_metadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 
 
 @pytest.mark.parametrize("numerics", ["batch_invariant", "fast"])

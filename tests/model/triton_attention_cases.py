@@ -15,9 +15,9 @@ pytest.importorskip("triton")
 from refengine.model import attention  # noqa: E402
 from refengine.model import triton_attention as kernels  # noqa: E402
 from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
+from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
-from refengine.worker.attention_metadata_builder import build_attention_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

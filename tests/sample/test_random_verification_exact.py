@@ -1,4 +1,4 @@
-"""Random verification (drafts with probabilities) on hand-built rows: the exact accepted prefix,
+"""Random verification (drafts with probabilities) through the batched rejection sampler, on hand-built rows: the exact accepted prefix,
 recovered and bonus tokens, and which seeded draw decides each. Positions and keys are chosen so that
 using the wrong draw (another position) changes the output.
 
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from refengine.sample import rng
-from refengine.sample.rejection import num_accepted_random, recover, verify
-from refengine.sample.sampler import RowParams, sample
+from refengine.sample.sampler import RowParams
+from tests.sample.batched_verify import verify_batched as verify
+from tests.sample.reference_verify import num_accepted_random, sample
 
 V = 8
 FIRST_POSITION = 5
@@ -69,6 +70,7 @@ def test_placeholder_draft_is_rejected_and_recovered_from_the_target(key):
 def test_empty_residual_falls_back_to_the_target():
     # q >= p everywhere (q need not be normalised) leaves max(0, p - q) all zero: the recovered token
     # is then drawn from p itself, here all on token 5 (a zero residual would yield token 0).
-    p = torch.zeros(V)
-    p[5] = 1.0
-    assert recover(p, 5, torch.ones(1, V), 0, params(1), FIRST_POSITION) == 5
+    # Draft 3 has p(3) = 0, so it is rejected.
+    logits = torch.full((2, V), -1e4)
+    logits[:, 5] = 0.0
+    assert verify(logits, [3], params(1), [1], 0, FIRST_POSITION, draft_probs=torch.ones(1, V)) == [5]

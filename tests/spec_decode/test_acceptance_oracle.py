@@ -15,7 +15,7 @@ from refengine.engine.llm import LLM
 from refengine.oracle.seam_teacher import CorruptingProposer, Trajectories, teacher_drafter
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.proposer import DraftBatch, Proposer
+from refengine.spec_decode.proposer import PaddedDraftBatch, Proposer
 
 K = 3
 # Different prompt lengths and max_tokens: at c = 4 the six requests join and leave at different steps.
@@ -133,12 +133,15 @@ class _RowShiftedProposer:
         self.capture_layers = inner.capture_layers
         self.random_init = False
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
+    def propose(self, batch: PaddedDraftBatch) -> torch.Tensor | None:
         shift = lambda t: torch.roll(t, 1, dims=0)  # noqa: E731
         aux = {i: shift(t) for i, t in batch.aux_hidden_states.items()}
         return self.inner.propose(
             dataclasses.replace(batch, hidden_states=shift(batch.hidden_states), aux_hidden_states=aux)
         )
+
+    def commit(self, requests, drafts):
+        return self.inner.commit(requests, drafts)
 
     def remove(self, req_ids):
         self.inner.remove(req_ids)

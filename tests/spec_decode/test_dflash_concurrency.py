@@ -19,7 +19,7 @@ from refengine.oracle.seam_teacher import Trajectories
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.proposer import DraftBatch, Proposer
+from refengine.spec_decode.proposer import PaddedDraftBatch, Proposer
 
 K = 4
 
@@ -69,24 +69,30 @@ class ScriptedAcceptance:
     arrivals: dict[str, Arrival]
     vocab_size: int
     log: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]] = field(default_factory=dict)
+    block: tuple[torch.Tensor, list[int]] | None = None  # the head's last block forward
     random_init = False
 
     @property
     def capture_layers(self) -> tuple[int, ...]:
         return self.inner.capture_layers
 
-    def propose(self, batch: DraftBatch) -> dict[str, list[int]]:
+    def propose(self, batch: PaddedDraftBatch) -> torch.Tensor | None:
         head = self.inner.network
         head.last = None
         drafts = self.inner.propose(batch)
+        self.block = head.last
+        return drafts
+
+    def commit(self, requests, rows) -> dict[str, list[int]]:
+        drafts = self.inner.commit(requests, rows)
         # The drafter runs one block forward over the drafting requests, in batch order.
-        drafting = [d for d in batch.requests if drafts.get(d.req_id)]
+        drafting = [d for d in requests if drafts.get(d.req_id)]
         rows = {}
         if drafting:
-            out, starts = head.last
+            out, starts = self.block
             rows = {d.req_id: out[starts[i] : starts[i + 1]] for i, d in enumerate(drafting)}
         proposals = {}
-        for d in batch.requests:
+        for d in requests:
             if not d.propose:
                 continue
             steps = self.log.setdefault(d.req_id, [])

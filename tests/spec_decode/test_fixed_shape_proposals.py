@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from refengine.model import KVCache
+from refengine.model.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
 from refengine.model.config import Numerics
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
-from refengine.spec_decode.proposer import DraftBatch, DraftInput
+from refengine.spec_decode.proposer import DraftBatch, DraftInput, propose_committed
 from refengine.spec_decode.registry import KVLayout, build_proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
 
 BLOCK_SIZE = 4
 TOKENS = [11, 42, 7, 99, 150, 3, 77, 21, 64, 5]
@@ -81,7 +81,7 @@ def _head_keys(drafter, blocks) -> torch.Tensor:
 def _propose(target, method, requests):
     drafter = build_proposer(SpeculativeConfig(method, 3), target, KVLayout(16, BLOCK_SIZE))
     with torch.inference_mode():
-        drafts = drafter.propose(_batch(target, drafter, requests))
+        drafts = propose_committed(drafter, _batch(target, drafter, requests))
     return drafter, drafts
 
 
@@ -155,10 +155,10 @@ class _PaddedReplay:
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
-def test_replayed_proposals_draft_as_eager_ones_with_one_readback_per_step(tiny4, method):
+def test_replayed_proposals_draft_as_eager_ones(tiny4, method):
     """Two steps of one request (the prompt at 0..5, then the sampled token at 6 after a rejection), run
     eagerly and through the graph path: every proposal's host inputs survive the graph's padding and
-    the replay drafts what the eager run drafts; each step reads its drafts back once."""
+    the replay drafts what the eager run drafts."""
     meta = build_attention_metadata([0], [7], [[0, 1, 2]], BLOCK_SIZE)
     cache = KVCache.allocate(tiny4.config, 16, BLOCK_SIZE)
     eager = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
@@ -169,7 +169,6 @@ def test_replayed_proposals_draft_as_eager_ones_with_one_readback_per_step(tiny4
         for first, num in [(0, 6), (6, 1)]:
             d = DraftInput("r", TOKENS[: first + num + 1], first, num, slice(first, first + num), (0, 1, 2), True)
             batch = DraftBatch((d,), out.hidden_states, out.aux_hidden_states)
-            drafts = eager.propose(batch)
-            assert len(drafts["r"]) == 3 and replayed.propose(batch) == drafts
+            drafts = propose_committed(eager, batch)
+            assert len(drafts["r"]) == 3 and propose_committed(replayed, batch) == drafts
     assert replayed.cuda_graphs.num_replays == replayed.num_graph_steps == 2 and replayed.num_eager_steps == 0
-    assert eager.num_readbacks == replayed.num_readbacks == 2

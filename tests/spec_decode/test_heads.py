@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from refengine.model import KVCache, build_tiny_model
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.dflash import build_target_layer_ids
 from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
@@ -15,7 +16,6 @@ from refengine.spec_decode.head_checkpoint import (
     save_head,
 )
 from refengine.spec_decode.registry import KVLayout, build_network, build_proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 LAYOUT = KVLayout(num_blocks=16, block_size=4)
 HEAD_METHODS = ["eagle", "eagle3", "mtp", "dflash"]

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from refengine.model import KVCache
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.hidden_state_proposer import HiddenStateProposer
-from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput
+from refengine.spec_decode.proposer import DraftBatch, DraftContextError, DraftInput, propose_committed
 from refengine.spec_decode.registry import KVLayout, build_network, build_proposer
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK_SIZE = 4
 LAYOUT = KVLayout(num_blocks=8, block_size=BLOCK_SIZE)
@@ -42,10 +42,10 @@ def test_chunked_prefill_with_the_whole_prompt_visible_drafts_as_one_shot(tiny4,
     spec = SpeculativeConfig(method, 3)
     one_shot = build_proposer(spec, tiny4, LAYOUT)
     out = _target_rows(tiny4, one_shot.capture_layers, 8)
-    expected = one_shot.propose(_step(out, "r", PROMPT[:9], 0, 7))
+    expected = propose_committed(one_shot, _step(out, "r", PROMPT[:9], 0, 7))
     chunked = build_proposer(spec, tiny4, LAYOUT)
-    assert chunked.propose(_step(out, "r", PROMPT, 0, 3, propose=False)) == {}
-    assert chunked.propose(_step(out, "r", PROMPT[:9], 4, 7)) == expected
+    assert propose_committed(chunked, _step(out, "r", PROMPT, 0, 3, propose=False)) == {}
+    assert propose_committed(chunked, _step(out, "r", PROMPT[:9], 4, 7)) == expected
     assert len(expected["r"]) == 3
 
 
@@ -56,7 +56,7 @@ def test_head_position_limit_caps_the_drafts(tiny4, max_positions, expected):
     head = build_network(SpeculativeConfig("eagle", 3), tiny4, LAYOUT)
     drafter = HiddenStateProposer(head, "eagle", 3, BLOCK_SIZE, max_positions, random_init=True)
     out = _target_rows(tiny4, drafter.capture_layers, 6)
-    drafts = drafter.propose(_step(out, "r", PROMPT[:7], 0, 5))
+    drafts = propose_committed(drafter, _step(out, "r", PROMPT[:7], 0, 5))
     assert list(drafts) == ["r"] and len(drafts["r"]) == expected
 
 
@@ -65,7 +65,7 @@ def test_context_error_names_the_method(tiny4, method):
     drafter = build_proposer(SpeculativeConfig(method, 2), tiny4, LAYOUT)
     out = _target_rows(tiny4, drafter.capture_layers, 6)
     with pytest.raises(DraftContextError, match=rf"^{method} drafter, request 'r': context position"):
-        drafter.propose(_step(out, "r", PROMPT[:7], 2, 5))
+        propose_committed(drafter, _step(out, "r", PROMPT[:7], 2, 5))
 
 
 def test_dflash_with_two_target_layers_concatenates_their_features_per_row(tiny4):
@@ -75,7 +75,7 @@ def test_dflash_with_two_target_layers_concatenates_their_features_per_row(tiny4
     alone = build_proposer(spec, tiny4, LAYOUT)
     assert alone.capture_layers == (1, 2)
     out = _target_rows(tiny4, alone.capture_layers, 6)
-    expected = alone.propose(_step(out, "r", PROMPT[:7], 0, 5))
+    expected = propose_committed(alone, _step(out, "r", PROMPT[:7], 0, 5))
     assert len(expected["r"]) == 3
     # The same request batched after another one, whose rows are a 4-row prefix of the same prompt.
     shared = build_proposer(spec, tiny4, LAYOUT)
@@ -89,7 +89,7 @@ def test_dflash_with_two_target_layers_concatenates_their_features_per_row(tiny4
         rows,
         aux,
     )
-    drafts = shared.propose(batch)
+    drafts = propose_committed(shared, batch)
     assert drafts["r"] == expected["r"] and len(drafts["s"]) == 3
 
 
@@ -99,4 +99,4 @@ def test_drafts_for_the_wrong_number_of_requests_are_refused(tiny4, method):
     drafter = build_proposer(SpeculativeConfig(method, 2), tiny4, LAYOUT)
     requests = _step(_target_rows(tiny4, drafter.capture_layers, 6), "r", PROMPT[:7], 0, 5).requests
     with pytest.raises(DraftContextError, match=rf"^{method} drafter: 2 rows of drafts for 1 proposing requests"):
-        drafter.take_drafts(requests, [[1, 2], [3, 4]])
+        drafter.commit(requests, [[1, 2], [3, 4]])

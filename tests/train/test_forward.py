@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from refengine.model import AttentionMetadata, Numerics
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.registry import KVLayout, build_network
 from refengine.train.forward import dflash_blocks, hidden_head_pass, num_kv_layers
-from refengine.worker.attention_metadata_builder import build_attention_metadata
 
 BLOCK = 4
 LAYOUT = KVLayout(num_blocks=32, block_size=BLOCK)

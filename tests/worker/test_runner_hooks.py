@@ -12,7 +12,7 @@ from refengine.model.tiny import build_tiny_model
 from refengine.sample.metadata import RowParams
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 from refengine.worker.fault_injection import FaultInjectingRunner, InjectedFault
-from refengine.worker.model_runner import ScheduledRow, accept_matching_prefix
+from refengine.worker.model_runner import ScheduledRow
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
@@ -26,7 +26,7 @@ def tiny():
 def test_the_production_engine_carries_no_hook(tiny):
     engine = build_engine(EngineArgs(model=tiny, num_blocks=16, max_model_len=64))
     assert engine.core.runner is engine.runner
-    assert engine.runner.accept is accept_matching_prefix
+    assert engine.runner.accept is None  # the rejection sampler's own rule
     assert engine.step_recorder is None
     engine.core.shutdown()
 

@@ -76,11 +76,11 @@ class _DropsADraftRow:
         self.capture_layers = inner.capture_layers
         self.random_init = False
 
-    def propose_padded(self, batch):
-        return self.inner.propose_padded(batch)[1:]
+    def propose(self, batch):
+        return self.inner.propose(batch)[1:]
 
-    def take_drafts(self, requests, rows):
-        return self.inner.take_drafts(requests, rows)
+    def commit(self, requests, rows):
+        return self.inner.commit(requests, rows)
 
     def remove(self, req_ids):
         self.inner.remove(req_ids)

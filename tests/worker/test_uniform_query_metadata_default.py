@@ -5,7 +5,7 @@ tensors with the flag given)."""
 
 import torch
 
-from refengine.worker.attention_metadata_builder import uniform_query_metadata
+from refengine.model.attention_metadata_builder import uniform_query_metadata
 
 
 def test_metadata_is_causal_unless_asked_otherwise():

@@ -11,10 +11,10 @@ from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
 from refengine.sample import rng
 from refengine.sample.metadata import RowParams
-from refengine.sample.rejection import verify
 from refengine.worker.model_runner import ScheduledRow, token_logprobs
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.synthetic_acceptance import STREAM_SYNTHETIC_ACCEPT, synthetic_num_accepted
+from tests.sample.reference_verify import verify
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
-"""Speculative verification: accepted, recovered and bonus tokens (Leviathan et al., 2211.17192).
+"""The per-request reference verifier: the oracle the engine's batched rejection sampler
+(refengine/sample/rejection_sampler.py) must equal, row for row (tests/worker/test_batched_verify.py).
+Written the textbook way, one request and one row at a time (Leviathan et al., 2211.17192), with its
+own one-row sampling helpers, so that it shares no batching code with what it checks.
 
-The index logic lives in the plain functions at the top, with no torch, so that mutation tools can
-reach every branch. Per request the verifier sees k+1 target rows for the query [t, d1..dk]:
+Per request the verifier sees k+1 target rows for the query [t, d1..dk]:
 row j verifies draft d_{j+1}; row k samples the bonus token, emitted only when every draft is
 accepted. A draft of -1 (a placeholder that was never filled, or a constraint-invalid draft) is always
 rejected.
@@ -19,14 +21,35 @@ from collections.abc import Sequence
 import torch
 
 from refengine.sample import rng
-from refengine.sample.sampler import RowParams, apply_constraints, probabilities, race, sample
+from refengine.sample.metadata import SamplingMetadata
+from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+from refengine.sample.sampler import RowParams, apply_constraints, probabilities_batch, sample_batch
 
-PLACEHOLDER_TOKEN_ID = -1
+
+def _one_row(params: RowParams, position: int, device: torch.device) -> SamplingMetadata:
+    return SamplingMetadata.build([params], [position], [[]], device)
+
+
+def probabilities(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
+    """One row's distribution (probabilities_batch on a batch of one)."""
+    return probabilities_batch(logits[None], _one_row(params, 0, logits.device))[0]
+
+
+def race(weights: torch.Tensor, key: int, position: int, stream: int) -> int:
+    """A sample proportional to `weights` (need not be normalised), keyed by (key, position)."""
+    noise = rng.exponential(key, position, stream, weights.numel()).to(weights.device)
+    return int(torch.argmax(weights / noise).item())
+
+
+def sample(logits: torch.Tensor, params: RowParams, position: int) -> int:
+    """One token for the sequence position `position` from one row of processed logits (sample_batch on
+    a batch of one)."""
+    return int(sample_batch(logits[None], _one_row(params, position, logits.device))[0].item())
 
 
 def num_accepted_greedy(draft_ids: Sequence[int], target_ids: Sequence[int]) -> int:
     """Drafts accepted while each equals the target's token at its row: its argmax, or under sampling
-    its seeded sample (one-hot drafts). Accepted drafts are a prefix (invariant 23 in docs/invariants.md)."""
+    its seeded sample (one-hot drafts). Accepted drafts are a prefix."""
     num = 0
     for draft, target in zip(draft_ids, target_ids):
         if draft != target:
@@ -41,8 +64,7 @@ def num_accepted_random(
     draft_probs: Sequence[float],
     uniforms: Sequence[float],
 ) -> int:
-    """Accept d_j iff q(d_j) > 0 and p(d_j) / q(d_j) >= u_j; stop at the first rejection (invariants 23
-    and 24)."""
+    """Accept d_j iff q(d_j) > 0 and p(d_j) / q(d_j) >= u_j; stop at the first rejection."""
     for j, draft in enumerate(draft_ids):
         if draft < 0 or draft_probs[j] <= 0.0 or target_probs[j] / draft_probs[j] < uniforms[j]:
             return j
@@ -113,7 +135,7 @@ def recover(
     position: int,
 ) -> int:
     """A sample from normalize(max(0, p - q)) at the first rejected row, which keeps random verification
-    lossless (invariant 24 in docs/invariants.md)."""
+    lossless."""
     if draft_id < 0:
         residual = target_probs
     else:

@@ -1,5 +1,6 @@
-"""Builds a step's AttentionMetadata from the scheduler's view of each sequence: a runner concern (the
-drafters build theirs the same way), kept apart from the dataclass the model reads.
+"""Builds a step's AttentionMetadata from the scheduler's view of each sequence, kept apart from the
+dataclass the model reads. The runner and the drafters both build theirs here, so it sits in model/,
+below both: the drafters (spec_decode/) never import the runner (worker/) (tests/test_layering.py).
 
 The arithmetic is array arithmetic over the step's tokens (numpy on the host): no Python loop over the
 tokens or over a sequence's blocks, so its cost does not grow with the context.
