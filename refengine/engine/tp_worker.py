@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import signal
 import sys
 
@@ -24,6 +25,7 @@ def worker_main(rank: int, world_size: int, port: int, args: EngineArgs, device_
         # worker outlives its engine.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     import torch
+    import torch.distributed as dist
 
     from refengine.engine.engine_args import build_engine  # torch and the engine after the environment
 
@@ -38,7 +40,10 @@ def worker_main(rank: int, world_size: int, port: int, args: EngineArgs, device_
             elif isinstance(call, SampleTokens):
                 runner.sample_tokens(call.draft_overrides, call.grammar_output)
             elif isinstance(call, Shutdown):
-                return
+                dist.destroy_process_group()
+                # Nothing is left to flush or free that the exit does not: skip the interpreter's slow
+                # teardown of torch, which rank 0 would wait for.
+                os._exit(0)
     except RuntimeError as err:
         # Rank 0 went away mid-collective: nothing to report to, and nobody to wait for.
         sys.exit(f"refengine tensor-parallel rank {rank}: {str(err).splitlines()[0]}")
