@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "refengine"
-LOWER = ("core", "worker", "model", "sample", "spec_decode", "structured_output")
+LOWER = ("core", "worker", "model", "sample", "spec_decode", "structured_output", "distributed")
 UPPER = ("refengine.engine", "refengine.entrypoints")
 
 
