@@ -32,14 +32,23 @@ def set_nccl_safe_env() -> None:
     os.environ.update(NCCL_SAFE_ENV)
 
 
-def init_process_group(rank: int, world_size: int, store: dist.Store | int, device: torch.device) -> None:
+def init_process_group(
+    rank: int, world_size: int, store: dist.Store | int, device: torch.device
+) -> dist.ProcessGroup | None:
     """Join the group of `world_size` ranks: rank 0 passes the TCP store it serves, the others its port
-    on 127.0.0.1."""
+    on 127.0.0.1. Returns the group that carries Python objects (the runner calls): None, the default
+    group, on the CPU; beside NCCL, a gloo group, so that objects never travel through GPU memory."""
     set_nccl_safe_env()
     if isinstance(store, int):
         store = dist.TCPStore("127.0.0.1", store, world_size, False, timeout=COLLECTIVE_TIMEOUT)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT,
+                                device_id=device)
+        return dist.new_group(backend="gloo")
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,12 @@ class TPGroup:
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x.contiguous())
         return parts
+
+    def warm_up(self, device: torch.device) -> None:
+        """One collective on `device` before any CUDA graph is captured: NCCL builds its communicator on
+        the first call, which a capture cannot hold."""
+        if self.distributed:
+            dist.all_reduce(torch.zeros(1, device=device))
 
     def broadcast_sampled(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Invariant 40: rank 0's sampled ids, on every rank. Every rank samples (each needs the ids to

@@ -128,6 +128,8 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         scheduler = Scheduler(config, stop_checker=stop_checker, structured_output_manager=structured)
     executor, tp_group = _tensor_parallel(args, loaded, tp_rank, device)
     model = loaded.model if tp_group is None else shard_model(loaded.model, tp_group)
+    if tp_group is not None and device.type == "cuda":
+        tp_group.warm_up(device)
     kv_cache = KVCache.allocate(model.config, num_blocks, args.block_size, dtype=DTYPES[args.dtype], device=device)
     drafter = (
         None

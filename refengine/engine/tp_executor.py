@@ -57,10 +57,11 @@ class RankExitedError(EngineDeadError):
     """A worker rank's process ended: the group cannot step any more."""
 
 
-def broadcast_call(call: RunnerCall | None) -> RunnerCall:
-    """Rank 0 sends `call`; every other rank passes None and gets it."""
+def broadcast_call(call: RunnerCall | None, group: dist.ProcessGroup | None) -> RunnerCall:
+    """Rank 0 sends `call`; every other rank passes None and gets it. `group`: the objects' group
+    (parallel_state.init_process_group)."""
     box = [call]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -86,11 +87,17 @@ class MultiprocExecutor:
             process.start()
         # Joining waits for every rank to load its shard; a rank that fails meanwhile would leave the
         # join waiting for the collective timeout, so the join runs aside while its exit is watched.
-        joined = threading.Thread(target=init_process_group, args=(0, world_size, store, device), daemon=True)
+        groups: list[dist.ProcessGroup | None] = []
+        joined = threading.Thread(
+            target=lambda: groups.append(init_process_group(0, world_size, store, device)), daemon=True
+        )
         joined.start()
         while joined.is_alive():
             joined.join(0.05)
             self._raise_if_exited(0.0)
+        if not groups:
+            raise RuntimeError("rank 0 could not join the tensor-parallel group (see the log above)")
+        self.object_group = groups[0]
 
     def exited_rank(self, timeout: float) -> int | None:
         """The lowest rank whose process has ended (waiting up to `timeout` for one to), or None."""
@@ -120,7 +127,7 @@ class MultiprocExecutor:
         if self.healthy and all(p.is_alive() for p in self.processes):
             self.healthy = False
             try:
-                broadcast_call(Shutdown())
+                broadcast_call(Shutdown(), self.object_group)
             except RuntimeError:
                 pass  # a rank went meanwhile: the kills below end the rest
         for process in self.processes:
@@ -141,7 +148,7 @@ class TensorParallelRunner:
 
     def execute_model(self, so: SchedulerOutput) -> None:
         with self.executor.watch():
-            broadcast_call(ExecuteModel(so))
+            broadcast_call(ExecuteModel(so), self.executor.object_group)
             self.runner.execute_model(so)
 
     def sample_tokens(
@@ -150,7 +157,7 @@ class TensorParallelRunner:
         grammar_output: GrammarOutput | None = None,
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         with self.executor.watch():
-            broadcast_call(SampleTokens(draft_overrides, grammar_output))
+            broadcast_call(SampleTokens(draft_overrides, grammar_output), self.executor.object_group)
             return self.runner.sample_tokens(draft_overrides, grammar_output)
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:

@@ -29,12 +29,12 @@ def worker_main(rank: int, world_size: int, port: int, args: EngineArgs, device_
 
     from refengine.engine.engine_args import build_engine  # torch and the engine after the environment
 
-    init_process_group(rank, world_size, port, torch.device(device))
+    object_group = init_process_group(rank, world_size, port, torch.device(device))
     engine = build_engine(dataclasses.replace(args, device=device), tp_rank=rank)
     runner = engine.runner
     try:
         while True:
-            call = broadcast_call(None)
+            call = broadcast_call(None, object_group)
             if isinstance(call, ExecuteModel):
                 runner.execute_model(call.scheduler_output)
             elif isinstance(call, SampleTokens):
