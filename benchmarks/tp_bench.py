@@ -6,15 +6,16 @@ TPOT here is the decode time per output token of one request: (wall of a run to 
 of the same run to 1 token) / (output_len - 1), every request of the batch starting together.
 
     # the CPU cost of --tp-invariant (gloo, fp32, batch-invariant numerics)
-    python benchmarks/tp_bench.py --device cpu --model random:qwen3-0.6b --dtype float32 --tp 1,2 \\
+    python benchmarks/tp_bench.py --device cpu --model random:qwen3-0.6b --dtype float32 --tensor-parallel-size 1,2 \\
         --modes plain,tp_invariant --c 1,4 --prompt-len 32 --output-len 16 --out reports/tp-invariant-cost.md
     # 2 GPUs of one host: qwen3-32b's shape, random bf16 weights, 1024 in / 256 out
-    python benchmarks/tp_bench.py --device cuda --model random:qwen3-32b --dtype bfloat16 --tp 1,2 \\
+    python benchmarks/tp_bench.py --device cuda --model random:qwen3-32b --dtype bfloat16 --tensor-parallel-size 1,2 \\
         --modes fast --c 1,8,32 --prompt-len 1024 --output-len 256 --out reports/gpu-tp-tpot.md
 """
 
 import argparse
 import dataclasses
+import gc
 import json
 import platform
 import subprocess
@@ -72,12 +73,34 @@ def tpot_ms(llm: LLM, c: int, prompt_len: int, output_len: int, vocab: int) -> t
     return (walls[output_len][0] - walls[1][0]) / (output_len - 1) * 1e3, (output_len - 1) / max(decode_steps, 1)
 
 
+def engine_rows(args, config: ModelConfig, tp: int, mode: str, spec, concurrencies: list[int], bandwidth: float):
+    numerics, invariant = MODES[mode]
+    dtype = getattr(torch, args.dtype)
+    max_len = args.prompt_len + args.output_len + 16
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, numerics=numerics, tp_invariant=invariant,
+              tensor_parallel_size=tp, max_num_seqs=max(concurrencies), max_model_len=max_len, speculative_config=spec,
+              synthetic_acceptance_rate=None if spec is None else args.synthetic_acceptance,
+              kv_cache_memory_gib=_kv_gib(config, tp, max(concurrencies), max_len + 48, dtype))
+    rows = []
+    try:
+        for c in concurrencies:
+            ms, per_step = tpot_ms(llm, c, args.prompt_len, args.output_len, config.vocab_size)
+            row = dict(tp=tp, mode=mode, spec=None if spec is None else f"eagle k={spec.num_speculative_tokens}",
+                       c=c, tpot_ms=round(ms, 3), tokens_per_step=round(per_step, 2),
+                       floor_ms=round(floor_ms(config, tp, dtype, bandwidth) / per_step, 3))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        llm.engine.core.shutdown()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--model", default="random:qwen3-0.6b")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--tp", default="1,2", help="TP sizes, comma-separated")
+    parser.add_argument("--tensor-parallel-size", default="1,2", help="TP sizes, comma-separated")
     parser.add_argument("--modes", default="plain,tp_invariant", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--c", default="1,4", help="concurrencies, comma-separated")
     parser.add_argument("--prompt-len", type=int, default=32)
@@ -86,33 +109,21 @@ def main() -> None:
     parser.add_argument("--synthetic-acceptance", type=float, default=0.7)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
     config = _shape(args.model) if args.model.startswith("random:") else load_model(args.model).config
     bandwidth = copy_bandwidth(args.device)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     rows = []
     specs = [None] + ([SpeculativeConfig("eagle", args.eagle_k)] if args.eagle_k else [])
-    for tp in map(int, args.tp.split(",")):
+    concurrencies = list(map(int, args.c.split(",")))
+    for tp in map(int, args.tensor_parallel_size.split(",")):
         for mode in args.modes.split(","):
-            numerics, invariant = MODES[mode]
             for spec in specs:
-                concurrencies = list(map(int, args.c.split(",")))
-                llm = LLM(args.model, device=args.device, dtype=args.dtype, numerics=numerics, tp_invariant=invariant,
-                          tensor_parallel_size=tp, max_num_seqs=max(concurrencies),
-                          max_model_len=args.prompt_len + args.output_len + 16, speculative_config=spec,
-                          synthetic_acceptance_rate=None if spec is None else args.synthetic_acceptance,
-                          kv_cache_memory_gib=_kv_gib(config, tp, max(concurrencies), args.prompt_len + args.output_len + 64, dtype))
-                try:
-                    for c in concurrencies:
-                        ms, per_step = tpot_ms(llm, c, args.prompt_len, args.output_len, config.vocab_size)
-                        row = dict(tp=tp, mode=mode, spec=None if spec is None else f"eagle k={spec.num_speculative_tokens}",
-                                   c=c, tpot_ms=round(ms, 3), tokens_per_step=round(per_step, 2),
-                                   floor_ms=round(floor_ms(config, tp, dtype, bandwidth) / per_step, 3))
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-                finally:
-                    llm.engine.core.shutdown()
+                rows += engine_rows(args, config, tp, mode, spec, concurrencies, bandwidth)
+                # One engine's weights at a time on the device: the next one loads its own.
+                gc.collect()
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
     header = (
         f"# Tensor-parallel decode: {args.model}, {args.dtype}, {args.prompt_len} in / {args.output_len} out\n\n"
         f"Commit {commit}; {device_name} ({args.device}), torch {torch.__version__}, {torch.get_num_threads()} torch "
