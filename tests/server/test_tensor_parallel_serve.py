@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from server_helpers import TINY_MODEL
 from server_process import REAL_SERVE, ServerProcess
 
+from refengine.distributed.parallel_state import NCCL_SAFE_ENV
 from refengine.entrypoints.cli_generate import generate_command
 
 TP2 = ("--tensor-parallel-size", "2")
@@ -52,6 +53,8 @@ def test_tp2_serves_over_http_what_generate_prints_and_its_ranks_outlive_no_sigk
     try:
         ranks = worker_ranks(server)
         assert len(ranks) == 1
+        # NVLink multicast stays off in every rank's own environment, not only in the engine's.
+        assert {k: ranks[0].environ().get(k) for k in NCCL_SAFE_ENV} == NCCL_SAFE_ENV
         answer = completion(server)
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] == 8
