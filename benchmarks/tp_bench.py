@@ -5,9 +5,10 @@ plain all-reduce, and EAGLE with synthetic acceptance. A benchmark, not a test: 
 TPOT here is the decode time per output token of one request: (wall of a run to `output_len` tokens - wall
 of the same run to 1 token) / (output_len - 1), every request of the batch starting together.
 
-    # the CPU cost of --tp-invariant (gloo, fp32, batch-invariant numerics)
-    python benchmarks/tp_bench.py --device cpu --model random:qwen3-0.6b --dtype float32 --tensor-parallel-size 1,2 \\
-        --modes plain,tp_invariant --c 1,4 --prompt-len 32 --output-len 16 --out reports/tp-invariant-cost.md
+    # the CPU cost of --tp-invariant (gloo, fp32, batch-invariant numerics); random:qwen3-0.6b works too,
+    # at seconds per token on two shared cores
+    python benchmarks/tp_bench.py --device cpu --model tiny-qwen3 --dtype float32 --tensor-parallel-size 1,2 \\
+        --modes plain,tp_invariant --c 1,4 --prompt-len 16 --output-len 16 --out reports/tp-invariant-cost.md
     # 2 GPUs of one host: qwen3-32b's shape, random bf16 weights, 1024 in / 256 out
     python benchmarks/tp_bench.py --device cuda --model random:qwen3-32b --dtype bfloat16 --tensor-parallel-size 1,2 \\
         --modes fast --c 1,8,32 --prompt-len 1024 --output-len 256 --out reports/gpu-tp-tpot.md
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import platform
 import subprocess
 import time
@@ -127,7 +129,7 @@ def main() -> None:
     header = (
         f"# Tensor-parallel decode: {args.model}, {args.dtype}, {args.prompt_len} in / {args.output_len} out\n\n"
         f"Commit {commit}; {device_name} ({args.device}), torch {torch.__version__}, {torch.get_num_threads()} torch "
-        f"thread(s) per rank; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write). Floor: one rank's "
+        f"thread(s) per rank, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write). Floor: one rank's "
         "weight bytes read once per step at that bandwidth, per token (divided by tokens per step). Command: "
         f"`python benchmarks/tp_bench.py {' '.join(_argv())}`.\n\n"
         "| TP | mode | spec | c | TPOT ms | tokens / step | floor ms |\n|---|---|---|---|---|---|---|\n"
