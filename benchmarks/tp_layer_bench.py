@@ -25,6 +25,7 @@ from refengine.model.config import Numerics
 K, N = 3072, 1024
 TOKENS = (1, 8, 64)
 REPS = 30
+WARMUP = 5
 
 
 def rank_main(rank: int, world_size: int, port: int, queue) -> None:
@@ -41,6 +42,9 @@ def rank_main(rank: int, world_size: int, port: int, queue) -> None:
     for t in TOKENS:
         x = torch.randn(t, K // world_size, generator=torch.Generator().manual_seed(t))
         times: dict[str, list[float]] = {mode: [] for mode in layers}
+        for layer in layers.values():  # warm-up: first calls allocate and pack
+            for _ in range(WARMUP):
+                layer(x)
         for _ in range(REPS):
             for mode, layer in layers.items():
                 if world_size > 1:
@@ -78,7 +82,7 @@ def main() -> None:
         "# The TP-invariant reduction against the plain all-reduce, per row-parallel product (CPU)\n\n",
         f"Commit {commit}; {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, 1 thread per rank, "
         f"gloo; load average {os.getloadavg()[0]:.1f} at the start. qwen3-0.6b's down_proj ({K} -> {N}, fp32, "
-        f"batch-invariant 8-row tiles), median of {REPS} repetitions, the modes taking turns. Plain: the rank's "
+        f"batch-invariant 8-row tiles), median of {REPS} repetitions after {WARMUP} of warm-up, the modes taking turns. Plain: the rank's "
         "product, then one all-reduce. TP-invariant: 8 slice products summed in a fixed tree, the rank subtrees "
         "all-gathered and added in rank order. Command: `python benchmarks/tp_layer_bench.py`.\n\n",
         "| TP | tokens | plain ms | tp_invariant ms | ratio |\n|---|---|---|---|---|\n",
