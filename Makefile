@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow demo lint oracle bench bench-client soak mutations mutmut clean
+.PHONY: install test test-slow demo lint oracle oracle-tp bench bench-client soak mutations mutmut clean
 
 install: $(STAMP)
 
@@ -56,6 +56,18 @@ ORACLE_REPORT ?= reports/oracle.md
 # `refengine oracle merge reports/oracle-slices/*.json --out reports/oracle.md`.
 oracle: install
 	$(VENV)/bin/refengine oracle --model smollm2 --c $(ORACLE_C) --prompts 8 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) --write-report --report $(ORACLE_REPORT)
+
+# The full oracle matrix at tensor-parallel size 2 (every engine method and variant, c = 1 and 4; the teacher
+# methods replace one rank's drafter and are left out): on tiny-qwen3 on the CPU (gloo; each job runs two
+# processes), or on random qwen3-0.6b on 2 GPUs of one host with
+# `make oracle-tp ORACLE_TP_MODEL=random:qwen3-0.6b ORACLE_DEVICE=cuda ORACLE_TP_JOBS=1`.
+ORACLE_TP_MODEL ?= tiny-qwen3
+ORACLE_TP_JOBS ?= $(shell echo $$(( ($$(nproc) + 1) / 2 )))
+ORACLE_TP_REPORT ?= reports/oracle-tp.md
+oracle-tp: install
+	$(VENV)/bin/refengine oracle --model $(ORACLE_TP_MODEL) --tensor-parallel-size 2 \
+		--methods none,eagle,eagle3,mtp,dflash,ngram,draft_model --c 1,4 --prompts 4 --max-tokens 16 \
+		--jobs $(ORACLE_TP_JOBS) --device $(ORACLE_DEVICE) --write-report --report $(ORACLE_TP_REPORT)
 
 bench: install
 	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md

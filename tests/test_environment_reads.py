@@ -6,8 +6,10 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "refengine"
-# The documented exception: --async-scheduling, else REFENGINE_ASYNC_SCHEDULING, else automatic.
-ALLOWED = {"spec_decode/config.py"}
+# The documented exception: --async-scheduling, else REFENGINE_ASYNC_SCHEDULING, else automatic. And one
+# write, never a read: tensor parallelism keeps NVLink multicast off for NCCL, which only reads its
+# settings from the environment (docs/invariants.md, tensor parallelism).
+ALLOWED = {"spec_decode/config.py", "distributed/parallel_state.py"}
 
 
 def environment_reads(source: str) -> list[int]:

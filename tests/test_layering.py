@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "refengine"
-LOWER = ("core", "worker", "model", "sample", "spec_decode", "structured_output")
+LOWER = ("core", "worker", "model", "sample", "spec_decode", "structured_output", "distributed")
 UPPER = ("refengine.engine", "refengine.entrypoints")
 # The packages each lower package may import (the modules at refengine's top, request, config and
 # sampling_params, are shared data types that every layer may read).

@@ -49,6 +49,13 @@ class EngineArgs:
     # SYNTHETIC acceptance for speed studies only: drafts accepted at this fixed rate whatever the
     # target says, so the output is NOT the model's. None: real verification.
     synthetic_acceptance_rate: float | None = None
+    # Tensor parallelism (vLLM's name): one process per rank, the model sharded by heads and vocabulary.
+    tensor_parallel_size: int = 1
+    # With batch_invariant numerics: row-parallel products sum in a fixed tree whatever the TP size, so
+    # fp32 logits are bitwise equal at every TP size (docs/invariants.md, invariant 41).
+    tp_invariant: bool = False
+    # testing: this rank skews its logits before sampling, as a drifting rank would (its ids must not win)
+    skew_logits_on_rank: int | None = None
 
 
 DEFAULT_MAX_MODEL_LEN = _LIMITS.max_model_len

@@ -160,6 +160,8 @@ class AsyncLLM:
                 outputs = step()
                 if outputs is not None:
                     self._publish(outputs)
+        except EngineDeadError as err:  # the loop found the engine dead (a tensor-parallel rank exited)
+            self._die(err.reason)
         except Exception as err:  # noqa: BLE001 - any failure of the loop kills the engine, by design
             self._die(f"{type(err).__name__}: {err}")
 

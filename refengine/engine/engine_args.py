@@ -1,19 +1,24 @@
 """build_engine: EngineArgs (what a user chooses) resolved into a running EngineCore."""
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from refengine.config import EngineConfig
 from refengine.core.async_scheduler import AsyncScheduler
 from refengine.core.scheduler import Scheduler
+from refengine.distributed.parallel_layers import shard_model
+from refengine.distributed.parallel_state import TPGroup, check_tensor_parallel_size
 from refengine.engine.arg_utils import DEFAULT_MAX_MODEL_LEN, DTYPE_NAMES, EngineArgs
 from refengine.engine.engine_core import EngineCore
 from refengine.engine.stop_strings import StopStringChecker
+from refengine.engine.tp_executor import MultiprocExecutor, TensorParallelRunner
 from refengine.model import attention
-from refengine.model.config import Kernels
+from refengine.model.config import Kernels, Numerics
 from refengine.model.device import move_to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import set_kernels
@@ -25,7 +30,7 @@ from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
 from refengine.structured_output.manager import StructuredOutputManager
 from refengine.worker.cuda_graphs import CudaGraphs
-from refengine.worker.fault_injection import FaultInjectingRunner
+from refengine.worker.fault_injection import FaultInjectingRunner, SkewedLogitsModel
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.model_runner import ModelRunner
 from refengine.worker.runner import Runner
@@ -53,7 +58,9 @@ record_steps."""
     structured_output_manager: StructuredOutputManager
 
 
-def build_engine(args: EngineArgs) -> Engine:
+def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
+    """`tp_rank` > 0: a worker rank's engine (tp_worker.py), whose runner rank 0 drives; its process group
+    is already joined."""
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     kernels = Kernels(args.attention_backend, args.fused_ops)
@@ -81,14 +88,21 @@ def build_engine(args: EngineArgs) -> Engine:
             f"cuda_graph_sizes must be batch sizes in 1..max_num_seqs={args.max_num_seqs}, got {list(args.cuda_graph_sizes)}"
         )
     model_config = loaded.config
+    check_tensor_parallel_size(
+        args.tensor_parallel_size, model_config.num_attention_heads, model_config.num_key_value_heads,
+        model_config.vocab_size, model_config.intermediate_size, args.tp_invariant,
+    )
+    if args.tp_invariant and loaded.model.numerics is not Numerics.BATCH_INVARIANT:
+        raise ValueError("tp_invariant is an option of batch_invariant numerics: drop --fast")
     max_model_len = args.max_model_len or min(model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's context of {model_config.max_position_embeddings}"
         )
+    # Per rank: the KV cache is sharded by KV head, so a rank's budget holds tp times the blocks.
     bytes_per_block = (
         2 * model_config.num_hidden_layers * args.block_size * model_config.num_key_value_heads
-        * model_config.head_dim * DTYPES[args.dtype].itemsize
+        // args.tensor_parallel_size * model_config.head_dim * DTYPES[args.dtype].itemsize
     )
     num_blocks = args.num_blocks or int(args.kv_cache_memory_gib * 2**30 // bytes_per_block)
     config = EngineConfig(
@@ -112,7 +126,11 @@ def build_engine(args: EngineArgs) -> Engine:
         )
     else:
         scheduler = Scheduler(config, stop_checker=stop_checker, structured_output_manager=structured)
-    kv_cache = KVCache.allocate(model_config, num_blocks, args.block_size, dtype=DTYPES[args.dtype], device=device)
+    executor, tp_group = _tensor_parallel(args, loaded, tp_rank, device)
+    model = loaded.model if tp_group is None else shard_model(loaded.model, tp_group)
+    if tp_group is not None and device.type == "cuda":
+        tp_group.warm_up(device)
+    kv_cache = KVCache.allocate(model.config, num_blocks, args.block_size, dtype=DTYPES[args.dtype], device=device)
     drafter = (
         None
         if args.speculative_config is None
@@ -120,13 +138,13 @@ def build_engine(args: EngineArgs) -> Engine:
     )
     if drafter is not None and device.type != "cpu":
         move_to_device(drafter, device)  # drafters are built on the host
-    _choose_kernels(loaded, drafter, kernels)
+    _choose_kernels(model, drafter, kernels)
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
-    graphs = _cuda_graphs(args, loaded, kv_cache, config, drafter, device)
+    graphs = _cuda_graphs(args, model, kv_cache, config, drafter, device)
     input_batch = InputBatch(config.max_num_seqs, config.max_model_len, _max_blocks_per_req(config), config.block_size)
     runner = ModelRunner(
-        loaded.model,
+        model if args.skew_logits_on_rank != tp_rank else SkewedLogitsModel(model, tp_rank),
         kv_cache,
         input_batch,
         drafter=drafter,
@@ -134,21 +152,48 @@ def build_engine(args: EngineArgs) -> Engine:
         accept=(
             None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
         ),
+        tp_group=tp_group,
     )
     # The testing and study hooks wrap the runner; the production path carries none of them.
     driven: Runner = runner
     recorder = None
     if args.record_steps:
         driven = recorder = StepRecorder(runner)
+    if executor is not None:
+        driven = TensorParallelRunner(driven, executor)
     if args.fault_after_steps is not None:
         driven = FaultInjectingRunner(driven, args.fault_after_steps)
-    return Engine(EngineCore(scheduler, driven), loaded, config, resolution, stop_checker, runner, recorder, structured)
+    return Engine(EngineCore(scheduler, driven, executor), loaded, config, resolution, stop_checker, runner, recorder, structured)
 
 
-def _choose_kernels(loaded: LoadedModel, drafter: Proposer | None, kernels: Kernels) -> None:
+def _tensor_parallel(
+    args: EngineArgs, loaded: LoadedModel, tp_rank: int, device: torch.device
+) -> tuple[MultiprocExecutor | None, TPGroup | None]:
+    """Rank 0 of a TP engine starts the other ranks; every rank gets its group. TP=1 has a group only in
+    the TP-invariant mode (its row-parallel products sum in the same tree as at any TP size)."""
+    tp = args.tensor_parallel_size
+    if tp == 1:
+        return None, TPGroup(0, 1, invariant=True) if args.tp_invariant else None
+    if tp_rank > 0:
+        return None, TPGroup(tp_rank, tp, args.tp_invariant)
+    if dist.is_initialized():
+        raise ValueError("a tensor-parallel engine is already running in this process: one at a time")
+    if not isinstance(args.model, str):
+        raise ValueError("tensor_parallel_size > 1 needs the model by name or path: every rank loads it")
+    worker_args = dataclasses.replace(args, numerics=str(loaded.model.numerics), dtype=_dtype_name(loaded.model))
+    executor = MultiprocExecutor(tp, device, (worker_args, device.type))
+    return executor, TPGroup(0, tp, args.tp_invariant)
+
+
+def _dtype_name(model: nn.Module) -> str:
+    dtype = model.embed_tokens.weight.dtype
+    return next(name for name, value in DTYPES.items() if value == dtype)
+
+
+def _choose_kernels(model: nn.Module, drafter: Proposer | None, kernels: Kernels) -> None:
     """The kernels this engine asked for, in the target and in the drafter's network (a head module,
     or a plain holder of a draft model's modules)."""
-    set_kernels(loaded.model, kernels)
+    set_kernels(model, kernels)
     network = getattr(drafter, "network", None)
     for module in (network, getattr(network, "model", None)):
         if isinstance(module, nn.Module):
@@ -160,10 +205,11 @@ def _max_blocks_per_req(config: EngineConfig) -> int:
     return -(-(config.max_model_len + config.num_lookahead_tokens) // config.block_size)
 
 
-def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, config: EngineConfig, drafter, device):
+def _cuda_graphs(args: EngineArgs, model: nn.Module, kv_cache: KVCache, config: EngineConfig, drafter, device):
     """Captured decode (and verify) steps, and the drafter's fixed-shape proposal, when the device is a GPU
-    and attention runs in Triton."""
-    usable = device.type == "cuda" and attention.attention_implementation(loaded.model.kernels, device) == "triton"
+    and attention runs in Triton. Under tensor parallelism the captured forward holds the row-parallel
+    all-reduces (NCCL collectives are capturable on the group's stream)."""
+    usable = device.type == "cuda" and attention.attention_implementation(model.kernels, device) == "triton"
     if args.cuda_graphs is False or not usable:
         if args.cuda_graphs:
             raise ValueError("cuda_graphs needs a CUDA device and the Triton attention backend")
@@ -171,7 +217,7 @@ def _cuda_graphs(args: EngineArgs, loaded: LoadedModel, kv_cache: KVCache, confi
     spec = args.speculative_config
     query_lens = (1,) if spec is None else (1, spec.num_speculative_tokens + 1)
     graphs = CudaGraphs(
-        loaded.model,
+        model,
         kv_cache,
         max_num_seqs=config.max_num_seqs,
         max_blocks_per_seq=_max_blocks_per_req(config),

@@ -15,6 +15,7 @@ from refengine.core.outputs import (
     SchedulerOutput,
 )
 from refengine.core.scheduler import Scheduler
+from refengine.engine.tp_executor import MultiprocExecutor
 from refengine.request import Request, RequestStatus
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.runner import Runner
@@ -36,9 +37,11 @@ class _Frame:
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: Runner) -> None:
+    def __init__(self, scheduler: Scheduler, runner: Runner, executor: MultiprocExecutor | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        # Tensor parallelism's worker ranks, which end with this core.
+        self.executor = executor
         # Invariant 14: a batch queue exists only under async scheduling, two frames deep.
         self.max_concurrent_batches = 2 if scheduler.async_scheduling() else 1
         self.batch_queue: deque[_Frame] = deque()
@@ -144,5 +147,7 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
+        if self.executor is not None:
+            self.executor.shutdown()
         if self.scheduler.structured_output_manager is not None:
             self.scheduler.structured_output_manager.shutdown()

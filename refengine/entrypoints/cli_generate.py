@@ -3,7 +3,7 @@
 import click
 
 from refengine.engine.arg_utils import EngineArgs
-from refengine.entrypoints.device_options import check_device, device_options
+from refengine.entrypoints.device_options import check_device, device_options, tensor_parallel_options
 from refengine.sampling_params import SamplingParams
 
 
@@ -20,9 +20,10 @@ from refengine.sampling_params import SamplingParams
 @device_options
 @click.option("--kv-cache-memory-gib", type=click.FloatRange(min=0, min_open=True), default=EngineArgs.kv_cache_memory_gib,
               show_default=True, help="KV pool size as a memory budget.")
+@tensor_parallel_options
 def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, seed: int | None,
                      batch_invariant: bool, device: str | None, cuda_graphs: bool | None,
-                     kv_cache_memory_gib: float) -> None:
+                     kv_cache_memory_gib: float, tensor_parallel_size: int, tp_invariant: bool) -> None:
     """Print the model's continuation of PROMPT."""
     if not prompt.strip():
         raise click.ClickException("--prompt is empty: give the text to continue")
@@ -31,8 +32,12 @@ def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, tempe
     from refengine.engine.llm import LLM
     from refengine.tokenizer.chat_template import ChatMessage
 
-    llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1, device=device,
-              cuda_graphs=cuda_graphs, kv_cache_memory_gib=kv_cache_memory_gib)
+    try:
+        llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1, device=device,
+                  cuda_graphs=cuda_graphs, kv_cache_memory_gib=kv_cache_memory_gib,
+                  tensor_parallel_size=tensor_parallel_size, tp_invariant=tp_invariant)
+    except ValueError as e:  # a configuration the engine refuses, with its reason
+        raise click.ClickException(str(e)) from None
     if chat:
         prompt = llm.tokenizer.apply_chat_template([ChatMessage("user", prompt)])
         ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
@@ -40,4 +45,5 @@ def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, tempe
         ids = llm.tokenizer.encode(prompt)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     (out,) = llm.generate([ids], params)
+    llm.engine.core.shutdown()  # tensor parallelism's worker ranks end with the engine
     click.echo(out.text)

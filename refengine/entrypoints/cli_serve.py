@@ -20,7 +20,7 @@ from refengine.entrypoints.app import (
     ServerConfig,
     build_app,
 )
-from refengine.entrypoints.device_options import check_device, device_options
+from refengine.entrypoints.device_options import check_device, device_options, tensor_parallel_options
 from refengine.entrypoints.engine_client import EngineClient
 from refengine.entrypoints.http_server import make_server
 from refengine.model.config import ATTENTION_BACKENDS
@@ -196,6 +196,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         help="KV pool size as a memory budget (used when --num-blocks is not given).",
     )
     @device_options
+    @tensor_parallel_options
     @click.option("--block-size", type=click.IntRange(min=1), default=ENGINE_DEFAULTS.block_size, show_default=True)
     @click.option("--seed", type=int, default=ENGINE_DEFAULTS.seed, show_default=True)
     @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default=ENGINE_DEFAULTS.dtype, show_default=True)
@@ -285,6 +286,8 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         kv_cache_memory_gib: float,
         device: str | None,
         cuda_graphs: bool | None,
+        tensor_parallel_size: int,
+        tp_invariant: bool,
         block_size: int,
         seed: int,
         dtype: str,
@@ -322,6 +325,8 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
             fault_after_steps=fault_after_steps,
             attention_backend=attention_backend,
             fused_ops=fused_ops,
+            tensor_parallel_size=tensor_parallel_size,
+            tp_invariant=tp_invariant,
         )
         options = ServeOptions(
             host=host,

@@ -22,6 +22,24 @@ def device_options(command):
     )(command)
 
 
+def tensor_parallel_options(command):
+    """--tensor-parallel-size (vLLM's name) and --tp-invariant."""
+    command = click.option(
+        "--tp-invariant",
+        is_flag=True,
+        help="With --batch-invariant: row-parallel products sum in a fixed tree whatever the TP size, so "
+        "float32 logits are bitwise equal at every --tensor-parallel-size (slower).",
+    )(command)
+    return click.option(
+        "--tensor-parallel-size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Shard the model over this many ranks (processes: GPUs 0..N-1 with --device cuda, gloo on the "
+        "CPU). Must divide the attention heads, KV heads, vocabulary and intermediate size.",
+    )(command)
+
+
 def check_device(device: str | None, cuda_graphs: bool | None) -> None:
     """Refuse, before loading anything, a device this machine lacks or graphs the CPU cannot replay."""
     if device == "cpu" and cuda_graphs:

@@ -28,6 +28,12 @@ SHAPES: dict[str, ModelConfig] = {
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
         max_position_embeddings=40960, tie_word_embeddings=False,
     ),
+    # Qwen/Qwen3-32B config.json (the tensor-parallel benchmark's target)
+    "qwen3-32b": ModelConfig(
+        arch=Arch.QWEN3, vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        max_position_embeddings=40960, tie_word_embeddings=False,
+    ),
     # Qwen/Qwen3-0.6B config.json
     "qwen3-0.6b": ModelConfig(
         arch=Arch.QWEN3, vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,

@@ -23,6 +23,7 @@ from refengine.oracle.report import markdown, print_table
 from refengine.oracle.run import ArmResult, Workload
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
 from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, render, summary
+from refengine.oracle.teacher import TEACHER_METHODS
 from refengine.tokenizer.tokenizer import Tokenizer
 
 REPORT_PATH = Path("reports/oracle.md")
@@ -102,9 +103,13 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
                    "1 runs every arm in this process. The results do not depend on it.")
 @click.option("--device", default="cpu", show_default=True, callback=_device,
               help="cpu, or cuda[:N]: the same arms on a GPU, their uniform steps replayed from CUDA graphs.")
+@click.option("--tensor-parallel-size", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Run every arm's engine on this many ranks (processes; GPUs 0..N-1 with --device cuda). "
+                   "Teacher methods replace one rank's drafter and are refused.")
 @click.pass_context
 def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature,
-                   seed, variants, seeded, structured, block_size, write_report, report_path, jobs, device) -> None:
+                   seed, variants, seeded, structured, block_size, write_report, report_path, jobs, device,
+                   tensor_parallel_size) -> None:
     """Run every arm of the matrix and judge it. Exits 1 on any failed arm. With --jobs N the arms run
     in N worker processes; the tables keep the matrix order. `oracle merge` combines slice reports."""
     if ctx.invoked_subcommand is not None:
@@ -115,6 +120,8 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         raise click.UsageError(
             f"--prompts {num_prompts} is fewer than c = {max(concurrency)}: that slice could never run c requests at once"
         )
+    if tensor_parallel_size > 1 and any(m in TEACHER_METHODS for m in methods):
+        raise click.UsageError("--tensor-parallel-size > 1: drop the teacher methods from --methods")
     loaded = resolve_model(model, device)
     block_size = block_size or (4 if model in TINY_MODELS else 16)
     prompts = (
@@ -130,7 +137,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
     ]
     sections: list[Section] = []
     started = time.perf_counter()
-    with arm_runner(model, loaded, block_size, jobs, device) as runner:
+    with arm_runner(model, loaded, block_size, jobs, device, tensor_parallel_size) as runner:
         all_results, workloads = _run_passes(runner, arms, workloads, loaded.tokenizer, console)
     labels: collections.Counter[str] = collections.Counter()
     for workload, results in zip(banned_workloads(workloads, all_results), all_results, strict=True):
@@ -144,7 +151,8 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature if seeded else None, seed=seed,
         variants=variants, structured=structured, concurrency=tuple(concurrency), commit=_commit(),
         date=time.strftime("%Y-%m-%d"),
-        host=_host(jobs, device, all_results), sections=tuple(sections), labels=dict(labels),
+        host=_host(jobs, device, all_results) + (f"; tensor-parallel size {tensor_parallel_size}" if tensor_parallel_size > 1 else ""),
+        sections=tuple(sections), labels=dict(labels),
         elapsed_s=round(time.perf_counter() - started, 1),
     )
     console.print(("[bold red]" if report.num_failed else "[bold green]") + summary(report.labels, report.elapsed_s))

@@ -76,6 +76,14 @@ class ArmResult:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
 
+@dataclass(frozen=True, slots=True)
+class TensorParallel:
+    """An arm's engine on `size` ranks; each rank loads `model_name`."""
+
+    model_name: str
+    size: int
+
+
 def max_tokens(arm: Arm, workload: Workload) -> int:
     """Structured arms run without ignore_eos and with room for every grammar to end."""
     return max(workload.max_tokens, structured.MAX_TOKENS) if arm.structured else workload.max_tokens
@@ -156,9 +164,24 @@ def sampling_params(workload: Workload, arm: Arm) -> list[SamplingParams]:
 
 
 def run_arm(
-    model: LoadedModel, arm: Arm, workload: Workload, block_size: int, *, attention_backend: str = "auto"
+    model: LoadedModel,
+    arm: Arm,
+    workload: Workload,
+    block_size: int,
+    *,
+    attention_backend: str = "auto",
+    tensor_parallel: TensorParallel | None = None,
 ) -> ArmResult:
-    llm = LLM(model, **engine_kwargs(arm, workload, block_size), attention_backend=attention_backend)
+    """`tensor_parallel`: the arm's engine runs on that many ranks, each loading the model by name (`model`,
+    the same weights, serves the absolute checks)."""
+    kwargs = engine_kwargs(arm, workload, block_size)
+    if tensor_parallel is not None and arm.teacher:
+        raise ValueError("teacher arms replace rank 0's drafter only: they do not run tensor-parallel")
+    if tensor_parallel is None:
+        llm = LLM(model, **kwargs, attention_backend=attention_backend)
+    else:
+        llm = LLM(tensor_parallel.model_name, **kwargs, attention_backend=attention_backend,
+                  tensor_parallel_size=tensor_parallel.size, device=str(model.model.embed_tokens.weight.device))
     core = llm.engine.core
     if arm.teacher:
         llm.engine.runner.drafter = TeacherProposer(

@@ -11,7 +11,7 @@ import torch
 
 from refengine.model.loader import LoadedModel, load_model
 from refengine.oracle.arms import Arm
-from refengine.oracle.run import ArmResult, Workload, run_arm
+from refengine.oracle.run import ArmResult, TensorParallel, Workload, run_arm
 
 Job = tuple[Arm, Workload]
 OnDone = Callable[[Workload, ArmResult], None]
@@ -28,11 +28,12 @@ def resolve_model(name: str, device: str = "cpu") -> LoadedModel:
 class InProcessRunner:
     model: LoadedModel
     block_size: int
+    tensor_parallel: TensorParallel | None = None
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
         results = []
         for arm, workload in jobs:
-            results.append(run_arm(self.model, arm, workload, self.block_size))
+            results.append(run_arm(self.model, arm, workload, self.block_size, tensor_parallel=self.tensor_parallel))
             on_done(workload, results[-1])
         return results
 
@@ -41,10 +42,12 @@ class InProcessRunner:
 class PoolRunner:
     pool: ProcessPoolExecutor
     block_size: int
+    tensor_parallel: TensorParallel | None = None
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
         futures: dict[Future[ArmResult], Workload] = {
-            self.pool.submit(_run_in_worker, arm, workload, self.block_size): workload for arm, workload in jobs
+            self.pool.submit(_run_in_worker, arm, workload, self.block_size, self.tensor_parallel): workload
+            for arm, workload in jobs
         }
         for future in as_completed(futures):
             on_done(futures[future], future.result())
@@ -55,11 +58,14 @@ Runner = InProcessRunner | PoolRunner
 
 
 @contextmanager
-def arm_runner(model_name: str, model: LoadedModel, block_size: int, jobs: int, device: str = "cpu") -> Iterator[Runner]:
+def arm_runner(
+    model_name: str, model: LoadedModel, block_size: int, jobs: int, device: str = "cpu", tensor_parallel_size: int = 1
+) -> Iterator[Runner]:
     """`jobs` 1 runs the arms here, on `model`; more starts that many workers, each loading `model_name`
-    once onto `device`."""
+    once onto `device`. `tensor_parallel_size` > 1: each arm's engine runs on that many ranks."""
+    tensor_parallel = None if tensor_parallel_size == 1 else TensorParallel(model_name, tensor_parallel_size)
     if jobs == 1:
-        yield InProcessRunner(model, block_size)
+        yield InProcessRunner(model, block_size, tensor_parallel)
         return
     pool = ProcessPoolExecutor(
         jobs,
@@ -69,7 +75,7 @@ def arm_runner(model_name: str, model: LoadedModel, block_size: int, jobs: int, 
         initargs=(model_name, device),
     )
     try:
-        yield PoolRunner(pool, block_size)
+        yield PoolRunner(pool, block_size, tensor_parallel)
     finally:
         # After an error or Ctrl-C, the arms not yet started are dropped instead of run to the end.
         pool.shutdown(cancel_futures=True)
@@ -85,7 +91,7 @@ def _init_worker(model_name: str, device: str) -> None:
     _worker_model = resolve_model(model_name, device)
 
 
-def _run_in_worker(arm: Arm, workload: Workload, block_size: int) -> ArmResult:
+def _run_in_worker(arm: Arm, workload: Workload, block_size: int, tensor_parallel: TensorParallel | None) -> ArmResult:
     if _worker_model is None:
         raise RuntimeError("oracle worker used before its initializer loaded the model")
-    return run_arm(_worker_model, arm, workload, block_size)
+    return run_arm(_worker_model, arm, workload, block_size, tensor_parallel=tensor_parallel)

@@ -34,3 +34,23 @@ class FaultInjectingRunner:
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         return self.runner.take_draft_token_ids()
+
+
+class SkewedLogitsModel:
+    """The model as a drifting rank sees it (`skew_logits_on_rank`, tensor parallelism's tests): every
+    logits row strongly favours `token_id`, so this rank alone would sample it everywhere."""
+
+    def __init__(self, model, token_id: int) -> None:
+        self.model = model
+        self.token_id = token_id
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def compute_logits(self, hidden):
+        logits = self.model.compute_logits(hidden)
+        logits[:, self.token_id] += 1e4
+        return logits
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from refengine.distributed.parallel_state import TPGroup
 from refengine.model.device import on_device, to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
@@ -95,8 +96,11 @@ class ModelRunner:
         drafter: Proposer | None = None,
         cuda_graphs: CudaGraphs | None = None,
         accept: StepAcceptRule | None = None,
+        tp_group: TPGroup | None = None,
     ) -> None:
         self.model = model
+        # Tensor parallelism: this rank's group (None: one rank, nothing to agree on).
+        self.tp_group = tp_group
         # Inputs are built on the host; on a GPU they travel from pinned memory, non-blocking.
         self.device = kv_cache.layers[0].key.device if kv_cache.layers else torch.device("cpu")
         self.cuda_graphs = cuda_graphs
@@ -287,6 +291,9 @@ class ModelRunner:
             for r in verified
         }
         tokens = self._verify(executed.logits, verified, drafts_by_req, grammar_output) if verified else None
+        if tokens is not None and self.tp_group is not None:
+            # Invariant 40: every rank goes on with the same ids (rank 0's), whatever its own logits said.
+            tokens = self.tp_group.broadcast_sampled(tokens)
         in_flight = (
             tokens is not None
             and tokens.shape[1] == 1

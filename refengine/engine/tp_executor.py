@@ -1,0 +1,165 @@
+"""MultiprocExecutor: tensor parallelism's processes. Rank 0 is this process (the engine core, its
+scheduler and its shard of the model); ranks 1..N-1 are worker processes started with spawn, each
+holding its shard and a ModelRunner (tp_worker.py).
+
+Each runner call of the engine core is broadcast from rank 0 (torch.distributed's broadcast_object_list,
+gloo or NCCL) before rank 0 makes it, and every rank makes the same calls in the same order:
+the one runner thread of the engine core issues them, so frames in flight stay in the same order on
+every rank (invariant 42). A rank that exits is found where rank 0 next waits for it, and the engine dies
+with `rank K exited`.
+
+Invariant numbers refer to docs/invariants.md.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+
+from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from refengine.distributed.parallel_state import COLLECTIVE_TIMEOUT, init_process_group, set_nccl_safe_env
+from refengine.engine.outputs import EngineDeadError
+from refengine.worker.async_output import AsyncModelRunnerOutput
+from refengine.worker.runner import Runner
+
+# How long rank 0 gives a failed collective's peers to show they exited, before it reports the failure
+# as it came: a SIGKILLed peer's socket closes as it dies, so its exit is already there to see.
+EXIT_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteModel:
+    scheduler_output: SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class SampleTokens:
+    draft_overrides: Mapping[str, list[int]] | None
+    grammar_output: GrammarOutput | None
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+RunnerCall = ExecuteModel | SampleTokens | Shutdown
+
+
+class RankExitedError(EngineDeadError):
+    """A worker rank's process ended: the group cannot step any more."""
+
+
+def broadcast_call(call: RunnerCall | None, group: dist.ProcessGroup | None) -> RunnerCall:
+    """Rank 0 sends `call`; every other rank passes None and gets it. `group`: the objects' group
+    (parallel_state.init_process_group)."""
+    box = [call]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+class MultiprocExecutor:
+    def __init__(self, world_size: int, device: torch.device, worker_args: tuple) -> None:
+        """Starts ranks 1..world_size-1 running tp_worker.worker_main(rank, world_size, port, *worker_args)
+        and joins their process group as rank 0."""
+        from refengine.engine.tp_worker import worker_main  # the worker builds engines: imported late
+
+        set_nccl_safe_env()
+        self.world_size = world_size
+        self.healthy = True
+        store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+        context = multiprocessing.get_context("spawn")
+        self.processes = [
+            context.Process(
+                target=worker_main, args=(rank, world_size, store.port, *worker_args), name=f"refengine-tp-rank{rank}",
+                daemon=True,
+            )
+            for rank in range(1, world_size)
+        ]
+        for process in self.processes:
+            process.start()
+        # Joining waits for every rank to load its shard; a rank that fails meanwhile would leave the
+        # join waiting for the collective timeout, so the join runs aside while its exit is watched.
+        groups: list[dist.ProcessGroup | None] = []
+        joined = threading.Thread(
+            target=lambda: groups.append(init_process_group(0, world_size, store, device)), daemon=True
+        )
+        joined.start()
+        while joined.is_alive():
+            joined.join(0.05)
+            self._raise_if_exited(0.0)
+        if not groups:
+            raise RuntimeError("rank 0 could not join the tensor-parallel group (see the log above)")
+        self.object_group = groups[0]
+
+    def exited_rank(self, timeout: float) -> int | None:
+        """The lowest rank whose process has ended (waiting up to `timeout` for one to), or None."""
+        wait([p.sentinel for p in self.processes], timeout)
+        dead = [rank for rank, p in enumerate(self.processes, start=1) if not p.is_alive()]
+        return min(dead) if dead else None
+
+    def _raise_if_exited(self, timeout: float) -> None:
+        rank = self.exited_rank(timeout)
+        if rank is not None:
+            self.healthy = False
+            self.shutdown()
+            raise RankExitedError(f"rank {rank} exited")
+
+    @contextmanager
+    def watch(self) -> Iterator[None]:
+        """Collectives inside: a failure that a rank's exit explains is that exit."""
+        try:
+            yield
+        except Exception:
+            self.healthy = False
+            self._raise_if_exited(EXIT_GRACE_S)
+            raise
+
+    def shutdown(self) -> None:
+        """Every worker ends: asked to when the group is in step, killed otherwise; none is left behind."""
+        if self.healthy and all(p.is_alive() for p in self.processes):
+            self.healthy = False
+            try:
+                broadcast_call(Shutdown(), self.object_group)
+            except RuntimeError:
+                pass  # a rank went meanwhile: the kills below end the rest
+        for process in self.processes:
+            process.join(EXIT_GRACE_S if process.is_alive() else None)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class TensorParallelRunner:
+    """Rank 0's runner: each call is broadcast to the other ranks, then made on this rank's runner."""
+
+    def __init__(self, runner: Runner, executor: MultiprocExecutor) -> None:
+        self.runner = runner
+        self.executor = executor
+
+    def execute_model(self, so: SchedulerOutput) -> None:
+        with self.executor.watch():
+            broadcast_call(ExecuteModel(so), self.executor.object_group)
+            self.runner.execute_model(so)
+
+    def sample_tokens(
+        self,
+        draft_overrides: Mapping[str, list[int]] | None = None,
+        grammar_output: GrammarOutput | None = None,
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        with self.executor.watch():
+            broadcast_call(SampleTokens(draft_overrides, grammar_output), self.executor.object_group)
+            return self.runner.sample_tokens(draft_overrides, grammar_output)
+
+    def take_draft_token_ids(self) -> dict[str, list[int]]:
+        # Every rank holds the same drafts (invariant 40): the scheduler reads rank 0's.
+        return self.runner.take_draft_token_ids()
