@@ -37,7 +37,7 @@ class RowParallelLinear(nn.Module):
     """`x[T, K/tp] @ weight[N, K/tp].T`, summed over ranks.
 
     Plain: one all-reduce, whose order of addition is the backend's and depends on the TP size.
-    TP-invariant (invariant 41): K is cut into NUM_TP_INVARIANT_SLICES slices whatever the TP size; each
+    TP-invariant (invariant 46): K is cut into NUM_TP_INVARIANT_SLICES slices whatever the TP size; each
     slice's product is computed alone, the slices summed pairwise in a binary tree. A rank's slices are a
     subtree of that tree, so each rank sums its subtree, the subtrees are all-gathered, and the tree is
     finished in rank order: the same additions in the same order as at TP=1 (TBIK, arXiv 2511.17826). No

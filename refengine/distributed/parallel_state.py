@@ -84,7 +84,7 @@ class TPGroup:
             dist.all_reduce(torch.zeros(1, device=device))
 
     def broadcast_sampled(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Invariant 40: rank 0's sampled ids, on every rank. Every rank samples (each needs the ids to
+        """Invariant 45: rank 0's sampled ids, on every rank. Every rank samples (each needs the ids to
         advance its own state and drafter), and a rank whose logits drifted would feed different
         tokens and poison the shared KV of every later step (vllm-ascend#11215): rank 0's ids win."""
         if self.distributed:

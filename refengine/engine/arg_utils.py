@@ -52,7 +52,7 @@ class EngineArgs:
     # Tensor parallelism (vLLM's name): one process per rank, the model sharded by heads and vocabulary.
     tensor_parallel_size: int = 1
     # With batch_invariant numerics: row-parallel products sum in a fixed tree whatever the TP size, so
-    # fp32 logits are bitwise equal at every TP size (docs/invariants.md, invariant 41).
+    # fp32 logits are bitwise equal at every TP size (docs/invariants.md, invariant 46).
     tp_invariant: bool = False
     # testing: this rank skews its logits before sampling, as a drifting rank would (its ids must not win)
     skew_logits_on_rank: int | None = None

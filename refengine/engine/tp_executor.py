@@ -5,7 +5,7 @@ holding its shard and a ModelRunner (tp_worker.py).
 Each runner call of the engine core is broadcast from rank 0 (torch.distributed's broadcast_object_list,
 gloo or NCCL) before rank 0 makes it, and every rank makes the same calls in the same order:
 the one runner thread of the engine core issues them, so frames in flight stay in the same order on
-every rank (invariant 42). A rank that exits is found where rank 0 next waits for it, and the engine dies
+every rank (invariant 47). A rank that exits is found where rank 0 next waits for it, and the engine dies
 with `rank K exited`.
 
 Invariant numbers refer to docs/invariants.md.
@@ -161,5 +161,5 @@ class TensorParallelRunner:
             return self.runner.sample_tokens(draft_overrides, grammar_output)
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
-        # Every rank holds the same drafts (invariant 40): the scheduler reads rank 0's.
+        # Every rank holds the same drafts (invariant 45): the scheduler reads rank 0's.
         return self.runner.take_draft_token_ids()

@@ -292,7 +292,7 @@ class ModelRunner:
         }
         tokens = self._verify(executed.logits, verified, drafts_by_req, grammar_output) if verified else None
         if tokens is not None and self.tp_group is not None:
-            # Invariant 40: every rank goes on with the same ids (rank 0's), whatever its own logits said.
+            # Invariant 45: every rank goes on with the same ids (rank 0's), whatever its own logits said.
             tokens = self.tp_group.broadcast_sampled(tokens)
         in_flight = (
             tokens is not None
