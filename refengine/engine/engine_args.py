@@ -101,6 +101,7 @@ def build_engine(args: EngineArgs) -> Engine:
         seed=args.seed,
         speculative_config=args.speculative_config,
         async_scheduling=resolution.enabled,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     config.validate()
     stop_checker = StopStringChecker(loaded.tokenizer)

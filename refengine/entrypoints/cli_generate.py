@@ -20,9 +20,11 @@ from refengine.sampling_params import SamplingParams
 @device_options
 @click.option("--kv-cache-memory-gib", type=click.FloatRange(min=0, min_open=True), default=EngineArgs.kv_cache_memory_gib,
               show_default=True, help="KV pool size as a memory budget.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=EngineArgs.enable_prefix_caching,
+              show_default=True, help="Automatic prefix caching (vLLM's).")
 def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, seed: int | None,
                      batch_invariant: bool, device: str | None, cuda_graphs: bool | None,
-                     kv_cache_memory_gib: float) -> None:
+                     kv_cache_memory_gib: float, enable_prefix_caching: bool) -> None:
     """Print the model's continuation of PROMPT."""
     if not prompt.strip():
         raise click.ClickException("--prompt is empty: give the text to continue")
@@ -32,7 +34,8 @@ def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, tempe
     from refengine.tokenizer.chat_template import ChatMessage
 
     llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1, device=device,
-              cuda_graphs=cuda_graphs, kv_cache_memory_gib=kv_cache_memory_gib)
+              cuda_graphs=cuda_graphs, kv_cache_memory_gib=kv_cache_memory_gib,
+              enable_prefix_caching=enable_prefix_caching)
     if chat:
         prompt = llm.tokenizer.apply_chat_template([ChatMessage("user", prompt)])
         ids = llm.tokenizer.encode(prompt, add_special_tokens=False)

@@ -30,7 +30,7 @@ def test_allocation_that_does_not_fit_takes_nothing():
     assert kv.get_block_ids("b") == () and kv.num_free_blocks == 1
 
 
-def test_free_returns_blocks_fifo_and_is_idempotent_per_request():
+def test_free_returns_blocks_tail_first_and_is_idempotent_per_request():
     kv = KVCacheManager(num_blocks=4, block_size=1)
     a, b = _request("a"), _request("b")
     kv.allocate_slots(a, 2)
@@ -38,7 +38,8 @@ def test_free_returns_blocks_fifo_and_is_idempotent_per_request():
     kv.free(a)
     kv.free(a)  # nothing left to free
     assert kv.num_free_blocks == 3
-    assert kv.allocate_slots(_request("c"), 3) == [3, 0, 1]  # oldest free blocks first
+    # Oldest free blocks first; a request's blocks are freed tail first, so its prefix goes last.
+    assert kv.allocate_slots(_request("c"), 3) == [3, 1, 0]
 
 
 def test_rollback_keeps_blocks_for_reuse():
@@ -61,7 +62,8 @@ def test_double_free_is_refused():
 def test_double_ownership_is_refused():
     kv = KVCacheManager(num_blocks=2, block_size=1)
     kv.allocate_slots(_request("a"), 1)
-    kv.block_pool._free_queue.appendleft(0)  # corrupt: block 0 is owned and free at once
+    kv.block_pool._free_queue[0] = None  # corrupt: block 0 is owned and free at once
+    kv.block_pool._free_queue.move_to_end(0, last=False)
     with pytest.raises(KVCacheInvariantError, match="block 0 was free with ref_cnt=1"):
         kv.allocate_slots(_request("b"), 1)
 
