@@ -18,10 +18,12 @@ class KVCacheInvariantError(RuntimeError):
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        # vLLM's free block queue: blocks with no owner, the next to hand out first. A freed block joins
-        # the end, so a cached block is evicted only after every block freed before it (LRU); a cache hit
-        # takes its block out of the middle.
+        # vLLM's free block queue, in two parts: blocks with no owner and no cached content are handed out
+        # first, in the order they were freed (a request's blocks stay consecutive, which the CPU attention
+        # reads in place); then cached blocks, least recently freed first (LRU eviction). A cache hit takes
+        # its block out of the middle of the second.
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._ref_cnt = [0] * num_blocks
         self._block_hash: list[BlockHash | None] = [None] * num_blocks
         # The token ids a cached block was published with, so that a hit can be checked against them.
@@ -31,15 +33,15 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_queue)
+        return len(self._free_queue) + len(self._free_cached)
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use."""
-        return 1.0 - len(self._free_queue) / self.num_blocks
+        """Fraction of blocks in use (a cached block nobody owns is free)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def free_block_ids(self) -> frozenset[int]:
-        return frozenset(self._free_queue)
+        return frozenset(self._free_queue) | frozenset(self._free_cached)
 
     def ref_cnt(self, block_id: int) -> int:
         return self._ref_cnt[block_id]
@@ -59,9 +61,12 @@ class BlockPool:
         return self._cached_block_hash_to_block.get(block_hash)
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
-        if num_blocks > len(self._free_queue):
-            raise KVCacheInvariantError(f"asked for {num_blocks} blocks, {len(self._free_queue)} are free")
-        block_ids = [self._free_queue.popitem(last=False)[0] for _ in range(num_blocks)]
+        if num_blocks > self.num_free_blocks:
+            raise KVCacheInvariantError(f"asked for {num_blocks} blocks, {self.num_free_blocks} are free")
+        block_ids = [
+            (self._free_queue if self._free_queue else self._free_cached).popitem(last=False)[0]
+            for _ in range(num_blocks)
+        ]
         for block_id in block_ids:
             # Invariants 29 and 43: a block in the free queue has no owner, so handing it out (and evicting
             # its cached content) never overwrites a block someone still reads
@@ -87,7 +92,7 @@ class BlockPool:
         """Take a reference to cached blocks a request hit: one without owners leaves the free queue."""
         for block_id in block_ids:
             if self._ref_cnt[block_id] == 0:
-                del self._free_queue[block_id]
+                del self._free_cached[block_id]
             self._ref_cnt[block_id] += 1
 
     def cache_full_block(self, block_id: int, block_hash: BlockHash, token_ids: tuple[int, ...]) -> None:
@@ -106,11 +111,12 @@ class BlockPool:
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block; blocks left without owners join the free queue in this
-        order, so pass a request's blocks tail first: its tail is then evicted before its prefix."""
+        order, cached ones after every uncached block: pass a request's cached blocks tail first, so that
+        its tail is evicted before its prefix."""
         for block_id in block_ids:
             # Invariant 29: only an owned block can be freed (test_double_free_is_refused).
             if self._ref_cnt[block_id] <= 0:
                 raise KVCacheInvariantError(f"block {block_id} freed twice")
             self._ref_cnt[block_id] -= 1
             if self._ref_cnt[block_id] == 0:
-                self._free_queue[block_id] = None
+                (self._free_queue if self._block_hash[block_id] is None else self._free_cached)[block_id] = None

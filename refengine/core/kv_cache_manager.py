@@ -141,9 +141,15 @@ class KVCacheManager:
         self._num_cached_block[req_id] = num_full
 
     def free(self, request: Request) -> None:
-        """Give back every block of the request, tail first so that its prefix is evicted last; a
-        request without blocks is a no-op. Published blocks stay cached until evicted."""
-        self.block_pool.free_blocks(reversed(self._req_to_block_ids.pop(request.request_id, [])))
+        """Give back every block of the request: its cached ones tail first, so that its prefix is evicted
+        last, the others in order. A request without blocks is a no-op. Cached blocks stay cached until
+        evicted."""
+        block_ids = self._req_to_block_ids.pop(request.request_id, [])
+        pool = self.block_pool
+        pool.free_blocks(
+            [b for b in block_ids if pool.block_hash(b) is None]
+            + [b for b in reversed(block_ids) if pool.block_hash(b) is not None]
+        )
         self._num_cached_block.pop(request.request_id, None)
         if request.is_finished:
             self._req_to_block_hashes.pop(request.request_id, None)

@@ -30,7 +30,7 @@ def test_allocation_that_does_not_fit_takes_nothing():
     assert kv.get_block_ids("b") == () and kv.num_free_blocks == 1
 
 
-def test_free_returns_blocks_tail_first_and_is_idempotent_per_request():
+def test_free_returns_blocks_fifo_and_is_idempotent_per_request():
     kv = KVCacheManager(num_blocks=4, block_size=1)
     a, b = _request("a"), _request("b")
     kv.allocate_slots(a, 2)
@@ -38,8 +38,7 @@ def test_free_returns_blocks_tail_first_and_is_idempotent_per_request():
     kv.free(a)
     kv.free(a)  # nothing left to free
     assert kv.num_free_blocks == 3
-    # Oldest free blocks first; a request's blocks are freed tail first, so its prefix goes last.
-    assert kv.allocate_slots(_request("c"), 3) == [3, 1, 0]
+    assert kv.allocate_slots(_request("c"), 3) == [3, 0, 1]  # oldest free blocks first
 
 
 def test_rollback_keeps_blocks_for_reuse():

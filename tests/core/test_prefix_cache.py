@@ -77,14 +77,15 @@ def test_the_hash_is_the_same_in_every_process():
 
 
 def test_eviction_never_takes_a_referenced_block():
-    """A cached block nobody owns waits in the free queue; a hit takes it out, so handing out every
-    other free block never evicts it, and blocks are evicted least recently freed first."""
+    """A cached block nobody owns waits in the free queue, behind every block without cached content; a
+    hit takes it out, so handing out every other free block never evicts it, and cached blocks are
+    evicted least recently freed first, a request's tail before its prefix."""
     kv = KVCacheManager(num_blocks=6, block_size=2)
     a = request("a", [1, 2, 3, 4, 5])
     assert kv.allocate_slots(a, 5) == [0, 1, 2]
     a.num_computed_tokens = 5
     kv.cache_blocks(a, 4)
-    kv.free(a)  # tail first: the free queue is 3, 4, 5, 2, 1, 0
+    kv.free(a)  # the free queue is 3, 4, 5, 2, then the cached 1, 0 (tail first)
     b = request("b", [1, 2, 3, 4, 9])
     hit, num_hit = kv.get_computed_blocks(b)
     assert (hit, num_hit) == ([0, 1], 4)
@@ -97,8 +98,8 @@ def test_eviction_never_takes_a_referenced_block():
     assert kv.block_pool.num_evictions == 0 and kv.block_pool.num_cached_blocks == 2
     kv.free(c)
     kv.free(b)
-    # The free queue is 2, 5, 4, then b's blocks tail first: 3, 1, 0 (0 and 1 cached).
-    assert kv.allocate_slots(request("e", [8] * 8), 8) == [2, 5, 4, 3]
+    # The free queue is 4, 5, 2, 3 (in the order freed), then the cached 1, 0.
+    assert kv.allocate_slots(request("e", [8] * 8), 8) == [4, 5, 2, 3]
     assert kv.block_pool.num_evictions == 0
     assert kv.allocate_slots(request("f", [8]), 1) == [1]  # the cached tail goes before the prefix
     assert kv.block_pool.num_evictions == 1 and kv.get_computed_blocks(b) == ([0], 2)
