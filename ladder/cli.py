@@ -141,6 +141,11 @@ def cli() -> None:
               help="Datasets: drop prompts longer than this many tokens (counted with --tokenizer).")
 @click.option("--input-len", type=click.IntRange(1),
               help=f"Random prompts: the server's prompt_tokens per request. [default: {cfg.DEFAULT_INPUT_LEN}]")
+@click.option("--prefix-len", type=click.IntRange(1),
+              help="Random prompts: start each with one of --num-prefixes shared prefixes of this many tokens; "
+                   "--input-len is then the suffix after it.")
+@click.option("--num-prefixes", type=click.IntRange(1), default=1, show_default=True,
+              help="With --prefix-len: how many distinct shared prefixes.")
 @click.option("--output-len", type=click.IntRange(2),
               help="max_tokens per request. [default: random: "
                    f"{cfg.DEFAULT_OUTPUT_LEN}; datasets: the data's, or the reply's length with --tokenizer]")

@@ -48,7 +48,9 @@ class RunConfig:
     max_duration_s: float | None = None  # per rung: no request is sent after this many seconds
     dataset: str = "random"  # random | sharegpt[:PATH] | jsonl:PATH
     max_input_len: int | None = None  # datasets: drop prompts longer than this (needs --tokenizer)
-    input_len: int | None = None  # random only; None = DEFAULT_INPUT_LEN
+    input_len: int | None = None  # random only; None = DEFAULT_INPUT_LEN (with prefix_len: the suffix)
+    prefix_len: int | None = None  # random only: every prompt starts with a shared prefix of this many tokens
+    num_prefixes: int = 1  # distinct shared prefixes
     output_len: int | None = None  # None = the dataset's lengths (random: DEFAULT_OUTPUT_LEN)
     ignore_eos: bool | None = None  # None = on for random, off for the other datasets
     cache_bust: bool = True  # a per-run nonce at the start of every prompt

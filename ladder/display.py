@@ -46,6 +46,8 @@ def rung_line(rung: RungResult) -> str:
             parts.append(f"goodput {st.goodput:.2f} req/s ({100 * st.goodput_fraction:.0f}%)")
         if rung.spec:
             parts.append(f"accept len {rung.spec.acceptance_length:.2f}")
+        cache = rung.prefix_cache
+        parts.append(f"cache hits {'n/a' if cache is None or cache.hit_rate is None else f'{100 * cache.hit_rate:.0f}%'}")
         if rung.num_unsent:
             parts.append(f"{rung.num_unsent} unsent (--max-duration)")
         notes = {rung.audit.flag: f"({rung.audit.criterion})",

@@ -7,7 +7,8 @@ import aiohttp
 
 from ladder.client import Progress, Target, request_body, stream
 from ladder.config import SetupError
-from ladder.metrics import parse_counters
+from ladder.metrics import SPEC_COUNTERS, parse_counters
+from ladder.prefix_cache import PREFIX_CACHE_COUNTERS
 from ladder.records import RequestRecord, probe_failure
 
 CANARY_TRIES, CANARY_FAILS = 3, 2  # 2 of 3 failed canaries mean the engine is dead
@@ -105,8 +106,8 @@ class Endpoint:
         return data if isinstance(data, dict) else {}
 
     async def counters(self) -> dict[str, float]:
-        """The spec-decode counters from /metrics; empty when the server exposes none."""
-        return parse_counters(await self.optional_text("/metrics"))
+        """The spec-decode and prefix-cache counters from /metrics; empty when the server exposes none."""
+        return parse_counters(await self.optional_text("/metrics"), SPEC_COUNTERS + PREFIX_CACHE_COUNTERS)
 
     async def probe(self, body: bytes, timeout_s: float) -> RequestRecord:
         rec = RequestRecord(concurrency=0, phase="probe", index=0)

@@ -29,6 +29,8 @@ DEFINITIONS = {
     "goodput": "requests meeting every --goodput SLO (ttft, tpot, e2el in ms) / window (req/s)",
     "acceptance_rate": "d accepted / d draft_tokens from vllm:spec_decode_* counters over the measured phase",
     "acceptance_length": "1 + d accepted / d drafts",
+    "prefix_cache_hit_rate": "d vllm:prefix_cache_hits / d vllm:prefix_cache_queries (tokens) over the measured "
+                             "phase; n/a when the server has no such counters",
     "statistics": "mean and linear-interpolated percentiles over requests (chunk gaps and token ITL pooled)",
 }
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from ladder.arrivals import Lateness
 from ladder.audit import Audit
 from ladder.metrics import RungStats, SpecAcceptance
+from ladder.prefix_cache import PrefixCacheHits
 
 MAX_ERRORS = 5  # distinct error messages kept on a VOID row
 
@@ -27,6 +28,7 @@ class RungOk:
     num_unsent: int = 0  # measured requests --max-duration cut off before they were sent
     peak_in_flight: int = 0  # the most measured requests in flight at once
     lateness: Lateness | None = None  # open loop: requests sent after they were due
+    prefix_cache: PrefixCacheHits | None = None  # None: the server has no prefix-cache counters
 
     status = "OK"
 

@@ -30,6 +30,7 @@ from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.own_version import own_version
+from ladder.prefix_cache import prefix_cache_hits
 from ladder.records import RequestRecord, failure
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
@@ -198,7 +199,8 @@ class Ladder:
             audit_probe = AuditProbe(cfg.audit)
             measured, dead, progress = await self._phase(load, "measured", work.measured, work.measured_bodies)
             audit = audit_probe.stop(measured)
-            spec = spec_acceptance(before, await self.ep.counters())
+            after = await self.ep.counters()
+            spec, cache = spec_acceptance(before, after), prefix_cache_hits(before, after)
         # NOTE: with --max-duration, requests the clock cut off were never sent: not part of the rung.
         sent = [r for r in measured if r.t_send or r.error is not None]
         num_unsent = len(measured) - len(sent)
@@ -216,7 +218,7 @@ class Ladder:
                 if cfg.open_loop else None)
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
-                      lateness=late), records, None
+                      lateness=late, prefix_cache=cache), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []

@@ -29,6 +29,7 @@ class RungRow:
     spec: dict | None
     peak_in_flight: int | None = None
     lateness: dict | None = None
+    prefix_cache: dict | None = None  # the server's prefix-cache counters over the rung, when it has them
 
     @property
     def load(self) -> float:
@@ -41,7 +42,7 @@ class RungRow:
                    errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
                    stats=row.get("stats") if row["status"] == "OK" else None,
                    audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
-                   lateness=row.get("lateness"))
+                   lateness=row.get("lateness"), prefix_cache=row.get("prefix_cache"))
 
 
 @dataclass(frozen=True)

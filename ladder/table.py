@@ -66,6 +66,8 @@ GROUPS = (
         Metric("tokens_per_chunk", "tokens per chunk (mean)", "tok", 2, _summary("tokens_per_chunk", "mean")),
         Metric("acceptance_length", "acceptance length", "tok", 2, _spec("acceptance_length")),
         Metric("acceptance_rate", "acceptance rate", "accepted / drafted", 2, _spec("acceptance_rate")),
+        Metric("prefix_cache_hit_rate", "prefix cache hit rate", "hit / queried tokens", 2,
+               lambda row, pct: (row.prefix_cache or {}).get("hit_rate")),
     )),
 )
 

@@ -12,7 +12,7 @@ import random
 import secrets
 from dataclasses import asdict, dataclass
 
-from ladder import datasets, engine_info, prompts
+from ladder import datasets, engine_info, prompts, shared_prefix
 from ladder.client import Messages, request_body
 from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, SetupError
 from ladder.endpoint import Endpoint
@@ -82,6 +82,8 @@ class Builder:
 async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
     """Model, server capabilities and every request body, all before any clock starts."""
     kind, path = datasets.parse_spec(config.dataset)
+    if kind != "random" and config.prefix_len is not None:
+        raise SetupError(f"--prefix-len builds random prompts; --dataset {kind} brings its own")
     if kind != "random" and config.input_len is not None:
         raise SetupError(f"--input-len sizes random prompts; --dataset {kind} brings its own (see --max-input-len)")
     if config.max_input_len is not None and config.tokenizer is None:
@@ -160,6 +162,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             if input_len - overhead < 1:
                 raise SetupError(f"--input-len {input_len} is below the server's prompt overhead of {overhead} tokens")
             sizer = prompts.tokenizer_sizer(tok, input_len - overhead)
+            prefix_sizer = prompts.tokenizer_sizer(tok, config.prefix_len or 1)
             sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer), "overhead_tokens": overhead}
         else:
             if first.prompt_tokens is None:
@@ -169,10 +172,17 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             cal = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
             num_words = cal.words_for(input_len)
             sizer = prompts.calibrated_sizer(num_words)
+            # The prefix adds its own tokens only: no second template overhead.
+            prefix_sizer = prompts.calibrated_sizer(max(1, round((config.prefix_len or 1) / cal.tokens_per_word)))
             sizing = {"method": "probe", "words": num_words, **asdict(cal)}
         if probe_fit is not None:
             sizing["probe_fit"] = probe_fit  # the probes were shrunk to fit the server's max_model_len
         output_len = config.output_len or DEFAULT_OUTPUT_LEN
+
+        if config.prefix_len is not None:
+            shared = shared_prefix.shared_prefixes(config.seed, config.num_prefixes, prefix_sizer)
+            sizing["shared_prefix"] = {"prefix_len": config.prefix_len, "num_prefixes": config.num_prefixes}
+            sizer = shared.sizer(sizer)
 
         def requests(load: int | float, phase: str, count: int) -> list[Request]:
             texts = prompts.rung_prompts(config.seed, load, phase, count, sizer)

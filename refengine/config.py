@@ -28,6 +28,8 @@ class EngineConfig:
     seed: int = 0
     speculative_config: SpeculativeSettings | None = None
     async_scheduling: bool = False
+    # vLLM v1's automatic prefix caching, on by default as there.
+    enable_prefix_caching: bool = True
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -57,8 +59,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.long_prefill_token_threshold must be an integer >= 0, got {threshold!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"EngineConfig.seed must be an integer, got {self.seed!r}")
-        if not isinstance(self.async_scheduling, bool):
-            raise ValueError(f"EngineConfig.async_scheduling must be a bool, got {self.async_scheduling!r}")
+        for name in ("async_scheduling", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.max_model_len < 2:
             raise ValueError(
                 f"EngineConfig.max_model_len={self.max_model_len} leaves no room for a prompt token "

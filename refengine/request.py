@@ -80,6 +80,7 @@ class Request:
         "num_in_flight_tokens",
         "num_stale_output_tokens",
         "num_preemptions",
+        "num_cached_tokens",
         "is_prefill_chunk",
         "spec_decoding_stats",
         "structured_output_request",
@@ -112,6 +113,8 @@ class Request:
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
         self.num_preemptions = 0
+        # Prompt tokens its first admission found in the prefix cache (-1 until admitted), as vLLM's.
+        self.num_cached_tokens = -1
         # Set when scheduled: the step's positions end before the last known token, so it samples nothing.
         self.is_prefill_chunk = False
         self.spec_decoding_stats = SpecDecodingStats()

@@ -107,6 +107,7 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None
     stop_reason: int | str | None  # the stop token id or stop string, when finish_reason is STOP
     logprobs: tuple[TokenLogprobs, ...] | None = None  # one per new token, when the request asked
+    num_cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache (vLLM's)
 
 
 @dataclass(frozen=True, slots=True)

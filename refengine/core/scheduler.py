@@ -47,7 +47,9 @@ class Scheduler:
                 f"{'AsyncScheduler' if config.async_scheduling else 'Scheduler'}, not {type(self).__name__}"
             )
         self.config = config
-        self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size)
+        self.kv_cache_manager = KVCacheManager(
+            config.num_blocks, config.block_size, enable_caching=config.enable_prefix_caching
+        )
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = config.num_lookahead_tokens
         self.stop_checker = stop_checker
@@ -169,10 +171,24 @@ class Scheduler:
                 # NOTE: skipping it lets later requests pass it, a deliberate break from strict FCFS.
                 skipped.append(request)
                 continue
+            # A new or resumed request holds no blocks: it starts after its cached prefix, if any.
+            hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            # Invariant 44: the last token's logits are always computed, so a hit stops before it
+            # (test_a_whole_prompt_hit_still_computes_its_last_token).
+            if num_hit >= request.num_tokens:
+                raise SchedulerInvariantError(f"{request}: a cache hit of {num_hit} tokens leaves nothing to compute")
+            request.num_computed_tokens = num_hit
             num_new = self._num_new_tokens(request, budget)
-            if self.kv_cache_manager.allocate_slots(request, num_new, self.num_lookahead_tokens) is None:
+            if (
+                self.kv_cache_manager.allocate_slots(request, num_new, self.num_lookahead_tokens, hit_blocks)
+                is None
+            ):
+                request.num_computed_tokens = 0
                 self.waiting.appendleft(request)
                 break
+            self.kv_cache_manager.record_admission(request, num_hit)
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit  # reported in usage: the first admission's hit
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._take(request, num_new, num_scheduled, spec_tokens)
@@ -350,10 +366,17 @@ class Scheduler:
             self._release_placeholders(request, num_rejected + len(generated))
 
         kept, finish_status = self._append_output(request, generated)
+        if finish_status is not None and not stale:
+            # Invariant 6: positions after the stop never count as computed (test_stop_trims_*).
+            request.num_computed_tokens -= len(generated) - len(kept)
+        if not stale:
+            # Invariant 41: publish by the corrected count: positions of frames still in flight are
+            # placeholders (async), rejected drafts are rolled back above, so every token of a published
+            # block is committed (test_blocks_are_published_only_when_committed).
+            self.kv_cache_manager.cache_blocks(
+                request, request.num_computed_tokens - request.num_output_placeholders
+            )
         if finish_status is not None:
-            if not stale:
-                # Invariant 6: positions after the stop never count as computed (test_stop_trims_*).
-                request.num_computed_tokens -= len(generated) - len(kept)
             self._finish_request(request, finish_status)
         elif generated and not stale:
             # Invariant 4: a decoding request's KV covers everything but its last token, plus the
@@ -367,6 +390,7 @@ class Scheduler:
             new_token_ids=tuple(kept),
             finish_reason=None if finish_status is None else finish_status.finish_reason,
             stop_reason=request.stop_reason,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
         )
 
     def _release_placeholders(self, request: Request, num_tokens: int) -> None:

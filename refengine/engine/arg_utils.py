@@ -37,6 +37,7 @@ class EngineArgs:
     seed: int = _LIMITS.seed
     speculative_config: SpeculativeConfig | None = None
     async_scheduling: bool | None = None  # None: REFENGINE_ASYNC_SCHEDULING, else on where compatible
+    enable_prefix_caching: bool = _LIMITS.enable_prefix_caching  # vLLM's automatic prefix caching
     fault_after_steps: int | None = None  # testing: the runner raises after this many steps
     record_steps: bool = False  # keep each request's per-step drafts and acceptance (the oracle reads them)
     device: str | None = None  # None: where the loaded model's weights are (the CPU for files)

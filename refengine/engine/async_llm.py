@@ -76,6 +76,7 @@ class AsyncLLM:
             block_size=engine.config.block_size,
             num_blocks=engine.config.num_blocks,
             device=str(engine.runner.device),
+            enable_prefix_caching=engine.config.enable_prefix_caching,
         )
         drafter = engine.runner.drafter
         self._drafter_random_init = drafter is not None and drafter.random_init
@@ -133,6 +134,9 @@ class AsyncLLM:
             spec_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
             drafter_random_init=self._drafter_random_init,
             num_grammar_cut_drafts=scheduler.num_grammar_cut_drafts,
+            prefix_cache_queries=kv.prefix_cache_stats.queries,
+            prefix_cache_hits=kv.prefix_cache_stats.hits,
+            num_prefix_cache_evictions=kv.block_pool.num_evictions,
         )
 
     def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:

@@ -115,6 +115,7 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         seed=args.seed,
         speculative_config=args.speculative_config,
         async_scheduling=resolution.enabled,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     config.validate()
     stop_checker = StopStringChecker(loaded.tokenizer)

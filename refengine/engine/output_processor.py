@@ -69,6 +69,7 @@ class OutputProcessor:
                 finish_reason=None if out.finish_reason is None else out.finish_reason.value,
                 num_prompt_tokens=tracked.num_prompt_tokens,
                 num_output_tokens=tracked.num_output_tokens,
+                num_cached_tokens=out.num_cached_tokens,
             )
             deltas.append((out.req_id, delta))
             if finished:

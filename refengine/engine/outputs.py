@@ -21,6 +21,7 @@ class RequestDelta:
     finish_reason: Literal["stop", "length", "abort"] | None
     num_prompt_tokens: int
     num_output_tokens: int
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class EngineInfo:
     block_size: int
     num_blocks: int
     device: str = "cpu"
+    enable_prefix_caching: bool = True
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class EngineStats:
     spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     drafter_random_init: bool = False
     num_grammar_cut_drafts: int = 0  # drafts a grammar forbade, cut before verification
+    # Prefix cache, in tokens as vLLM counts them: admissions' tokens looked up, and found cached.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_prefix_cache_evictions: int = 0  # cached blocks handed out again for new content
 
     @property
     def kv_cache_usage(self) -> float:

@@ -17,6 +17,7 @@ from refengine.entrypoints.responses import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    PromptTokensDetails,
     ResponseModel,
     TopLogprob,
     Usage,
@@ -32,6 +33,7 @@ def usage_of(delta: RequestDelta) -> Usage:
         prompt_tokens=delta.num_prompt_tokens,
         completion_tokens=delta.num_output_tokens,
         total_tokens=delta.num_prompt_tokens + delta.num_output_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=delta.num_cached_tokens),
     )
 
 

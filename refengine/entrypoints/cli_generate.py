@@ -21,9 +21,12 @@ from refengine.sampling_params import SamplingParams
 @click.option("--kv-cache-memory-gib", type=click.FloatRange(min=0, min_open=True), default=EngineArgs.kv_cache_memory_gib,
               show_default=True, help="KV pool size as a memory budget.")
 @tensor_parallel_options
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=EngineArgs.enable_prefix_caching,
+              show_default=True, help="Automatic prefix caching (vLLM's).")
 def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, seed: int | None,
                      batch_invariant: bool, device: str | None, cuda_graphs: bool | None,
-                     kv_cache_memory_gib: float, tensor_parallel_size: int, tp_invariant: bool) -> None:
+                     kv_cache_memory_gib: float, tensor_parallel_size: int, tp_invariant: bool,
+                     enable_prefix_caching: bool) -> None:
     """Print the model's continuation of PROMPT."""
     if not prompt.strip():
         raise click.ClickException("--prompt is empty: give the text to continue")
@@ -35,7 +38,8 @@ def generate_command(model: str, prompt: str, chat: bool, max_tokens: int, tempe
     try:
         llm = LLM(model, numerics="batch_invariant" if batch_invariant else "fast", max_num_seqs=1, device=device,
                   cuda_graphs=cuda_graphs, kv_cache_memory_gib=kv_cache_memory_gib,
-                  tensor_parallel_size=tensor_parallel_size, tp_invariant=tp_invariant)
+                  tensor_parallel_size=tensor_parallel_size, tp_invariant=tp_invariant,
+                  enable_prefix_caching=enable_prefix_caching)
     except ValueError as e:  # a configuration the engine refuses, with its reason
         raise click.ClickException(str(e)) from None
     if chat:

@@ -94,7 +94,8 @@ def banner(engine: EngineClient, sock: socket.socket) -> str:
     return (
         f"refengine serve: model {engine.model_name} ({info.weight_format} weights, dtype {info.dtype}), numerics "
         f"{info.numerics}, spec {spec}, async {'on' if info.async_scheduling else 'off'} "
-        f"({info.async_scheduling_source}), KV {info.num_blocks} blocks of {info.block_size}, device "
+        f"({info.async_scheduling_source}), KV {info.num_blocks} blocks of {info.block_size}, prefix caching "
+        f"{'on' if info.enable_prefix_caching else 'off'}, device "
         f"{info.device}, http://{host}:{port}"
     )
 
@@ -177,6 +178,12 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         "--async-scheduling/--no-async-scheduling",
         default=None,
         help="Default: REFENGINE_ASYNC_SCHEDULING, else on wherever the speculative method allows it.",
+    )
+    @click.option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        default=ENGINE_DEFAULTS.enable_prefix_caching,
+        show_default=True,
+        help="Automatic prefix caching (vLLM's): requests reuse the KV of cached full blocks of their prefix.",
     )
     @click.option("--max-num-seqs", type=click.IntRange(min=1), default=ENGINE_DEFAULTS.max_num_seqs, show_default=True)
     @click.option(
@@ -279,6 +286,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         api_key: str | None,
         speculative_config: SpeculativeConfig | None,
         async_scheduling: bool | None,
+        enable_prefix_caching: bool,
         max_num_seqs: int,
         max_model_len: int | None,
         max_num_batched_tokens: int,
@@ -322,6 +330,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
             seed=seed,
             speculative_config=speculative_config,
             async_scheduling=async_scheduling,
+            enable_prefix_caching=enable_prefix_caching,
             fault_after_steps=fault_after_steps,
             attention_backend=attention_backend,
             fused_ops=fused_ops,

@@ -68,6 +68,13 @@ class EngineCollector(Collector):
         yield counter(
             "vllm:num_preemptions", "Preemptions (requests sent back to waiting).", s.num_preemptions
         )
+        yield counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens (admitted requests' tokens).", s.prefix_cache_queries
+        )
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", s.prefix_cache_hits)
+        yield counter(
+            "refengine:prefix_cache_evictions", "Cached KV blocks evicted for new content.", s.num_prefix_cache_evictions
+        )
         yield counter("vllm:spec_decode_num_drafts", "Verify steps that carried drafts.", s.spec_num_drafts)
         yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec_num_draft_tokens)
         yield counter(

@@ -31,10 +31,18 @@ class ErrorResponse(ResponseModel):
     error: ErrorInfo
 
 
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int
+
+
 class Usage(ResponseModel):
+    omit_when_none = frozenset({"prompt_tokens_details"})
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # OpenAI's field: how many prompt tokens the prefix cache served.
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(ResponseModel):

@@ -1,6 +1,7 @@
 """The oracle's matrix: {sync depth 1, async depth 1, async depth 2} x {no spec, every method}
 x {chunked prefill} x {forced preemption} x {bad_words}, plus a structured-output arm per front and method."""
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -20,6 +21,11 @@ class Arm:
     preempt: bool
     bad_words: bool
     structured: bool = False  # each request follows a JSON schema, a regex or a choice set (structured.py)
+    # The shared-prefix workload (prompts.shared_prefix_prompts), and whether the engine caches prefixes;
+    # evict: a KV pool just large enough for c requests, so cached blocks are evicted.
+    shared_prefix: bool = False
+    prefix_cache: bool = False
+    evict: bool = False
 
     @property
     def async_scheduling(self) -> bool:
@@ -39,7 +45,8 @@ class Arm:
             f
             for f, on in (
                 ("chunked", self.chunked), ("preempt", self.preempt), ("bad_words", self.bad_words),
-                ("structured", self.structured),
+                ("structured", self.structured), ("shared_prefix", self.shared_prefix and not self.prefix_cache),
+                ("prefix_cache", self.prefix_cache), ("evict", self.evict),
             )
             if on
         ]
@@ -47,24 +54,36 @@ class Arm:
 
     def baseline(self) -> "Arm":
         """The reference of every arm, greedy and seeded: sync, no spec, no chunking, no preemption;
-        bad_words and structured output change outputs by design, so they stay."""
-        return Arm("sync", None, False, False, self.bad_words, self.structured)
+        bad_words and structured output change outputs by design, so they stay, and so does the workload;
+        the prefix cache is off."""
+        return Arm("sync", None, False, False, self.bad_words, self.structured, self.shared_prefix)
 
     def sync_twin(self) -> "Arm":
         """The same method and workload, scheduled synchronously."""
-        return Arm("sync", self.method, self.chunked, self.preempt, self.bad_words, self.structured)
+        return dataclasses.replace(self, front="sync")
 
 
-def build_matrix(methods: tuple[str | None, ...], variants: bool = True, structured: bool = False) -> list[Arm]:
+PREFIX_CACHE_MODES = ("on", "off", "only")
+
+
+def build_matrix(
+    methods: tuple[str | None, ...], variants: bool = True, structured: bool = False, prefix_cache: str = "off"
+) -> list[Arm]:
     """Without `variants`, only the plain arms: no chunking, no forced preemption, no bad_words. With
     `structured`, one structured-output arm per method and front (not crossed with the other variants,
-    which would double the matrix)."""
+    which would double the matrix). With `prefix_cache` on, every method and front also runs the
+    shared-prefix workload with the cache on (crossed with chunking and preemption under `variants`) and
+    with a pool that forces evictions; "only" runs just those arms (and their references)."""
     toggles = (False, True) if variants else (False,)
-    arms = []
+    plain = []
     for method, front, chunked, preempt, bad_words in itertools.product(methods, FRONTS, toggles, toggles, toggles):
         if front != "sync" and method is not None and not ASYNC_SCHEDULING_COMPATIBLE.get(method, True):
             continue  # the truth table forces these methods to sync: there is no async arm to run
-        arms.append(Arm(front, method, chunked, preempt, bad_words))
-    if structured:
-        arms += [Arm(a.front, a.method, False, False, False, True) for a in arms if not (a.chunked or a.preempt or a.bad_words)]
+        plain.append(Arm(front, method, chunked, preempt, bad_words))
+    arms = [] if prefix_cache == "only" else list(plain)
+    if structured and prefix_cache != "only":
+        arms += [Arm(a.front, a.method, False, False, False, True) for a in plain if not (a.chunked or a.preempt or a.bad_words)]
+    if prefix_cache != "off":
+        cached = [dataclasses.replace(a, shared_prefix=True, prefix_cache=True) for a in plain if not a.bad_words]
+        arms += cached + [dataclasses.replace(a, evict=True) for a in cached if not (a.chunked or a.preempt)]
     return arms

@@ -16,9 +16,9 @@ from rich.console import Console
 from refengine.engine.arg_utils import EngineArgs
 from refengine.model.loader import TINY_MODELS
 from refengine.oracle.absolute import detokenize
-from refengine.oracle.arms import METHODS, Arm, build_matrix
+from refengine.oracle.arms import METHODS, PREFIX_CACHE_MODES, Arm, build_matrix
 from refengine.oracle.judge import Verdict, bad_words_changes, judge
-from refengine.oracle.prompts import text_prompts, token_prompts
+from refengine.oracle.prompts import shared_prefix_prompts, text_prompts, token_prompts
 from refengine.oracle.report import markdown, print_table
 from refengine.oracle.run import ArmResult, Workload
 from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_model
@@ -93,6 +93,9 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--seeded/--no-seeded", default=True, show_default=True, help="Run the seeded sampling pass.")
 @click.option("--structured/--no-structured", default=True, show_default=True,
               help="Also run one structured-output arm per method and front (a JSON schema, a regex, a choice set).")
+@click.option("--prefix-cache", default="on", show_default=True, type=click.Choice(PREFIX_CACHE_MODES),
+              help="Also run every method and front on a shared-prefix workload with the prefix cache on, and with "
+                   "a pool that forces evictions (only: just those arms and their references).")
 @click.option("--block-size", default=None, type=click.IntRange(min=1), help="Default 4 for tiny models, 16 otherwise.")
 @click.option("--write-report", is_flag=True,
               help="Write the report (markdown) and its slice (JSON, for `oracle merge`); without it nothing tracked changes.")
@@ -108,8 +111,8 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
                    "Teacher methods replace one rank's drafter and are refused.")
 @click.pass_context
 def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature,
-                   seed, variants, seeded, structured, block_size, write_report, report_path, jobs, device,
-                   tensor_parallel_size) -> None:
+                   seed, variants, seeded, structured, prefix_cache, block_size, write_report, report_path, jobs,
+                   device, tensor_parallel_size) -> None:
     """Run every arm of the matrix and judge it. Exits 1 on any failed arm. With --jobs N the arms run
     in N worker processes; the tables keep the matrix order. `oracle merge` combines slice reports."""
     if ctx.invoked_subcommand is not None:
@@ -129,7 +132,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         if model in TINY_MODELS
         else text_prompts(loaded.tokenizer, num_prompts)
     )
-    arms = build_matrix(methods, variants, structured)
+    arms = build_matrix(methods, variants, structured, prefix_cache)
     workloads = [
         Workload(tuple(map(tuple, prompts)), max_tokens, c, temp, seed, num_speculative_tokens)
         for c in concurrency
@@ -149,7 +152,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
     report = SliceReport(
         model=model, methods=", ".join(m or "none" for m in methods), k=num_speculative_tokens,
         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature if seeded else None, seed=seed,
-        variants=variants, structured=structured, concurrency=tuple(concurrency), commit=_commit(),
+        variants=variants, structured=structured, prefix_cache=prefix_cache, concurrency=tuple(concurrency), commit=_commit(),
         date=time.strftime("%Y-%m-%d"),
         host=_host(jobs, device, all_results) + (f"; tensor-parallel size {tensor_parallel_size}" if tensor_parallel_size > 1 else ""),
         sections=tuple(sections), labels=dict(labels),
@@ -197,7 +200,7 @@ def _run_passes(
     for wave in range(3):
         passes = banned_workloads(workloads, results) if wave else workloads
         jobs = [
-            [(a, _teacher_workload(a, w, r)) for a in need if a.bad_words + a.teacher == wave]
+            [(a, _arm_workload(a, w, r)) for a in need if a.bad_words + a.teacher == wave]
             for w, r, need in zip(passes, results, needed)
         ]
         for done, new in zip(results, _run_wave(runner, jobs, progress), strict=True):
@@ -217,10 +220,13 @@ def with_stop(workload: Workload, unstopped: ArmResult, tokenizer: Tokenizer) ->
     return replace(workload, stop_token_id=unstopped.tokens[0][1], min_tokens=min_tokens, stop_string=stop_string)
 
 
-def _teacher_workload(arm: Arm, workload: Workload, results: Results) -> Workload:
-    if not arm.teacher:
-        return workload
-    return replace(workload, teacher_outputs=tuple(map(tuple, results[arm.baseline()].tokens)))
+def _arm_workload(arm: Arm, workload: Workload, results: Results) -> Workload:
+    """The pass's workload as the arm runs it: the shared-prefix prompts, and a teacher's script."""
+    if arm.shared_prefix:
+        workload = replace(workload, prompts=shared_prefix_prompts(workload.prompts))
+    if arm.teacher:
+        workload = replace(workload, teacher_outputs=tuple(map(tuple, results[arm.baseline()].tokens)))
+    return workload
 
 
 def banned_workloads(workloads: list[Workload], results: list[Results]) -> list[Workload]:

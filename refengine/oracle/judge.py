@@ -192,6 +192,8 @@ def judge(
             ("preemption", result.arm.preempt, counts.num_preemptions_after_drafts),
             ("chunked prefill", result.arm.chunked, counts.num_chunked_prefills),
             ("bad_words", result.arm.bad_words, bad_words_changed or 0),
+            ("prefix cache", result.arm.prefix_cache, counts.prefix_cache_hits),
+            ("eviction", result.arm.evict, counts.num_evictions),
             # A structured arm bites with a draft its grammar cut or a verified row its grammar masked.
             ("structured", result.arm.structured, result.num_grammar_cut_drafts + result.num_grammar_masked_rows),
             (

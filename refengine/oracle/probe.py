@@ -22,6 +22,8 @@ class ArmCounts:
     # Requests whose prompt prefill spanned >= 2 steps and that then verified drafts (with no drafter,
     # or a random one: that emitted tokens).
     num_chunked_prefills: int
+    prefix_cache_hits: int = 0  # prompt tokens served from the prefix cache
+    num_evictions: int = 0  # cached blocks evicted for new content
 
 
 class SchedulerProbe:
@@ -78,7 +80,9 @@ class SchedulerProbe:
         self.num_preemptions_after_drafts += self._progressed(request)
         self._preempt(request)
 
-    def _allocate_or_evict(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0):
+    def _allocate_or_evict(
+        self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0, new_computed_blocks=None
+    ):
         running = self.scheduler.running
         newest = running[-1] if running else None
         if (
@@ -94,4 +98,4 @@ class SchedulerProbe:
             self._forced.add(newest.request_id)
             self._evicted_this_step = True
             return None
-        return self._allocate(request, num_new_tokens, num_lookahead_tokens)
+        return self._allocate(request, num_new_tokens, num_lookahead_tokens, new_computed_blocks)

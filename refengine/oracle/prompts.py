@@ -27,6 +27,20 @@ def text_prompts(tokenizer: Tokenizer, num: int) -> list[list[int]]:
     ]
 
 
+# The shared-prefix workload: every prompt behind one prefix this long, then every prompt again whole.
+SHARED_PREFIX_LEN = 32
+
+
+def shared_prefix_prompts(prompts: list[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The prefix-cache workload over a prompt set: each prompt behind a shared prefix made of the
+    prompts' own tokens, then the same prompts again, so that later requests hit the prefix and whole
+    prompts (as many requests as prompts wait behind the first c, so they are admitted after a hit)."""
+    pool = [t for p in prompts for t in p]
+    prefix = tuple((pool * (SHARED_PREFIX_LEN // len(pool) + 1))[:SHARED_PREFIX_LEN])
+    shared = tuple(prefix + tuple(p) for p in prompts)
+    return shared + shared
+
+
 def token_prompts(vocab_size: int, num: int, seed: int) -> list[list[int]]:
     """Different lengths, with repeats, so that prompt lookup has something to find."""
     rng = random.Random(seed)

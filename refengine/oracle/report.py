@@ -10,7 +10,7 @@ from refengine.oracle.judge import Verdict
 
 COLUMNS = (
     "arm", "compared with", "tokens", "per-step drafts", "acceptance", "steps", "peak", "preemptions (after drafts)",
-    "chunked prefills", "bad_words changes", "grammar: masked rows, cut drafts, ended", "argmax checked", "verdict",
+    "chunked prefills", "cache hits (tokens), evictions", "bad_words changes", "grammar: masked rows, cut drafts, ended", "argmax checked", "verdict",
 )
 
 
@@ -43,6 +43,7 @@ def _cells(v: Verdict) -> tuple[str, ...]:
     return (
         r.arm.name, v.reference, tokens, steps, acceptance, str(r.num_engine_steps), f"{c.peak_concurrency} of {r.concurrency}",
         f"{c.num_preemptions} ({c.num_preemptions_after_drafts})", str(c.num_chunked_prefills),
+        f"{c.prefix_cache_hits}, {c.num_evictions}" if r.arm.prefix_cache else "-",
         "-" if v.bad_words_changes is None else str(v.bad_words_changes), structured, str(r.num_argmax_checked), verdict,
     )
 

@@ -1,6 +1,7 @@
 """Runs one oracle arm: an engine per arm, its counts (probe.py), its teacher if it has one, and the
 absolute checks on its output (absolute.py). judge.py compares arms."""
 
+import dataclasses
 from dataclasses import dataclass
 
 from refengine.engine.arg_utils import EngineArgs
@@ -108,7 +109,10 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         "block_size": block_size,
         # Room for every request at once: preempt arms evict on purpose (probe.py), so that the arm
         # preempts at c = 1 too and still reaches its full concurrency.
-        "num_blocks": blocks_one_seq * workload.concurrency + 8,
+        "num_blocks": _evict_pool(workload, lookahead, block_size, blocks_one_seq)
+        if arm.evict
+        else blocks_one_seq * workload.concurrency + 8,
+        "enable_prefix_caching": arm.prefix_cache,
         # Chunked prefill: every prompt is prefilled over >= 2 steps (a chunk under the shortest prompt), and
         # the budget holds a chunk or a verify step (1 + k tokens) for each of the c requests, so all c are
         # admitted in the first step. A budget alone (smaller than the prompts together) admits in arrival
@@ -127,6 +131,17 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         # the oracle builds one per arm, so only the batch size c: a smaller batch pads up to it.
         "cuda_graph_sizes": (workload.concurrency,),
     }
+
+
+def _evict_pool(workload: Workload, lookahead: int, block_size: int, blocks_one_seq: int) -> int:
+    """Just large enough: the c longest requests' own blocks (prompt, outputs, lookahead, and one more
+    verify step's slots), and no less than one sequence of max_model_len. Requests admitted after the
+    first c find few blocks never used, and evict cached ones."""
+    need = sorted(
+        -(-(len(p) + workload.max_tokens + lookahead + workload.num_speculative_tokens + 1) // block_size)
+        for p in workload.prompts
+    )
+    return max(blocks_one_seq, sum(need[-workload.concurrency :]))
 
 
 def _method_defaults(method: str) -> dict:
@@ -201,6 +216,10 @@ def run_arm(
     params = sampling_params(workload, arm)
     outs = llm.generate([list(p) for p in workload.prompts], params, batch_queue=arm.batch_queue)
     stats = core.scheduler.spec_decoding_stats
+    kv = core.scheduler.kv_cache_manager
+    counts = dataclasses.replace(
+        probe.counts(), prefix_cache_hits=kv.prefix_cache_stats.hits, num_evictions=kv.block_pool.num_evictions
+    )
     core.shutdown()
     tokens = [o.token_ids for o in outs]
     manager = llm.engine.structured_output_manager
@@ -214,7 +233,7 @@ def run_arm(
         num_graph_steps=llm.engine.runner.num_graph_steps,
         num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens,
-        counts=probe.counts(),
+        counts=counts,
         random_init=random_init,
         num_prompt_tokens=tuple(map(len, workload.prompts)),
         num_argmax_checked=num_checked,

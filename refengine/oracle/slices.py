@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from refengine.oracle import structured
 
 # What every slice of one report must share; the slices differ only in c (and where they ran).
-SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants", "structured")
+SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants", "structured", "prefix_cache")
 
 
 class SliceMismatchError(ValueError):
@@ -42,6 +42,7 @@ class SliceReport:
     labels: dict[str, int]  # verdict -> number of arms
     elapsed_s: float
     structured: bool = False  # one structured-output arm per method and front
+    prefix_cache: str = "off"  # arms.PREFIX_CACHE_MODES: the shared-prefix arms with the cache on
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -80,8 +81,12 @@ def render(slices: list[SliceReport]) -> str:
     elapsed = sum(s.elapsed_s for s in slices)
     passes = f"seeded pass at temperature {first.temperature}, seed {first.seed}" if first.temperature else "greedy only"
     scope = "every arm also with chunked prefill, forced preemption and bad_words" if first.variants else "plain arms only"
-    if first.structured:
+    if first.prefix_cache == "only":
+        scope = "prefix-cache arms only"
+    if first.structured and first.prefix_cache != "only":
         scope += "; one structured-output arm per method and front"
+    if first.prefix_cache != "off":
+        scope += "; every method and front on the shared-prefix workload with the prefix cache on, and evicting"
     commits = sorted({s.commit for s in slices})
     header = (
         "# Token-identity oracle\n\n"
@@ -130,6 +135,11 @@ RULES = (
     "verified row was masked and no draft cut by a grammar ('structured'), or if fewer "
     "than 90% of the requests were ended by their grammar ('grammar end'). WRONG if a token was one its grammar "
     "masked, a finished text does not parse or match, or (greedy) a token is not the argmax under the mask.\n"
+    "- prefix_cache arms run the shared-prefix workload (each prompt behind one 32-token prefix of the prompts' "
+    "own tokens, then every prompt again whole) with the prefix cache on, against the sync no-spec baseline of "
+    "the same workload with the cache off (shared_prefix); every other arm runs with the cache off. INEFFECTIVE "
+    "if no prompt token was served from the cache ('prefix cache'); evict arms have a pool of exactly c "
+    "requests' blocks and are INEFFECTIVE without an evicted cached block ('eviction').\n"
     "- LOW-CONCURRENCY: an arm that never ran c requests at once (column 'peak').\n"
     "- Request 0 of every arm has a stop token (the second token the baseline emits without it) and "
     "min_tokens = max_tokens / 2, so the min_tokens mask bites at position 1 in every arm; request 1 has a stop "

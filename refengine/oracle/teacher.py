@@ -43,7 +43,11 @@ class TeacherProposer:
                 continue
             context = list(request.token_ids)
             n = len(context)
-            sequence = next((s for s in self.sequences if list(s[:n]) == context), None)
+            # Its own baseline first (the engine numbers requests in prompt order): a repeated prompt's
+            # requests share a context but not always an output.
+            own = int(request.req_id) if request.req_id.isdigit() and int(request.req_id) < len(self.sequences) else None
+            candidates = ([] if own is None else [self.sequences[own]]) + list(self.sequences)
+            sequence = next((s for s in candidates if list(s[:n]) == context), None)
             if sequence is None:
                 continue  # a context no baseline went through: nothing to teach
             drafts = list(sequence[n : n + self.num_speculative_tokens])

@@ -22,10 +22,10 @@ class ContextLengths:
         self.method = method
         self._lengths: dict[str, int] = {}
 
-    def advance(self, req_id: str, first_position: int, num_rows: int) -> None:
+    def advance(self, req_id: str, first_position: int, num_rows: int, context_start: int = 0) -> None:
         """Record rows `first_position .. first_position + num_rows - 1` as ingested, after checking
-        that they continue the request's context."""
-        length = self._lengths.get(req_id, 0)
+        that they continue the request's context (which begins at context_start: a prefix-cache hit)."""
+        length = self._lengths.get(req_id, context_start)
         if first_position != length:
             raise DraftContextError(
                 f"{self.method} drafter, request {req_id!r}: context position discontinuity (accumulated "

@@ -77,7 +77,7 @@ class DraftModelProposer(NetworkProposer):
     def commit(self, requests: Sequence[DraftInput], drafts: None) -> dict[str, list[int]]:
         wanted: dict[str, int] = {}  # drafts each proposing request has room for
         for d in requests:
-            self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
+            self.context.advance(d.req_id, d.first_position, d.num_valid_rows, d.context_start)
             if d.propose:
                 wanted[d.req_id] = self._num_drafts(d)
         # Pass 1: the committed rows, plus the just-sampled token where the request drafts.

@@ -89,7 +89,7 @@ class FixedShapeProposer(NetworkProposer):
         does not continue is refused before its drafts are used) and cuts each proposing request's row
         of `drafts` to what it can hold."""
         for d in requests:
-            self.context.advance(d.req_id, d.first_position, d.num_valid_rows)
+            self.context.advance(d.req_id, d.first_position, d.num_valid_rows, d.context_start)
         proposing = [d for d in requests if d.propose]
         # Invariant 30: one row of drafts per proposing request, as propose returned them.
         if len(drafts) != len(proposing):

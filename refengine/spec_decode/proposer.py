@@ -41,6 +41,9 @@ class DraftInput:
     rows: slice  # the valid rows in DraftBatch.hidden_states and aux_hidden_states
     block_ids: tuple[int, ...]
     propose: bool  # False for a prefill chunk short of the prompt's end: ingest its rows, draft nothing
+    # Where the request's context began when the runner admitted it: its prefix-cache hit, whose drafter
+    # KV the shared blocks already hold (0 without a hit).
+    context_start: int = 0
 
     @property
     def last_position(self) -> int:
@@ -95,7 +98,8 @@ class Proposer(Protocol):
         ...
 
     def remove(self, req_ids: Iterable[str]) -> None:
-        """Drop state of finished or preempted requests (a resumed request starts from position 0)."""
+        """Drop state of finished or preempted requests (a resumed request starts again from its
+        context_start)."""
         ...
 
 

@@ -522,6 +522,7 @@ class ModelRunner:
             rows=slice(row.first_row, row.first_row + num_valid_rows),
             block_ids=row.state.block_ids,
             propose=propose,
+            context_start=row.state.num_cached_tokens,
         )
 
     def executed_rows(self) -> tuple[ScheduledRow, ...]:

@@ -29,6 +29,8 @@ class CachedRequestState:
     # Drafts this runner proposed after its last verification; they fill the scheduler's -1
     # placeholders (async) and are what take_draft_token_ids hands over (sync).
     pending_drafts: list[int] = field(default_factory=list)
+    # The positions a prefix-cache hit covered when the request was (re)admitted.
+    num_cached_tokens: int = 0
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> "CachedRequestState":
@@ -53,6 +55,7 @@ class CachedRequestState:
             block_ids=data.block_ids,
             params=params,
             num_logprobs=sp.logprobs,
+            num_cached_tokens=data.num_computed_tokens,
         )
 
     @property

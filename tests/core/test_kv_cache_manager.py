@@ -61,7 +61,8 @@ def test_double_free_is_refused():
 def test_double_ownership_is_refused():
     kv = KVCacheManager(num_blocks=2, block_size=1)
     kv.allocate_slots(_request("a"), 1)
-    kv.block_pool._free_queue.appendleft(0)  # corrupt: block 0 is owned and free at once
+    kv.block_pool._free_queue[0] = None  # corrupt: block 0 is owned and free at once
+    kv.block_pool._free_queue.move_to_end(0, last=False)
     with pytest.raises(KVCacheInvariantError, match="block 0 was free with ref_cnt=1"):
         kv.allocate_slots(_request("b"), 1)
 

@@ -13,12 +13,14 @@ from hypothesis import strategies as st
 from refengine.config import EngineConfig
 from refengine.core.async_scheduler import AsyncScheduler
 from refengine.core.scheduler import Scheduler
-from refengine.request import RequestStatus
+from refengine.request import Request, RequestStatus
+from refengine.sampling_params import SamplingParams
 
-from .harness import EOS, EngineProbe, FakeRunner, Spec, check_blocks, hashed_rng, make_request
+from .harness import EOS, EngineProbe, FakeRunner, Spec, check_blocks, hashed_rng
 
 VOCAB = 24
 BANNED = 13  # the token the draft validator refuses in constrained (bad_words) requests
+VARIED = 99  # the token a varied prompt has where the shared prefix has another
 MAX_STEPS = 5000
 
 
@@ -32,6 +34,14 @@ class ReqSpec:
     ignore_eos: bool
     stop_token_ids: tuple[int, ...]
     constrained: bool
+    # Prompts share the prefix 100, 101, ...; a varied prompt differs from it at one position, so a
+    # cached block may hold every token of a prompt's block but one.
+    vary_at: int | None = None
+    abort_step: int | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        return [VARIED if i == self.vary_at else 100 + i for i in range(self.prompt_len)]
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,7 @@ class Workload:
     max_num_seqs: int
     requests: tuple[ReqSpec, ...]
     seed: int
+    enable_prefix_caching: bool = False
 
 
 @st.composite
@@ -57,16 +68,19 @@ def workloads(draw) -> Workload:
     requests = []
     for i in range(draw(st.integers(1, 8))):
         max_tokens = draw(st.integers(1, 24))
+        prompt_len = draw(st.integers(1, max_model_len - 1))
         requests.append(
             ReqSpec(
                 req_id=f"r{i}",
                 arrival_step=draw(st.integers(0, 12)),
-                prompt_len=draw(st.integers(1, max_model_len - 1)),
+                prompt_len=prompt_len,
                 max_tokens=max_tokens,
                 min_tokens=draw(st.integers(0, max_tokens)),
                 ignore_eos=draw(st.booleans()),
                 stop_token_ids=tuple(draw(st.lists(st.integers(1, VOCAB - 1), max_size=2))),
                 constrained=draw(st.booleans()),
+                vary_at=draw(st.none() | st.integers(0, prompt_len - 1)),
+                abort_step=draw(st.none() | st.integers(0, 40)),
             )
         )
     return Workload(
@@ -79,6 +93,7 @@ def workloads(draw) -> Workload:
         max_num_seqs=draw(st.integers(1, 5)),
         requests=tuple(requests),
         seed=draw(st.integers(0, 2**32)),
+        enable_prefix_caching=draw(st.booleans()),
     )
 
 
@@ -117,6 +132,7 @@ def run_workload(w: Workload, async_scheduling: bool) -> EngineProbe:
         num_blocks=w.num_blocks,
         speculative_config=Spec(w.k, w.lookahead) if w.k else None,
         async_scheduling=async_scheduling,
+        enable_prefix_caching=w.enable_prefix_caching,
     )
     if async_scheduling:
 
@@ -150,6 +166,7 @@ def run_workload(w: Workload, async_scheduling: bool) -> EngineProbe:
 
 
 def drive(loop: EngineProbe, pending: list[ReqSpec]) -> None:
+    aborts = sorted((r.abort_step, r.req_id) for r in pending if r.abort_step is not None)
     while pending or loop.busy():
         while pending and pending[0].arrival_step <= loop.num_steps:
             r = pending.pop(0)
@@ -159,8 +176,13 @@ def drive(loop: EngineProbe, pending: list[ReqSpec]) -> None:
                 ignore_eos=r.ignore_eos,
                 stop_token_ids=list(r.stop_token_ids),
                 bad_words=["banned"] if r.constrained else [],
+                temperature=0.0,
             )
-            loop.core.add_request(make_request(r.req_id, r.prompt_len, **params))
+            request = Request(r.req_id, r.prompt, SamplingParams(**params), eos_token_id=EOS)
+            loop.admitted[r.req_id] = request
+            loop.core.add_request(request)
+        while aborts and aborts[0][0] <= loop.num_steps:
+            loop.core.abort_requests([aborts.pop(0)[1]])
         if loop.busy():
             loop.step()
         else:
@@ -233,11 +255,20 @@ def check_final(loop: EngineProbe, w: Workload) -> None:
     assert scheduler.kv_cache_manager.num_free_blocks == w.num_blocks, "the pool is not full again"
     for r in w.requests:
         tokens, reason = expected_output(w, r)
-        assert loop.delivered.get(r.req_id, []) == tokens, r
+        delivered = loop.delivered.get(r.req_id, [])
+        if loop.admitted[r.req_id].status == RequestStatus.FINISHED_ABORTED:
+            assert delivered == tokens[: len(delivered)], r
+            continue
+        assert delivered == tokens, r
         assert loop.finish_reasons[r.req_id] == reason, r
+        num_cached = loop.admitted[r.req_id].num_cached_tokens
+        assert num_cached == 0 or w.enable_prefix_caching, r
+        # Invariant 44: a hit never covers the last prompt token.
+        assert 0 <= num_cached < r.prompt_len and num_cached % w.block_size == 0, r
         if w.k == 0 and reason == "length" and r.req_id not in loop.preempted_ids:
-            # Invariants 1 and 7: every position computed once, and no step whose output is thrown away.
-            assert loop.scheduled_tokens[r.req_id] == r.prompt_len + len(tokens) - 1, r
+            # Invariants 1 and 7: every position computed once (the cached prefix never), and no step
+            # whose output is thrown away.
+            assert loop.scheduled_tokens[r.req_id] == r.prompt_len + len(tokens) - 1 - num_cached, r
 
 
 PROPERTY_SETTINGS = settings(

@@ -34,6 +34,7 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
         assert st["tokens_per_chunk"]["mean"] == 10 / 4  # chunks of 3, 3, 3, 1
         assert abs(st["input_tokens"]["mean"] - 64) <= 2  # calibrated through two probes
         assert r["spec"]["acceptance_length"] == 1 + 6 / 4 and r["spec"]["acceptance_rate"] == 6 / 16
+        assert r["prefix_cache"] is None  # the scripted server has no prefix-cache counters: n/a, not 0
         # The role prelude is sent at once and must not count: TTFT is at least the scripted 50 ms.
         assert 50 <= st["ttft_ms"]["percentiles"]["p50"] < 1000
         assert 10 <= st["chunk_gap_ms"]["percentiles"]["p50"] < 500

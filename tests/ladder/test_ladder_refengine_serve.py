@@ -28,6 +28,8 @@ def test_jsonl_dataset_at_request_rates_against_refengine_serve(tmp_path, ladder
     assert [(r["request_rate"], r["status"], r["num_ok"], r["num_measured"], r["num_unsent"]) for r in rungs] == [
         (8.0, "OK", 6, 5, 0), (float("inf"), "OK", 6, 5, 0)]
     assert all(1 <= r["peak_in_flight"] <= 3 for r in rungs)  # the cap held
+    # The prefix cache's counters over each rung, from /metrics: the records repeat, so the later ones hit.
+    assert all(r["prefix_cache"]["queries"] > 0 and 0 < r["prefix_cache"]["hit_rate"] < 1 for r in rungs), rungs
     records = load_records(run)
     assert [r["phase"] for r in records].count("measured") == 10 and len(records) == 12  # 2 x (1 + 5): none lost
     assert all(r["error"] is None and r["done"] for r in records)

@@ -146,7 +146,7 @@ def test_jobs_leave_the_report_unchanged(tmp_path):
     for jobs in ("1", "2"):
         (tmp_path / jobs).mkdir()
         proc = oracle("--model", "tiny-llama", "--methods", "none,eagle", "--c", "2", "--prompts", "2",
-                      "--max-tokens", "6", "--jobs", jobs, "--write-report", cwd=tmp_path / jobs)
+                      "--max-tokens", "6", "--jobs", jobs, "--prefix-cache", "off", "--write-report", cwd=tmp_path / jobs)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         assert "0 failed arm(s)" in proc.stdout
         text = (tmp_path / jobs / "reports" / "oracle.md").read_text()
@@ -161,7 +161,7 @@ def test_merge_combines_c_slices_into_one_report(tmp_path):
     in c order, and the arm counts summed; merging a slice with itself is refused."""
     for c in ("2", "1"):
         proc = oracle("--model", "tiny-llama", "--methods", "none,teacher", "--c", c, "--prompts", "2",
-                      "--max-tokens", "6", "--no-variants", "--write-report", "--report", f"slices/c{c}.md", cwd=tmp_path)
+                      "--max-tokens", "6", "--no-variants", "--prefix-cache", "off", "--write-report", "--report", f"slices/c{c}.md", cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     slices = [str(tmp_path / "slices" / f"c{c}.json") for c in ("2", "1")]
     merged = CliRunner().invoke(oracle_command, ["merge", *slices, "--out", str(tmp_path / "oracle.md")])
@@ -183,7 +183,7 @@ def test_full_matrix_on_a_tiny_model_is_identical(tmp_path):
     MISMATCH, VACUOUS, INEFFECTIVE, LOW-CONCURRENCY or WRONG; a structured arm must also bite, end by its
     grammar and validate)."""
     report = tmp_path / "oracle.md"
-    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2",
+    proc = oracle("--model", "tiny-qwen3", "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--jobs", "2", "--prefix-cache", "off",
                   "--write-report", "--report", str(report))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout
@@ -203,6 +203,6 @@ def test_pinned_smollm2_subset_is_identical():
     `make oracle`. Slow (about 3.5 minutes on two cores): `make test-slow` runs it, and CI keeps the trained
     heads' losslessness in tests/train/test_shipped_heads.py."""
     proc = oracle("--model", "smollm2", "--methods", "none,ngram,draft_model,eagle,eagle3,mtp,dflash", "--c", "1,4",
-                  "--prompts", "4", "--max-tokens", "16", "--no-variants", "--no-seeded", "--no-structured", "--jobs", "2")
+                  "--prompts", "4", "--max-tokens", "16", "--no-variants", "--no-seeded", "--no-structured", "--prefix-cache", "off", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout

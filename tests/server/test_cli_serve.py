@@ -216,5 +216,5 @@ def test_tiny_qwen3_answers_a_chat_request_after_one_banner_line():
     banners = [line for line in stderr.splitlines() if line.startswith("refengine serve:")]
     assert banners == [
         f"refengine serve: model tiny-qwen3 (float32 weights, dtype float32), numerics batch_invariant, spec off, async on (auto), "
-        f"KV 64 blocks of 16, device cpu, http://127.0.0.1:{server.port}"
+        f"KV 64 blocks of 16, prefix caching on, device cpu, http://127.0.0.1:{server.port}"
     ], stderr

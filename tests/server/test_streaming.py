@@ -88,6 +88,7 @@ async def test_chunks_carry_several_tokens_and_continuous_usage_is_exact(client,
         "prompt_tokens": num_prompt,
         "completion_tokens": 60,
         "total_tokens": num_prompt + 60,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     sizes = [len(c["choices"][0]["token_ids"]) for c in chunks]
     assert max(sizes) > 1, "accepted drafts arrive together"
@@ -98,6 +99,7 @@ async def test_chunks_carry_several_tokens_and_continuous_usage_is_exact(client,
             "prompt_tokens": num_prompt,
             "completion_tokens": seen,
             "total_tokens": num_prompt + seen,
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
     text = engine.tokenizer.decode(streamed_token_ids(chunks), skip_special_tokens=True)
     assert "".join(c["choices"][0]["text"] for c in chunks) == text
