@@ -1,6 +1,7 @@
 """The data flows one way: the engine and the server sit on top of the core, the runner, the model, the
 sampler and the drafters, and nothing below reaches up. Below them the runner (worker/) sits on the
-drafters, the sampler and the model, the drafters and the sampler on the model, with no arrow back.
+drafters, the sampler, the rank group (distributed/) and the model, the drafters, the sampler and the
+tensor-parallel layers on the model, with no arrow back.
 Checked on the source (every import statement, including those inside functions), so a lazy upward
 import counts too."""
 
@@ -15,7 +16,8 @@ UPPER = ("refengine.engine", "refengine.entrypoints")
 # The packages each lower package may import (the modules at refengine's top, request, config and
 # sampling_params, are shared data types that every layer may read).
 MAY_IMPORT = {
-    "worker": {"core", "model", "sample", "spec_decode"},
+    "worker": {"core", "model", "sample", "spec_decode", "distributed"},
+    "distributed": {"model"},  # tensor-parallel layers and the rank group: the runner's, above the model
     "spec_decode": {"model", "heads"},
     "sample": {"model"},
     "model": {"tokenizer"},
