@@ -28,7 +28,9 @@ class BlockPool:
         self._block_hash: list[BlockHash | None] = [None] * num_blocks
         # The token ids a cached block was published with, so that a hit can be checked against them.
         self._block_token_ids: list[tuple[int, ...]] = [()] * num_blocks
-        self._cached_block_hash_to_block: dict[BlockHash, int] = {}
+        # vLLM's BlockHashToBlockMap: every cached block of a hash (two requests computing one prefix at
+        # once both publish it), the oldest first; a hit takes the oldest.
+        self._cached_block_hash_to_block: dict[BlockHash, dict[int, None]] = {}
         self.num_evictions = 0  # cached blocks handed out again for new content
 
     @property
@@ -55,10 +57,11 @@ class BlockPool:
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self._cached_block_hash_to_block)
+        return sum(map(len, self._cached_block_hash_to_block.values()))
 
     def get_cached_block(self, block_hash: BlockHash) -> int | None:
-        return self._cached_block_hash_to_block.get(block_hash)
+        blocks = self._cached_block_hash_to_block.get(block_hash)
+        return None if blocks is None else next(iter(blocks))
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         if num_blocks > self.num_free_blocks:
@@ -85,7 +88,10 @@ class BlockPool:
             return
         self._block_hash[block_id] = None
         self._block_token_ids[block_id] = ()
-        del self._cached_block_hash_to_block[block_hash]
+        blocks = self._cached_block_hash_to_block[block_hash]
+        del blocks[block_id]
+        if not blocks:
+            del self._cached_block_hash_to_block[block_hash]
         self.num_evictions += 1
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -96,18 +102,16 @@ class BlockPool:
             self._ref_cnt[block_id] += 1
 
     def cache_full_block(self, block_id: int, block_hash: BlockHash, token_ids: tuple[int, ...]) -> None:
-        """Publish a full, committed block under its chain hash. If another block already holds the same
-        prefix (two requests computed it at once), the first stays the cached one."""
+        """Publish a full, committed block under its chain hash (beside any other block of the same
+        prefix)."""
         if self._ref_cnt[block_id] <= 0 or self._block_hash[block_id] is not None:
             raise KVCacheInvariantError(
                 f"block {block_id} published with ref_cnt={self._ref_cnt[block_id]}, hash set: "
                 f"{self._block_hash[block_id] is not None}"
             )
-        if block_hash in self._cached_block_hash_to_block:
-            return
         self._block_hash[block_id] = block_hash
         self._block_token_ids[block_id] = token_ids
-        self._cached_block_hash_to_block[block_hash] = block_id
+        self._cached_block_hash_to_block.setdefault(block_hash, {})[block_id] = None
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block; blocks left without owners join the free queue in this

@@ -134,13 +134,10 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
 
 
 def _evict_pool(workload: Workload, lookahead: int, block_size: int, blocks_one_seq: int) -> int:
-    """Just large enough: the c longest requests' own blocks (prompt, outputs, lookahead, and one more
-    verify step's slots), and no less than one sequence of max_model_len. Requests admitted after the
-    first c find few blocks never used, and evict cached ones."""
-    need = sorted(
-        -(-(len(p) + workload.max_tokens + lookahead + workload.num_speculative_tokens + 1) // block_size)
-        for p in workload.prompts
-    )
+    """Just large enough: the c longest requests' own blocks (prompt, outputs and lookahead), and no less
+    than one sequence of max_model_len. Requests admitted after the first c find few blocks without cached
+    content, and evict cached ones."""
+    need = sorted(-(-(len(p) + workload.max_tokens + lookahead) // block_size) for p in workload.prompts)
     return max(blocks_one_seq, sum(need[-workload.concurrency :]))
 
 
