@@ -101,8 +101,10 @@ class MultiprocExecutor:
 
     def exited_rank(self, timeout: float) -> int | None:
         """The lowest rank whose process has ended (waiting up to `timeout` for one to), or None."""
-        wait([p.sentinel for p in self.processes], timeout)
-        dead = [rank for rank, p in enumerate(self.processes, start=1) if not p.is_alive()]
+        # A ready sentinel is an exit: the process may not be reapable yet (is_alive() still True) when its
+        # closed socket has already failed rank 0's collective.
+        ready = wait([p.sentinel for p in self.processes], timeout)
+        dead = [rank for rank, p in enumerate(self.processes, start=1) if p.sentinel in ready]
         return min(dead) if dead else None
 
     def _raise_if_exited(self, timeout: float) -> None:
