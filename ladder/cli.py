@@ -59,7 +59,8 @@ def _rates(ctx, param, value: str | None) -> tuple[float, ...] | None:
         out = tuple(float(v) for v in value.split(","))
     except ValueError:
         out = ()
-    if not out or min(out) <= 0:
+    # NOTE: `not v > 0` rather than `v <= 0`: nan compares false with everything and is no rate.
+    if not out or not all(v > 0 for v in out):
         raise click.BadParameter(f"expected positive request rates (req/s) like 1,2,4,8 or inf, got {value!r}")
     return _unique(out, value)
 

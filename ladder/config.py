@@ -22,6 +22,7 @@ DEFAULT_SERVE_TIMEOUT_S = 600.0  # --serve-cmd: time allowed for loading weights
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 DEFAULT_SEED = 0  # vllm bench serve --seed
 DEFAULT_TEMPERATURE = 0.0  # greedy: the acceptance rate of a speculator is then a property of the engine
+INF_RATE_LOAD = max(DEFAULT_CONCURRENCIES)  # --request-rate inf counts as this load when sizing its rung
 EMBEDDED_SERVE_CMD = "{refengine} serve --model smollm2 --port {port}"
 
 # The engine keys: `ladder compare` puts runs that differ in any of them under a "not like-for-like"
@@ -86,7 +87,10 @@ class RunConfig:
     def num_prompts(self, load: int | float) -> int:
         if self.prompts_per_rung is not None:
             return self.prompts_per_rung
-        return self.prompts_per_concurrency * max(1, math.ceil(load))
+        # NOTE: rate inf ("all at once") has no ceil: it sends as many as its in-flight cap would hold, or as
+        # many as the largest default rung (ceil(inf) raises OverflowError).
+        size = math.ceil(load) if math.isfinite(load) else self.max_concurrency or INF_RATE_LOAD
+        return self.prompts_per_concurrency * max(1, size)
 
     def num_warmup(self, load: int | float) -> int:
         if self.warmup is not None:
