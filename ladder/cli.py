@@ -15,7 +15,7 @@ from ladder.own_version import own_version
 EPILOG = f"""\b
 Defaults: --dataset random, c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
 {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}·c measured requests per rung after c warmup requests (--warmup N sets it);
-ignore_eos on for random, off for datasets; a per-run nonce starts every prompt; temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
+ignore_eos and a per-run cache-bust tag on for random, off for datasets; temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
 --stall-timeout {cfg.DEFAULT_STALL_TIMEOUT_S:g} s; results in runs/<UTC time>-<label>/.
 
 \b
@@ -148,8 +148,9 @@ def cli() -> None:
 @click.option("--ignore-eos/--no-ignore-eos", default=None,
               help="Ask for all max_tokens (on) or let requests stop naturally (off). "
                    "[default: on for random, off for datasets]")
-@click.option("--cache-bust/--no-cache-bust", default=True, show_default=True,
-              help="Start every prompt with a per-run nonce, so no prefix cache serves an earlier run's prompt.")
+@click.option("--cache-bust/--no-cache-bust", default=None,
+              help="Start every prompt with a per-run tag, so no prefix cache serves an earlier run's prompt. "
+                   "[default: on for random, off for datasets]")
 @click.option("--prompts-per-rung", type=click.IntRange(1), help="Measured requests per rung (fixed).")
 @click.option("--prompts-per-concurrency", type=click.IntRange(1), help="Measured requests per rung = K·c "
               f"(K·ceil(rate) with --request-rate). [default: {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}]")

@@ -52,7 +52,7 @@ class RunConfig:
     input_len: int | None = None  # random only; None = DEFAULT_INPUT_LEN
     output_len: int | None = None  # None = the dataset's lengths (random: DEFAULT_OUTPUT_LEN)
     ignore_eos: bool | None = None  # None = on for random, off for the other datasets
-    cache_bust: bool = True  # a per-run nonce at the start of every prompt
+    cache_bust: bool | None = None  # a per-run tag at the start of every prompt; None = on for random only
     prompts_per_rung: int | None = None
     prompts_per_concurrency: int = DEFAULT_PROMPTS_PER_CONCURRENCY
     warmup: int | None = None  # None = c (closed loop) or 0 (open loop)
@@ -111,6 +111,11 @@ class RunConfig:
     @property
     def eos_ignored(self) -> bool:
         return self.ignore_eos if self.ignore_eos is not None else self.dataset_kind == "random"
+
+    @property
+    def busts_cache(self) -> bool:
+        # NOTE: off for datasets by default: a model echoes a tag in real text, and ngram drafting copies it.
+        return self.cache_bust if self.cache_bust is not None else self.dataset_kind == "random"
 
     @property
     def chat(self) -> bool:

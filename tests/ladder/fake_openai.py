@@ -33,6 +33,7 @@ Script keys (all optional):
   exit_after_done   the process exits right after completing this many load requests
   token_ids         honour return_token_ids: chunks carry choices[].token_ids           (true)
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
+  tokenizer         count prompt_tokens with this tokenizer.json (the prompt text alone), as a real server
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
 """
@@ -57,6 +58,11 @@ class FakeServer:
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted = 0
+        self.tokenizer = None
+        if script.get("tokenizer"):
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(script["tokenizer"])
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -151,7 +157,10 @@ class FakeServer:
         if s.get("short_at") and serial in s["short_at"]:
             max_tokens -= 1
         prompt = (req["messages"][0]["content"] if chat else req["prompt"])
-        prompt_tokens = len(prompt.split()) * 4 // 3 + (7 if chat else 1)
+        if self.tokenizer is not None:
+            prompt_tokens = len(self.tokenizer.encode(prompt, add_special_tokens=False).ids) + (7 if chat else 1)
+        else:
+            prompt_tokens = len(prompt.split()) * 4 // 3 + (7 if chat else 1)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         continuous = s.get("continuous", True) and opts.get("continuous_usage_stats")
         usage_final = s.get("usage", "final") == "final" and opts.get("include_usage")

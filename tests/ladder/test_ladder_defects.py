@@ -5,7 +5,7 @@ import json
 import pytest
 from ladder_harness import load_records, load_rungs
 
-SMALL = ("--input-len", "16", "--output-len", "4")
+SMALL = ("--input-len", "32", "--output-len", "4")
 
 
 def test_request_rate_inf_sizes_its_rung_without_prompts_per_rung(fake_server, ladder):
@@ -24,3 +24,65 @@ def test_request_rate_inf_sizes_its_rung_without_prompts_per_rung(fake_server, l
 def test_a_rate_that_is_not_a_positive_number_is_one_line(ladder, rates):
     code, out, err, _ = ladder("--base-url", "http://127.0.0.1:9", "--request-rate", rates)
     assert code == 2 and err.count("\n") == 1 and "positive request rates" in err, (out, err)
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(tmp_path_factory):
+    """SmolLM2's own tokenizer (from the embedded GGUF) as a tokenizer.json folder."""
+    from refengine.model.gguf_loader import read_gguf
+    from refengine.model.loader import embedded_smollm2_path
+    from refengine.tokenizer.tokenizer import Tokenizer
+
+    folder = tmp_path_factory.mktemp("smollm2-tokenizer")
+    Tokenizer.from_gguf_vocab(read_gguf(embedded_smollm2_path()).vocab).save_hf_folder(folder)
+    return folder
+
+
+def test_the_cache_bust_tag_costs_the_same_tokens_whatever_it_draws(smollm2_tokenizer):
+    """A hex nonce cost SmolLM2 6 to 11 tokens, beyond compare's ±2: two runs of one command were unlike."""
+    from refengine.model.tiny import CHATML_TEMPLATE, SPECIAL_TOKENS
+    from refengine.tokenizer.tokenizer import Tokenizer
+
+    from ladder.prompts import load_tokenizer
+    from ladder.workload import new_nonce, with_nonce
+
+    smollm2 = load_tokenizer(smollm2_tokenizer)
+    byte_level = Tokenizer.byte_level(151936, SPECIAL_TOKENS, "<|im_end|>", CHATML_TEMPLATE)  # tiny-qwen3's
+    counts = {(len(smollm2.encode(text, add_special_tokens=False).ids),
+               len(byte_level.encode(text, add_special_tokens=False)))
+              for text in (with_nonce((("user", "able bird"),), new_nonce())[0][1] for _ in range(300))}
+    assert len(counts) == 1, counts
+
+
+def test_two_runs_of_one_command_compare_like_for_like(fake_server, ladder, smollm2_tokenizer, capsys):
+    """The fake counts prompt tokens with SmolLM2's tokenizer; two runs of the default workload must pass
+    compare's guard (input lengths within ±2, same prompt hashes)."""
+    from ladder.cli import main
+
+    url = fake_server(tokenizer=str(smollm2_tokenizer / "tokenizer.json"))
+    args = ("--base-url", url, "--c", "1,2", "--input-len", "48", "--output-len", "4",
+            "--prompts-per-concurrency", "2", "--save-text")
+    (code_a, *_, a), (code_b, *_, b) = ladder(*args), ladder(*args)
+    assert code_a == code_b == 0
+    nonces = [json.loads((run / "manifest.json").read_text())["workload"]["cache_bust"]["nonce"] for run in (a, b)]
+    assert nonces[0] != nonces[1]
+    for run, nonce in zip((a, b), nonces):  # one tag per run, on every prompt
+        assert all(r["prompt"][0][1].startswith(f"Run {nonce}\n") for r in load_records(run))
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(a), str(b)])
+    assert exc.value.code == 0, capsys.readouterr().err
+
+
+def test_dataset_prompts_carry_no_tag_and_are_never_sent_twice_in_a_run(fake_server, ladder, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"question number {i}", "output_len": 4}) + "\n"
+                            for i in range(12)))
+    url = fake_server()
+    code, out, err, run = ladder("--base-url", url, "--dataset", f"jsonl:{data}", "--c", "1,2",
+                                 "--prompts-per-concurrency", "2", "--save-text")
+    assert code == 0, (out, err)
+    prompts = [r["prompt"][0][1] for r in load_records(run)]
+    assert len(prompts) == 1 + 2 + 2 + 4 and all(p.startswith("question number") for p in prompts)
+    assert len(set(prompts)) == len(prompts)  # warmup included: no prompt twice
+    workload = json.loads((run / "manifest.json").read_text())["workload"]
+    assert workload["cache_bust"] is False and workload["dataset"]["num_reused"] == 0
