@@ -31,6 +31,7 @@ from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.own_version import own_version
 from ladder.records import RequestRecord, failure
+from ladder.redact import redact_cmd
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
@@ -54,10 +55,12 @@ def resolve_target(config: RunConfig) -> tuple[str, str | None]:
 
 
 def redacted_flags(config: RunConfig) -> dict:
-    """The flags as recorded: secrets (the API key, header values) never reach a file."""
+    """The flags as recorded: secrets (the API key, header values, keys and tokens in --serve-cmd) never
+    reach a file."""
     flags = {k: v for k, v in asdict(config).items() if k != "metadata"}
     flags["api_key"] = "<set>" if config.api_key else None
     flags["headers"] = {k: "<set>" for k in config.headers}
+    flags["serve_cmd"] = redact_cmd(config.serve_cmd)
     return flags
 
 
@@ -70,7 +73,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
         "tool": "ladder", "version": own_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
         "epoch": {"unix_time": time() - (perf_counter() - epoch), "perf_counter": epoch},
-        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": serve_cmd,
+        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": redact_cmd(serve_cmd),
                      "path": "/v1/chat/completions" if config.chat else "/v1/completions"},
         "model": work.model, "server_model_info": work.model_info, "engine": engine,
         "engine_sources": sources,
@@ -274,7 +277,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
     try:
         async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure) as ep:
             if serve_cmd:
-                display.note(f"starting: {serve_cmd}")
+                display.note(f"starting: {redact_cmd(serve_cmd)}")
                 server = ServerProcess(serve_cmd, store.path("server.log"))
                 await server.wait_ready(ep, config.serve_timeout_s)
             work = await prepare(config, ep)

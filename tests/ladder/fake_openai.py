@@ -34,6 +34,7 @@ Script keys (all optional):
   token_ids         honour return_token_ids: chunks carry choices[].token_ids           (true)
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
   tokenizer         count prompt_tokens with this tokenizer.json (the prompt text alone), as a real server
+  echo_argv         print the command line at start, as servers log their arguments
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
 """
@@ -241,6 +242,8 @@ async def emit_raw(writer, data: bytes) -> None:
 
 
 async def main(port: int, script: dict) -> None:
+    if script.get("echo_argv"):
+        print("args:", sys.argv, flush=True)
     fake = FakeServer(script)
     context = None
     if script.get("tls"):
@@ -256,7 +259,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", default="{}")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # other flags (an --api-key in a --serve-cmd test) are ignored
     if sys.platform.startswith("linux") and os.environ.get("FAKE_CPU"):
         os.sched_setaffinity(0, {int(os.environ["FAKE_CPU"])})
     asyncio.run(main(args.port, json.loads(args.script)))

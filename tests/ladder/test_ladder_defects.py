@@ -86,3 +86,34 @@ def test_dataset_prompts_carry_no_tag_and_are_never_sent_twice_in_a_run(fake_ser
     assert len(set(prompts)) == len(prompts)  # warmup included: no prompt twice
     workload = json.loads((run / "manifest.json").read_text())["workload"]
     assert workload["cache_bust"] is False and workload["dataset"]["num_reused"] == 0
+
+
+def test_no_secret_of_the_serve_cmd_reaches_the_console_or_any_file_under_out(ladder):
+    from ladder_harness import fake_cmd
+
+    secrets = ("hf_SECRET_A1", "sk-SECRET_B2", "SECRET_C3", "SECRET_D4")
+    cmd = (f"env HF_TOKEN={secrets[0]} " + fake_cmd({"echo_argv": True}, port="{port}")
+           + f" --api-key {secrets[1]} --hf-token={secrets[2]} --token '{secrets[3]}'")
+    code, out, err, run = ladder("--serve-cmd", cmd, "--c", "1", *SMALL, "--prompts-per-rung", "1")
+    assert code == 0, (out, err)
+    assert "<redacted>" in json.loads((run / "manifest.json").read_text())["endpoint"]["serve_cmd"]
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"manifest.json", "server.log", "requests.jsonl", "rungs.json"}
+    for text in [out, err, *(p.read_text(errors="replace") for p in files)]:
+        assert not [s for s in secrets if s in text]
+    assert "--api-key <redacted>" in out and "args:" in (run / "server.log").read_text()  # the log is kept
+
+
+@pytest.mark.parametrize("cmd, shown", [
+    ("vllm serve m --api-key sk-1 --port 8000", "vllm serve m --api-key <redacted> --port 8000"),
+    ("sh -c 'HF_TOKEN=hf_1 vllm serve m --hf-token=\"a b\"'", "sh -c 'HF_TOKEN=<redacted> vllm serve m --hf-token=\"<redacted>\"'"),
+    ("env OPENAI_API_KEY=k x --token t --secret s", "env OPENAI_API_KEY=<redacted> x --token <redacted> --secret <redacted>"),
+    # not secrets: flags that only mention tokens or keys, and a key flag followed by the next flag
+    ("vllm serve m --max-num-batched-tokens 8192 --tokenizer /t --ssl-keyfile k.pem --max-tokens 4",
+     "vllm serve m --max-num-batched-tokens 8192 --tokenizer /t --ssl-keyfile k.pem --max-tokens 4"),
+    ("x --api-key --port 5", "x --api-key --port 5"),
+])
+def test_serve_cmd_redaction(cmd, shown):
+    from ladder.redact import redact_cmd
+
+    assert redact_cmd(cmd) == shown
