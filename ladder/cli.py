@@ -31,8 +31,8 @@ Exit codes:
      stayed alive
   {cfg.EXIT_USAGE}  usage error, or the endpoint is unusable (unreachable, refused the key, not OpenAI,
      server command died before it answered); nothing measured
-  {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall);
-     its rung is VOID(engine_dead), later rungs NOT_RUN
+  {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall without
+     progress in /metrics) or the server shut down; its rung is VOID(engine_dead or shutting_down), later NOT_RUN
 """
 
 
@@ -168,7 +168,8 @@ def cli() -> None:
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_TIMEOUT_S,
               show_default=True, help="Seconds per request, send to stream end.")
 @click.option("--stall-timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_STALL_TIMEOUT_S,
-              show_default=True, help="No chunk from any in-flight request for this long = engine dead.")
+              show_default=True, help="No chunk from any in-flight request for this long = a stall (longer while "
+                                      "long prompts await their first chunk); dead unless /metrics shows progress.")
 @click.option("--metric-percentiles", "percentiles", default="50,90,99", show_default=True,
               callback=_percentiles, help="Percentiles reported beside the mean.")
 @click.option("--goodput", multiple=True, callback=_slos, metavar="SLOS",

@@ -1,14 +1,16 @@
 """The server as the ladder sees it over HTTP: model list, health, canary, probes and /metrics counters."""
 
 import json
+import re
 from time import perf_counter
 
 import aiohttp
 
 from ladder.client import Progress, Target, request_body, stream
 from ladder.config import SetupError
-from ladder.metrics import parse_counters
+from ladder.metrics import parse_counters, progress_counters
 from ladder.records import RequestRecord, probe_failure
+from ladder.rung import SHUTTING_DOWN
 
 CANARY_TRIES, CANARY_FAILS = 3, 2  # 2 of 3 failed canaries mean the engine is dead
 
@@ -80,11 +82,17 @@ class Endpoint:
             raise NotReadyError(f"cannot reach {url}: {type(e).__name__}: {e}") from e
 
     async def health(self) -> str | None:
-        """Why /health says the engine is dead, or None. A server without /health (404) is not dead."""
+        """Why /health says the engine is gone, or None. A server without /health (404) is not dead; one
+        that answers 503 "shutting down" is draining, and said so."""
         try:
             async with self.session.get(self.base_url + "/health",
                                         timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                return f"/health answered HTTP {resp.status}" if resp.status >= 500 else None
+                if resp.status < 500:
+                    return None
+                text = (await resp.text(errors="replace")).strip().replace("\n", " ")
+                if resp.status == 503 and re.search(r"shutting[ _]down", text, re.IGNORECASE):
+                    return f"{SHUTTING_DOWN} (/health answered HTTP 503: {text[:100]})"
+                return f"/health answered HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as e:
             return f"/health unreachable: {type(e).__name__}: {e}"
 
@@ -107,6 +115,10 @@ class Endpoint:
     async def counters(self) -> dict[str, float]:
         """The spec-decode counters from /metrics; empty when the server exposes none."""
         return parse_counters(await self.optional_text("/metrics"))
+
+    async def progress_counters(self) -> dict[str, float]:
+        """Every counter of /metrics (ladder.metrics.progress_counters); empty without /metrics."""
+        return progress_counters(await self.optional_text("/metrics"))
 
     async def probe(self, body: bytes, timeout_s: float) -> RequestRecord:
         rec = RequestRecord(concurrency=0, phase="probe", index=0)

@@ -2,9 +2,11 @@
 any failed request is VOID; once the engine is dead, the rung in flight is VOID(engine_dead) and every later
 rung NOT_RUN.
 
-Engine death is any of: the --serve-cmd process exited; no chunk from any in-flight request for
---stall-timeout; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
-checked between rungs and whenever a request fails.
+Engine death is any of: the --serve-cmd process exited; a stall (no chunk from any in-flight request for
+--stall-timeout, longer while long prompts await their first chunk) with /health failing or no /metrics work
+counter moving; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
+checked between rungs and whenever a request fails. A server whose /health says it is shutting down is
+reported as such, not as dead.
 
 A rung's warmup always runs closed loop (at c, or at --max-concurrency in open loop): it only has to warm
 the engine; the measured phase follows the rung's load.
@@ -32,12 +34,24 @@ from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.own_version import own_version
 from ladder.records import RequestRecord, failure
 from ladder.redact import redact_cmd
-from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
+from ladder.rung import (
+    SHUTTING_DOWN,
+    RungNotRun,
+    RungOk,
+    RungResult,
+    RungVoid,
+    gone_reason,
+    void_from_failures,
+)
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
 from ladder.workload import Workload, prepare, with_nonce
 
 WATCH_INTERVAL_S = 0.1
+# While requests wait for their first chunk, the stall limit is --stall-timeout per this many request bytes
+# waiting (about 700 tokens of English prompt), never less than one --stall-timeout: prefill takes longer
+# the more prompt there is, and no chunk flows meanwhile.
+FIRST_CHUNK_BYTES = 4096
 INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
 
 
@@ -106,6 +120,7 @@ class Ladder:
         self.config, self.ep, self.server, self.work = config, ep, server, work
         self.store, self.display, self.epoch = store, display, epoch
         self.usage_seen = False  # did any chunk carry continuous usage?
+        self._counters: dict[str, float] = {}  # /metrics counters at the last look (stall checks)
         self.warnings: list[str] = []
 
     def _failure(self, rec: RequestRecord) -> str | None:
@@ -117,12 +132,26 @@ class Ladder:
             return f"the server process exited with code {rc}"
         return None
 
-    def _dead_now(self, progress: Progress) -> str | None:
-        """The checks cheap enough to run every WATCH_INTERVAL_S: process liveness and stall."""
+    def _stall(self, progress: Progress) -> str | None:
+        """A stall suspected: no chunk for longer than the stall limit, which grows with the prompt bytes
+        still waiting for their first chunk (FIRST_CHUNK_BYTES)."""
         idle = perf_counter() - progress.last_activity
-        if progress.in_flight and idle > self.config.stall_timeout_s:
+        limit = self.config.stall_timeout_s * max(1.0, progress.waiting_bytes / FIRST_CHUNK_BYTES)
+        if progress.in_flight and idle > limit:
             return f"stall: no chunk for {idle:.0f} s with {progress.in_flight} requests in flight"
-        return self._server_exited()
+        return None
+
+    async def _confirm_stall(self, stall: str, progress: Progress) -> str | None:
+        """A silent engine is dead only when it makes no progress: /health must answer and some /metrics
+        counter must have moved since the last look. Progress restarts the stall clock."""
+        if (health := await self.ep.health()) is not None:
+            return health if health.startswith(SHUTTING_DOWN) else f"{stall}; {health}"
+        counters = await self.ep.progress_counters()
+        if counters and counters != self._counters:
+            self._counters = counters
+            progress.last_activity = perf_counter()
+            return None
+        return f"{stall}; /metrics shows no progress" if counters else stall
 
     async def check_alive(self) -> str | None:
         return self._server_exited() or await self.ep.check_alive(self.work.model, self.config.stall_timeout_s)
@@ -131,10 +160,11 @@ class Ladder:
         """Wait for the phase; on engine death cancel it and return why."""
         probe: asyncio.Task | None = None
         probed = 0
+        self._counters = await self.ep.progress_counters()
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=WATCH_INTERVAL_S)
-                dead = self._dead_now(progress)
+                dead = self._server_exited()
                 if probe is not None and probe.done():
                     dead, probe = dead or probe.result(), None
                 if dead:
@@ -144,6 +174,8 @@ class Ladder:
                 if probe is None and progress.num_failed > probed:
                     probed = progress.num_failed
                     probe = asyncio.create_task(self.check_alive())
+                elif probe is None and (stall := self._stall(progress)) is not None:
+                    probe = asyncio.create_task(self._confirm_stall(stall, progress))
             task.result()  # a bug in the client surfaces here rather than as a silent VOID
             return None
         finally:
@@ -186,7 +218,7 @@ class Ladder:
         if dead:
             for rec in records:
                 if not rec.done and rec.error is None:
-                    rec.error = f"engine_dead: {dead}"  # never sent, or cut off: failed either way
+                    rec.error = gone_reason(dead)  # never sent, or cut off: failed either way
         return records, dead, progress
 
     async def run_rung(self, load: int | float) -> tuple[RungResult, list[RequestRecord], str | None]:
@@ -230,7 +262,7 @@ class Ladder:
             if dead is None and i > 0:
                 dead = await self.check_alive()
             if dead is not None:
-                rungs.append(RungNotRun(c, f"engine_dead: {dead}", request_rate=rate))
+                rungs.append(RungNotRun(c, gone_reason(dead), request_rate=rate))
             else:
                 rung, records, dead = await self.run_rung(load)
                 rungs.append(rung)

@@ -35,6 +35,9 @@ Script keys (all optional):
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
   tokenizer         count prompt_tokens with this tokenizer.json (the prompt text alone), as a real server
   echo_argv         print the command line at start, as servers log their arguments
+  busy_metrics      /metrics has a work counter that moves while the engine lives (frozen once it stalls)
+  drain_after       after this many load requests the server drains: completions and /health answer 503
+                    "the server is shutting down"
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
 """
@@ -45,6 +48,7 @@ import json
 import os
 import ssl
 import sys
+import time
 
 TOKEN_TEXTS = ["é", "日本", " w", "ö", "€"]  # multi-byte UTF-8 on purpose
 
@@ -59,6 +63,8 @@ class FakeServer:
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted = 0
+        self.iterations = 0
+        self.draining = False
         self.tokenizer = None
         if script.get("tokenizer"):
             from tokenizers import Tokenizer
@@ -87,7 +93,7 @@ class FakeServer:
     def send_json(self, writer, status: int, obj) -> None:
         data = json.dumps(obj).encode()
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
-                  500: "Error"}[status]
+                  500: "Error", 503: "Service Unavailable"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
 
@@ -101,7 +107,10 @@ class FakeServer:
                      "max_model_len": 4096}
             self.send_json(writer, 200, {"object": "list", "data": [model]})
         elif method == "GET" and path == "/health":
-            self.send_json(writer, 200, {})
+            if self.draining:
+                self.send_json(writer, 503, {"error": {"message": "shutting down", "code": "shutting_down"}})
+            else:
+                self.send_json(writer, 200, {})
         elif method == "GET" and path == "/metrics":
             text = self.metrics_text().encode()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
@@ -114,6 +123,10 @@ class FakeServer:
         return True
 
     def metrics_text(self) -> str:
+        if self.s.get("busy_metrics"):  # the engine iterates (time-based), until a stall freezes it
+            if not self.stalled.is_set():
+                self.iterations = int(time.monotonic() * 100)
+            return f"vllm:iteration_tokens_total_count {self.iterations}\n"
         if not self.s.get("spec_k"):
             return "# HELP vllm:num_requests_running x\nvllm:num_requests_running 0\n"
         return (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
@@ -143,6 +156,12 @@ class FakeServer:
                 if mode == "stall":
                     self.stalled.set()
                 self.dead = mode == "500"
+        if serial is not None and s.get("drain_after") is not None and serial >= s["drain_after"]:
+            self.draining = True
+        if self.draining:
+            self.send_json(writer, 503, {"error": {"message": "the server is shutting down and accepts no new "
+                                                              "requests", "code": "shutting_down"}})
+            return True
         if self.dead or serial in s.get("fail_at", ()):
             self.send_json(writer, 500, {"error": {"message": "request submitted to a stopped engine"}})
             return True

@@ -40,11 +40,10 @@ def smollm2_tokenizer(tmp_path_factory):
 
 def test_the_cache_bust_tag_costs_the_same_tokens_whatever_it_draws(smollm2_tokenizer):
     """A hex nonce cost SmolLM2 6 to 11 tokens, beyond compare's ±2: two runs of one command were unlike."""
-    from refengine.model.tiny import CHATML_TEMPLATE, SPECIAL_TOKENS
-    from refengine.tokenizer.tokenizer import Tokenizer
-
     from ladder.prompts import load_tokenizer
     from ladder.workload import new_nonce, with_nonce
+    from refengine.model.tiny import CHATML_TEMPLATE, SPECIAL_TOKENS
+    from refengine.tokenizer.tokenizer import Tokenizer
 
     smollm2 = load_tokenizer(smollm2_tokenizer)
     byte_level = Tokenizer.byte_level(151936, SPECIAL_TOKENS, "<|im_end|>", CHATML_TEMPLATE)  # tiny-qwen3's
@@ -117,3 +116,34 @@ def test_serve_cmd_redaction(cmd, shown):
     from ladder.redact import redact_cmd
 
     assert redact_cmd(cmd) == shown
+
+
+def test_a_long_prompt_gets_a_longer_first_chunk_wait(fake_server, ladder, tmp_path):
+    """12 KB of prompt waits up to 3 stall limits for its first chunk: a 1.5 s prefill with --stall-timeout 1
+    is slow, not dead. Without /metrics counters nothing else could tell."""
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"prompt": "word " * 2400, "output_len": 4}) + "\n")
+    url = fake_server(slow_at=[0], slow_ttft=1.5)
+    code, out, err, run = ladder("--base-url", url, "--dataset", f"jsonl:{data}", "--c", "1",
+                                 "--prompts-per-rung", "1", "--warmup", "0", "--stall-timeout", "1")
+    assert code == 0 and load_rungs(run)[0]["status"] == "OK", (out, err)
+
+
+def test_a_silent_engine_whose_metrics_move_is_slow_not_dead(fake_server, ladder):
+    url = fake_server(busy_metrics=True, gap=1.5)  # 1.5 s between chunks, 3 stall limits of 0.5 s
+    code, out, err, run = ladder("--base-url", url, "--c", "1", *SMALL, "--prompts-per-rung", "1", "--warmup", "0",
+                                 "--output-len", "3", "--stall-timeout", "0.5")
+    assert code == 0 and load_rungs(run)[0]["status"] == "OK", (out, err)
+    url = fake_server(busy_metrics=True, die_after=1, die_mode="stall")  # a stall freezes the counter too
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *SMALL, "--prompts-per-rung", "1", "--warmup", "1",
+                             "--stall-timeout", "0.5")
+    assert code == 3 and load_rungs(run)[0]["reason"].endswith("/metrics shows no progress")
+
+
+def test_a_draining_server_is_reported_as_shutting_down_not_dead(fake_server, ladder):
+    url = fake_server(drain_after=4)  # serves rung c=1 (4 requests), then drains
+    code, out, err, run = ladder("--base-url", url, "--c", "1,2,4", *SMALL, "--prompts-per-concurrency", "3")
+    rungs = load_rungs(run)
+    assert code == 3 and [r["status"] for r in rungs] == ["OK", "VOID", "NOT_RUN"], (out, err)
+    assert rungs[1]["reason"].startswith("shutting_down: the server is shutting down")
+    assert rungs[2]["reason"] == rungs[1]["reason"] and "engine_dead" not in out
