@@ -320,7 +320,15 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
                          f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
             ladder = Ladder(config, ep, server, work, store, display, epoch)
             display.start(len(config.loads))
-            rungs, dead = await ladder.run()
+            try:
+                rungs, dead = await ladder.run()
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                # NOTE: marked, so that neither a reader nor `ladder compare` takes the rungs it has for a
+                # finished ladder
+                info["warnings"] = ladder.warnings
+                info["result"] = {"exit_code": 130, "engine_dead": None, "interrupted": True}
+                store.write_manifest(info)
+                raise
             code = exit_code(rungs, dead)
             info["workload"]["continuous_usage_stats"] = ladder.usage_seen
             info["warnings"] = ladder.warnings

@@ -147,3 +147,79 @@ def test_a_draining_server_is_reported_as_shutting_down_not_dead(fake_server, la
     assert code == 3 and [r["status"] for r in rungs] == ["OK", "VOID", "NOT_RUN"], (out, err)
     assert rungs[1]["reason"].startswith("shutting_down: the server is shutting down")
     assert rungs[2]["reason"] == rungs[1]["reason"] and "engine_dead" not in out
+
+
+def test_an_interrupted_run_is_marked_in_the_manifest_and_in_compare(fake_server, tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ladder.cli import main
+
+    url = fake_server(gap=0.05)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", "from ladder.cli import main; main()", "run", "--out", str(out),
+                             "--base-url", url, "--c", "1,2", *SMALL, "--output-len", "10",
+                             "--prompts-per-concurrency", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (out / "rungs.json").exists() and time.monotonic() < deadline:  # rung c=1 done, c=2 running
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    result = json.loads((out / "manifest.json").read_text())["result"]
+    assert result["interrupted"] is True and result["exit_code"] == 130
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(out)])
+    report = capsys.readouterr().out
+    assert exc.value.code == 0 and "**interrupted:** run stopped" in report and "| run (interrupted) |" in report
+
+
+def _compare(capsys, *runs):
+    from ladder.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", *map(str, runs)])
+    cap = capsys.readouterr()
+    return exc.value.code, cap.out, cap.err
+
+
+def _set_flags(run, **flags):
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["flags"].update(flags)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+def test_compare_prints_the_goodput_slos_and_refuses_runs_whose_slos_differ(tmp_path, capsys):
+    from run_fixtures import ok, write_run
+
+    a = _set_flags(write_run(tmp_path, "a", [ok(1, 100.0)]), goodput={"ttft": 500.0})
+    b = _set_flags(write_run(tmp_path, "b", [ok(1, 100.0)]), goodput={"ttft": 2000.0})
+    code, out, err = _compare(capsys, a, b)
+    assert code == 2 and "goodput SLOs: a = ttft:500, b = ttft:2000" in err
+    import shutil
+
+    code, out, _ = _compare(capsys, a, shutil.copytree(a, tmp_path / "a2"))
+    assert code == 0 and "goodput SLOs (ms) ttft:500" in out
+
+
+def test_compare_has_no_goodput_row_when_no_run_set_slos(tmp_path, capsys):
+    from run_fixtures import ok, write_run
+
+    a, b = (write_run(tmp_path, label, [ok(1, 100.0)]) for label in "ab")
+    code, out, _ = _compare(capsys, a, b)
+    assert code == 0 and "| goodput (req/s)" not in out and "| requests (req/s)" in out
+
+
+def test_compare_names_a_different_prompt_count_not_the_tokenizer(tmp_path, capsys):
+    import dataclasses
+
+    from run_fixtures import WORKLOAD, ok, write_run
+
+    other = {**WORKLOAD, "rung_prompt_hashes": {**WORKLOAD["rung_prompt_hashes"], "1": "x" * 64}}
+    a = write_run(tmp_path, "a", [ok(1, 100.0)])
+    b = write_run(tmp_path, "b", [dataclasses.replace(ok(1, 100.0), num_measured=8)], workload=other)
+    code, _, err = _compare(capsys, a, b)
+    assert code == 2 and "measured requests at c=1: a = 4, b = 8" in err and "tokenizer" not in err
