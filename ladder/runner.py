@@ -182,6 +182,15 @@ class Ladder:
             if probe is not None:
                 probe.cancel()
 
+    def _record(self, load: int | float, phase: str, index: int, max_tokens: int) -> RequestRecord:
+        """A record that says how it was sent: under which in-flight cap (an open-loop measured request
+        has --max-concurrency or none; its warmup runs closed loop at concurrency_of) and at which rate."""
+        cfg = self.config
+        open_measured = cfg.open_loop and phase == "measured"
+        cap = cfg.max_concurrency if open_measured else cfg.concurrency_of(load)
+        return RequestRecord(cap, phase, index, max_tokens=max_tokens,
+                             request_rate=load if cfg.open_loop else None)
+
     def _launch(self, load: int | float, phase: str, bodies: list[bytes], records: list[RequestRecord],
                 progress: Progress, on_done) -> asyncio.Task:
         cfg = self.config
@@ -196,8 +205,7 @@ class Ladder:
 
     async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes]
                      ) -> tuple[list[RequestRecord], str | None, Progress]:
-        c = self.config.concurrency_of(load)
-        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens) for i, r in enumerate(requests)]
+        records = [self._record(load, phase, i, r.max_tokens) for i, r in enumerate(requests)]
         if self.config.save_text:
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
@@ -226,7 +234,7 @@ class Ladder:
         c = cfg.concurrency_of(load)
         rate = load if cfg.open_loop else None
         records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies)
-        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens) for i, r in enumerate(work.measured)]
+        measured = [self._record(load, "measured", i, r.max_tokens) for i, r in enumerate(work.measured)]
         progress = Progress(0.0)
         if dead is None:
             before = await self.ep.counters()

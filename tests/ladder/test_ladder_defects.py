@@ -223,3 +223,32 @@ def test_compare_names_a_different_prompt_count_not_the_tokenizer(tmp_path, caps
     b = write_run(tmp_path, "b", [dataclasses.replace(ok(1, 100.0), num_measured=8)], workload=other)
     code, _, err = _compare(capsys, a, b)
     assert code == 2 and "measured requests at c=1: a = 4, b = 8" in err and "tokenizer" not in err
+
+
+def test_open_loop_request_lines_carry_their_rate_and_real_cap(fake_server, ladder):
+    url = fake_server()
+    code, _, _, run = ladder("--base-url", url, "--request-rate", "50,inf", *SMALL, "--prompts-per-rung", "3",
+                             "--warmup", "1", "--max-concurrency", "2")
+    assert code == 0
+    lines = {(r["request_rate"], r["phase"], r["concurrency"]) for r in load_records(run)}
+    assert lines == {(50, "warmup", 2), (50, "measured", 2), (float("inf"), "warmup", 2),
+                     (float("inf"), "measured", 2)}
+    code, _, _, run = ladder("--base-url", url, "--request-rate", "50", *SMALL, "--prompts-per-rung", "3")
+    assert {(r["request_rate"], r["concurrency"]) for r in load_records(run)} == {(50, None)}  # uncapped
+    code, _, _, run = ladder("--base-url", url, "--c", "2", *SMALL, "--prompts-per-rung", "2")
+    assert {(r["request_rate"], r["concurrency"]) for r in load_records(run)} == {(None, 2)}
+
+
+def test_the_out_of_a_failed_setup_is_accepted_by_overwrite(fake_server, ladder, tmp_path):
+    import sys
+
+    out = tmp_path / "failed-setup"
+    dies = f"{sys.executable} -c 'import sys; print(\"no GPU\"); sys.exit(3)'"
+    code, _, err, _ = ladder("--serve-cmd", dies, "--base-url", "http://127.0.0.1:9", "--out", str(out))
+    assert code == 2 and "exited with code 3" in err and (out / "server.log").exists()
+    args = ("--base-url", fake_server(), "--c", "1", *SMALL, "--prompts-per-rung", "1", "--out", str(out))
+    code, _, err, _ = ladder(*args)
+    assert code == 2 and "pass --overwrite" in err
+    code, _, err, _ = ladder(*args, "--overwrite")
+    assert code == 0, err
+    assert not (out / "server.log").exists() and (out / "manifest.json").exists()
