@@ -97,6 +97,24 @@ def deal(pool: tuple, seed: int, counts: list[int]) -> tuple[list[list], int]:
     return hands, max(0, sum(counts) - len(pool))
 
 
+TOKENIZER_TOLERANCE = 0.1  # tokens per word: the share by which --tokenizer may differ from the server
+
+
+async def _check_tokenizer(tok, path, probe, rng: random.Random, words: tuple[int, int], first: RequestRecord) -> None:
+    """Before an overhead is blamed, check that --tokenizer counts like the server: a second probe gives the
+    server's tokens per word, free of its overhead. A tokenizer that is not the server's makes any
+    "overhead" meaningless, so that is the error then, with the overhead the server really adds."""
+    second = await probe(prompts.words_text(rng, words[1]))
+    if first.prompt_tokens is None or second.prompt_tokens is None:
+        return
+    server = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
+    ours = len(tok.encode(" ".join(prompts.WORDS), add_special_tokens=False).ids) / len(prompts.WORDS)
+    if abs(ours - server.tokens_per_word) > TOKENIZER_TOLERANCE * server.tokens_per_word:
+        raise SetupError(f"--tokenizer {path} counts {ours:.2f} tokens a word where the server counts "
+                         f"{server.tokens_per_word:.2f}: is it the server's tokenizer? (the server adds about "
+                         f"{server.overhead_tokens:.0f} tokens around a prompt, from two probes)")
+
+
 class Builder:
     """Builds bodies for one run: the options every request of the run shares."""
 
@@ -191,6 +209,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             if first.prompt_tokens is not None:
                 overhead = first.prompt_tokens - len(tok.encode(first_text, add_special_tokens=False).ids)
             if input_len - overhead < 1:
+                await _check_tokenizer(tok, config.tokenizer, probe, rng, words, first)
                 raise SetupError(f"--input-len {input_len} is below the server's prompt overhead of {overhead} tokens")
             sizer = prompts.tokenizer_sizer(tok, input_len - overhead)
             sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer), "overhead_tokens": overhead}

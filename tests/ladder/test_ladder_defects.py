@@ -252,3 +252,19 @@ def test_the_out_of_a_failed_setup_is_accepted_by_overwrite(fake_server, ladder,
     code, _, err, _ = ladder(*args, "--overwrite")
     assert code == 0, err
     assert not (out / "server.log").exists() and (out / "manifest.json").exists()
+
+
+def test_a_tokenizer_that_is_not_the_servers_is_named_not_reported_as_overhead(fake_server, ladder, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from ladder.prompts import WORDS
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)} | {"[UNK]": len(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tok.json"))
+    url = fake_server()  # 4/3 tokens a word + 7 for the template; this tokenizer counts 1 a word
+    code, out, err, _ = ladder("--base-url", url, "--c", "1", "--input-len", "20", "--output-len", "4",
+                               "--tokenizer", str(tmp_path / "tok.json"))
+    assert code == 2 and "is it the server's tokenizer?" in err and "overhead of" not in err, (out, err)
+    assert "counts 1.00 tokens a word where the server counts 1.40" in err
+    assert "the server adds about 15 tokens" in err  # the template's 7 tokens and the cache-bust tag's
