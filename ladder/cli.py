@@ -215,7 +215,7 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
         timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
         serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"),
         audit=AuditThresholds(max_cpu_pct=client_bound_cpu_pct, max_loop_lag_ms=client_bound_lag_ms), **kw)
-    return run_ladder(config, Display(explain=explain))
+    return run_ladder(config, Display(explain=explain, percentiles=config.percentiles))
 
 
 @cli.command()

@@ -268,3 +268,25 @@ def test_a_tokenizer_that_is_not_the_servers_is_named_not_reported_as_overhead(f
     assert code == 2 and "is it the server's tokenizer?" in err and "overhead of" not in err, (out, err)
     assert "counts 1.00 tokens a word where the server counts 1.40" in err
     assert "the server adds about 15 tokens" in err  # the template's 7 tokens and the cache-bust tag's
+
+
+def test_the_end_table_shows_the_asked_percentiles_whole_on_80_columns():
+    import dataclasses
+    import io
+
+    from rich.console import Console
+    from run_fixtures import ok
+
+    from ladder.display import Display
+    from ladder.metrics import Summary
+
+    slow = Summary(mean=1.0, percentiles={"p50": 123456.7, "p99.9": 987654.3})
+    rung = ok(1, 100.0)
+    rung = dataclasses.replace(rung, stats=dataclasses.replace(rung.stats, ttft_ms=slow, tpot_ms=slow, e2e_ms=slow))
+    buf = io.StringIO()
+    display = Display(Console(file=buf, width=80, highlight=False, soft_wrap=True), percentiles=(50.0, 99.9))
+    display.rung_end(rung)
+    display.finish()
+    text = buf.getvalue()
+    assert "latency per rung, ms: p50 / p99.9" in text and "…" not in text
+    assert text.count("123456.7 / 987654.3") == 3, text
