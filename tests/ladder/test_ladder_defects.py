@@ -290,3 +290,22 @@ def test_the_end_table_shows_the_asked_percentiles_whole_on_80_columns():
     text = buf.getvalue()
     assert "latency per rung, ms: p50 / p99.9" in text and "…" not in text
     assert text.count("123456.7 / 987654.3") == 3, text
+
+
+def test_make_demo_writes_only_gitignored_paths_and_demo_report_the_committed_ones():
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "scripts" / "demo.sh").read_text()
+    defaults = "\n".join(line for line in script.splitlines() if re.match(r"(RUNS|REPORT|PLOTS)=", line))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEMO_")}
+    paths = subprocess.run(["bash", "-c", defaults + '\necho "$RUNS" "$REPORT" "$PLOTS"'], env=env, check=True,
+                           capture_output=True, text=True).stdout.split()
+    assert len(paths) == 3
+    for path in paths:  # `make demo` leaves `git status` clean
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=root).returncode == 0, path
+    plan = subprocess.run(["make", "-n", "demo-report"], cwd=root, env=env, capture_output=True, text=True).stdout
+    assert "DEMO_REPORT=reports/demo.md DEMO_PLOTS=reports/demo" in plan and "scripts/demo.sh" in plan
