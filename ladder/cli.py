@@ -205,6 +205,9 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
                                    f"that rung could never have c requests in flight")
     else:
         del kw["concurrencies"]
+    if kw["api_key"]:
+        source = click.get_current_context().get_parameter_source("api_key")
+        kw["api_key_source"] = "OPENAI_API_KEY" if source is click.core.ParameterSource.ENVIRONMENT else "--api-key"
     explain = kw.pop("explain")
     from ladder.display import Display
     from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast

@@ -59,6 +59,7 @@ class RunConfig:
     label: str = "run"
     metadata: dict[str, str] = field(default_factory=dict)
     api_key: str | None = None
+    api_key_source: str | None = None  # "--api-key" or "OPENAI_API_KEY": named when the server refuses the key
     headers: dict[str, str] = field(default_factory=dict)  # --header K=V, redacted in files
     insecure: bool = False  # skip TLS certificate checks
     timeout_s: float = DEFAULT_TIMEOUT_S

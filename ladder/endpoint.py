@@ -23,10 +23,14 @@ class Endpoint:
     """One OpenAI-compatible server and the HTTP session every request to it shares."""
 
     def __init__(self, base_url: str, api_key: str | None, chat: bool, headers: dict[str, str] | None = None,
-                 insecure: bool = False):
+                 insecure: bool = False, key_source: str | None = None):
         url = base_url.rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise SetupError(f"base URL {base_url!r} has no scheme: write http://{url} or https://{url}")
+        if (path := re.search(r"(/v1)?/(chat/completions|completions|models)$", url)) is not None:
+            base = url[:path.start()]
+            raise SetupError(f"base URL {base_url!r} names an endpoint, not the server: write {base} "
+                             f"(--backend picks /v1/chat/completions or /v1/completions)")
         self.base_url = url[:-3] if url.endswith("/v1") else url  # accept either spelling of the base
         self.chat = chat
         self.path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -34,8 +38,20 @@ class Endpoint:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._headers.update(headers or {})
+        self._key = self._describe_key(headers or {}, api_key, key_source)
         self._insecure = insecure
         self.session: aiohttp.ClientSession | None = None
+
+    @staticmethod
+    def _describe_key(headers: dict[str, str], api_key: str | None, source: str | None) -> tuple[str, str]:
+        """(the credential the server may refuse, named by where it came from; what to do instead)."""
+        if any(k.lower() == "authorization" for k in headers):
+            return "the Authorization header given with --header", "check its value"
+        if not api_key:
+            return "a request without an API key", "pass --api-key or set OPENAI_API_KEY"
+        if source == "OPENAI_API_KEY":
+            return "the API key from $OPENAI_API_KEY", "fix the variable, or pass --api-key"
+        return f"the API key given with {source or '--api-key'}", "check it"
 
     async def __aenter__(self) -> "Endpoint":
         # NOTE: no connection cap (the phase semaphore is the cap) so probes never queue behind load;
@@ -65,7 +81,8 @@ class Endpoint:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 text = await resp.text(errors="replace")
                 if resp.status in (401, 403):
-                    raise SetupError(f"{url} refused the API key (HTTP {resp.status}); pass --api-key")
+                    what, advice = self._key
+                    raise SetupError(f"{url} refused {what} (HTTP {resp.status}); {advice}")
                 if resp.status >= 500:
                     raise NotReadyError(f"{url} answered HTTP {resp.status}: {text[:100]}")
                 if resp.status != 200:

@@ -315,7 +315,8 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
     base_url, serve_cmd = resolve_target(config)
     server = None
     try:
-        async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure) as ep:
+        async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure,
+                            config.api_key_source) as ep:
             if serve_cmd:
                 display.note(f"starting: {redact_cmd(serve_cmd)}")
                 server = ServerProcess(serve_cmd, store.path("server.log"))
