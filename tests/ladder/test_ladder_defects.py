@@ -309,3 +309,18 @@ def test_make_demo_writes_only_gitignored_paths_and_demo_report_the_committed_on
         assert subprocess.run(["git", "check-ignore", "-q", path], cwd=root).returncode == 0, path
     plan = subprocess.run(["make", "-n", "demo-report"], cwd=root, env=env, capture_output=True, text=True).stdout
     assert "DEMO_REPORT=reports/demo.md DEMO_PLOTS=reports/demo" in plan and "scripts/demo.sh" in plan
+
+
+def test_void_markers_of_runs_void_at_the_same_rung_do_not_overprint(tmp_path):
+    from run_fixtures import ok, void, write_run
+
+    from ladder import plots
+    from ladder.runs import load_runs
+    from ladder.table import TPOT
+
+    runs = load_runs([write_run(tmp_path, label, [ok(1, 100.0), void(2)]) for label in "abc"])
+    fig, ax = plots._pyplot().subplots()
+    plots._against_c(ax, runs, TPOT, "p50", "TPOT")
+    marks = [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines if line.get_marker() == "X"]
+    labels = [text.xy for text in ax.texts]
+    assert len(marks) == len(set(marks)) == 3 and len(set(labels)) == 3
