@@ -100,6 +100,8 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         choice = choices[0]
         rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
         if rec.token_ids is not None and (ids := token_ids(choice)) is not None:
+            if rec.silent_positions is not None and not _carries_output(choice, chat):  # special tokens
+                rec.silent_positions += range(len(rec.token_ids), len(rec.token_ids) + len(ids))
             rec.token_ids += ids
         if _carries_output(choice, chat):
             rec.chunk_times.append(now)

@@ -27,6 +27,7 @@ class RequestRecord:
     prompt: list[tuple[str, str]] | None = None  # --save-text: the messages as sent, nonce included
     output_text: str | None = None  # --save-text: the content the stream carried
     token_ids: list[int] | None = None  # collected only when a list is given (ladder identity)
+    silent_positions: list[int] | None = None  # ladder identity: positions of ids whose chunk had no text
     finish_reason: str | None = None  # the last one the stream carried
     request_rate: float | None = None  # the open-loop rung's rate (req/s)
 

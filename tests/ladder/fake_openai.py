@@ -23,7 +23,8 @@ Script keys (all optional):
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
   overload_at       load serials answered 429 (the server sheds load)
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
-  stop_after        finish with finish_reason "stop" after this many tokens (an EOS), unless ignore_eos
+  stop_after        finish with finish_reason "stop" after this many tokens (an EOS); with ignore_eos the
+                    EOS is emitted there (id 2, no text) and the stream goes on, as vLLM and refengine do
   tls               [certfile, keyfile]: serve HTTPS with this certificate
   canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
   plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
@@ -231,10 +232,12 @@ class FakeServer:
                 self.accepted += n - 1
             positions = range(done - n, done)
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
-            text = "".join("Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p, d in zip(positions, diverged))
+            eos = [req.get("ignore_eos") and p == s.get("stop_after") for p in positions]
+            text = "".join("" if e else "Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)]
+                           for p, d, e in zip(positions, diverged, eos))
             if max_tokens == 1 and s.get("silent_one_token"):
                 text = ""
-            ids = [99 if d else p % len(TOKEN_TEXTS) for p, d in zip(positions, diverged)]
+            ids = [2 if e else 99 if d else p % len(TOKEN_TEXTS) for p, d, e in zip(positions, diverged, eos)]
             finish = ("stop" if stopped else "length") if done == max_tokens else None
             await emit(chunk(text, done, finish=finish, ids=ids))
             if done < max_tokens:
