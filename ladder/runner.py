@@ -116,8 +116,9 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
 
 class Ladder:
     def __init__(self, config: RunConfig, ep: Endpoint, server: ServerProcess | None, work: Workload,
-                 store: RunStore, display: Display, epoch: float):
+                 store: RunStore, display: Display, epoch: float, spec_method: str | None = None):
         self.config, self.ep, self.server, self.work = config, ep, server, work
+        self.spec_method = spec_method  # the engine key: "none" (or unknown) makes tok/chunk > 1 worth a word
         self.store, self.display, self.epoch = store, display, epoch
         self.usage_seen = False  # did any chunk carry continuous usage?
         self._counters: dict[str, float] = {}  # /metrics counters at the last look (stall checks)
@@ -277,10 +278,24 @@ class Ladder:
                 self.store.append_records(records, self.epoch, self._failure)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
-            if (warning := self._input_len_warning(rungs[-1])) is not None:
-                self.warnings.append(warning)
-                self.display.note(f"warning: {warning}")
+            for warning in (self._input_len_warning(rungs[-1]), self._chunk_warning(rungs[-1])):
+                if warning is not None:
+                    self.warnings.append(warning)
+                    self.display.note(f"warning: {warning}")
         return rungs, dead
+
+    def _chunk_warning(self, rung: RungResult) -> str | None:
+        """Without speculation every chunk carries one token, unless tokens without text (special ones, which
+        random weights sample) were counted in usage but sent in no chunk of their own: say so, so that a
+        tok/chunk above 1 is not read as accepted drafts."""
+        if not isinstance(rung, RungOk) or rung.spec is not None or self.spec_method not in (None, "none"):
+            return None
+        per_chunk = rung.stats.tokens_per_chunk.mean
+        if per_chunk <= 1:
+            return None
+        return (f"{load_label(rung)}: {per_chunk:.2f} tokens per chunk with no speculation reported: tokens without "
+                f"text (special tokens, as random weights sample) count in usage but come in no chunk of their own "
+                f"(or the server batches its chunks); it is not an acceptance")
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
@@ -327,7 +342,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
             loads = ",".join(f"{x:g}" for x in config.loads)
             display.note(f"ladder {base_url} model={work.model} dataset={work.dataset['kind']} "
                          f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
-            ladder = Ladder(config, ep, server, work, store, display, epoch)
+            ladder = Ladder(config, ep, server, work, store, display, epoch, info["engine"]["spec_method"])
             display.start(len(config.loads))
             try:
                 rungs, dead = await ladder.run()

@@ -324,3 +324,13 @@ def test_void_markers_of_runs_void_at_the_same_rung_do_not_overprint(tmp_path):
     marks = [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines if line.get_marker() == "X"]
     labels = [text.xy for text in ax.texts]
     assert len(marks) == len(set(marks)) == 3 and len(set(labels)) == 3
+
+
+def test_tokens_per_chunk_above_one_without_speculation_is_explained(fake_server, ladder):
+    url = fake_server(tokens_per_chunk=2)  # as a server that sends no chunk for a token without text
+    code, out, _, run = ladder("--base-url", url, "--c", "1", *SMALL, "--prompts-per-rung", "1")
+    (warning,) = json.loads((run / "manifest.json").read_text())["warnings"]
+    assert code == 0 and warning.startswith("c=1: 2.00 tokens per chunk with no speculation reported") and warning in out
+    url = fake_server(tokens_per_chunk=2, spec_k=3)  # a speculating server: tok/chunk is its acceptance
+    code, _, _, run = ladder("--base-url", url, "--c", "1", *SMALL, "--prompts-per-rung", "1")
+    assert code == 0 and json.loads((run / "manifest.json").read_text())["warnings"] == []
