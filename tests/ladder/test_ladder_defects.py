@@ -119,10 +119,10 @@ def test_serve_cmd_redaction(cmd, shown):
 
 
 def test_a_long_prompt_gets_a_longer_first_chunk_wait(fake_server, ladder, tmp_path):
-    """12 KB of prompt waits up to 3 stall limits for its first chunk: a 1.5 s prefill with --stall-timeout 1
+    """25 KB of prompt waits up to 6 stall limits for its first chunk: a 1.5 s prefill with --stall-timeout 1
     is slow, not dead. Without /metrics counters nothing else could tell."""
     data = tmp_path / "long.jsonl"
-    data.write_text(json.dumps({"prompt": "word " * 2400, "output_len": 4}) + "\n")
+    data.write_text(json.dumps({"prompt": "word " * 5000, "output_len": 4}) + "\n")
     url = fake_server(slow_at=[0], slow_ttft=1.5)
     code, out, err, run = ladder("--base-url", url, "--dataset", f"jsonl:{data}", "--c", "1",
                                  "--prompts-per-rung", "1", "--warmup", "0", "--stall-timeout", "1")
