@@ -15,7 +15,7 @@ from ladder.own_version import own_version
 EPILOG = f"""\b
 Defaults: --dataset random, c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
 {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}·c measured requests per rung after c warmup requests (--warmup N sets it);
-ignore_eos on for random, off for datasets; a per-run nonce starts every prompt; temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
+ignore_eos and a per-run cache-bust tag on for random, off for datasets; temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
 --stall-timeout {cfg.DEFAULT_STALL_TIMEOUT_S:g} s; results in runs/<UTC time>-<label>/.
 
 \b
@@ -31,8 +31,8 @@ Exit codes:
      stayed alive
   {cfg.EXIT_USAGE}  usage error, or the endpoint is unusable (unreachable, refused the key, not OpenAI,
      server command died before it answered); nothing measured
-  {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall);
-     its rung is VOID(engine_dead), later rungs NOT_RUN
+  {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall without
+     progress in /metrics) or the server shut down; its rung is VOID(engine_dead or shutting_down), later NOT_RUN
 """
 
 
@@ -59,7 +59,8 @@ def _rates(ctx, param, value: str | None) -> tuple[float, ...] | None:
         out = tuple(float(v) for v in value.split(","))
     except ValueError:
         out = ()
-    if not out or min(out) <= 0:
+    # NOTE: `not v > 0` rather than `v <= 0`: nan compares false with everything and is no rate.
+    if not out or not all(v > 0 for v in out):
         raise click.BadParameter(f"expected positive request rates (req/s) like 1,2,4,8 or inf, got {value!r}")
     return _unique(out, value)
 
@@ -147,8 +148,9 @@ def cli() -> None:
 @click.option("--ignore-eos/--no-ignore-eos", default=None,
               help="Ask for all max_tokens (on) or let requests stop naturally (off). "
                    "[default: on for random, off for datasets]")
-@click.option("--cache-bust/--no-cache-bust", default=True, show_default=True,
-              help="Start every prompt with a per-run nonce, so no prefix cache serves an earlier run's prompt.")
+@click.option("--cache-bust/--no-cache-bust", default=None,
+              help="Start every prompt with a per-run tag, so no prefix cache serves an earlier run's prompt. "
+                   "[default: on for random, off for datasets]")
 @click.option("--prompts-per-rung", type=click.IntRange(1), help="Measured requests per rung (fixed).")
 @click.option("--prompts-per-concurrency", type=click.IntRange(1), help="Measured requests per rung = K·c "
               f"(K·ceil(rate) with --request-rate). [default: {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}]")
@@ -166,7 +168,8 @@ def cli() -> None:
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_TIMEOUT_S,
               show_default=True, help="Seconds per request, send to stream end.")
 @click.option("--stall-timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_STALL_TIMEOUT_S,
-              show_default=True, help="No chunk from any in-flight request for this long = engine dead.")
+              show_default=True, help="No chunk from any in-flight request for this long = a stall (longer while "
+                                      "long prompts await their first chunk); dead unless /metrics shows progress.")
 @click.option("--metric-percentiles", "percentiles", default="50,90,99", show_default=True,
               callback=_percentiles, help="Percentiles reported beside the mean.")
 @click.option("--goodput", multiple=True, callback=_slos, metavar="SLOS",
@@ -202,6 +205,9 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
                                    f"that rung could never have c requests in flight")
     else:
         del kw["concurrencies"]
+    if kw["api_key"]:
+        source = click.get_current_context().get_parameter_source("api_key")
+        kw["api_key_source"] = "OPENAI_API_KEY" if source is click.core.ParameterSource.ENVIRONMENT else "--api-key"
     explain = kw.pop("explain")
     from ladder.display import Display
     from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
@@ -212,7 +218,7 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
         timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
         serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"),
         audit=AuditThresholds(max_cpu_pct=client_bound_cpu_pct, max_loop_lag_ms=client_bound_lag_ms), **kw)
-    return run_ladder(config, Display(explain=explain))
+    return run_ladder(config, Display(explain=explain, percentiles=config.percentiles))
 
 
 @cli.command()

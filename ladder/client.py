@@ -26,6 +26,9 @@ class Progress:
     in_flight: int = 0
     peak_in_flight: int = 0  # the most requests in flight at once: proof a rung reached its concurrency
     num_failed: int = 0
+    # request bytes (prompt text, mostly) of the requests in flight still waiting for their first chunk:
+    # a long prompt's prefill may keep every stream silent for long (ladder.runner scales the stall limit)
+    waiting_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         choice = choices[0]
         rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
         if rec.token_ids is not None and (ids := token_ids(choice)) is not None:
+            if rec.silent_positions is not None and not _carries_output(choice, chat):  # special tokens
+                rec.silent_positions += range(len(rec.token_ids), len(rec.token_ids) + len(ids))
             rec.token_ids += ids
         if _carries_output(choice, chat):
             rec.chunk_times.append(now)
@@ -116,6 +121,8 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
     progress.in_flight += 1
     progress.peak_in_flight = max(progress.peak_in_flight, progress.in_flight)
     rec.t_send = progress.last_activity = perf_counter()
+    waiting = len(body)
+    progress.waiting_bytes += waiting
     try:
         async with asyncio.timeout(timeout_s):
             async with target.session.post(target.url, data=body) as resp:
@@ -138,6 +145,9 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
                         progress.last_activity = now
                         for event in events:
                             _on_event(rec, event, now, chat)
+                        if waiting and rec.chunk_times:
+                            progress.waiting_bytes -= waiting
+                            waiting = 0
     except TimeoutError:
         rec.error = f"timeout: no complete response within {timeout_s:g} s"
     except aiohttp.ClientPayloadError as e:
@@ -149,6 +159,7 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
     finally:
         rec.t_end = progress.last_activity = perf_counter()
         progress.in_flight -= 1
+        progress.waiting_bytes -= waiting
 
 
 async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[RequestRecord], concurrency: int,

@@ -64,9 +64,10 @@ def workload_caption(run: Run) -> str:
         limit = f" of ≤ {data['max_input_len']} tokens" if data.get("max_input_len") else ""
         prompts = f"{data['kind']} prompts{limit} ({data.get('num_usable', '?')} of {data.get('num_records', '?')} records)"
     out_len = w.get("output_len") or "dataset lengths"
+    slos = f", goodput SLOs (ms) {run.slos}" if run.slos != "none" else ""
     return (f"{w.get('endpoint_kind', '?')}, {prompts} / {out_len} out"
             f"{' (ignore_eos)' if sampling.get('ignore_eos') else ''}, {per_rung}, "
-            f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}")
+            f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}{slos}")
 
 
 def _row(cells: Sequence[str]) -> str:
@@ -85,6 +86,10 @@ def _banner(cmp: Comparison) -> list[str]:
                 "measure the same requests:", ">"]
         out += [f"> - {d.line()}" for d in cmp.workload_differences]
         out.append("")
+    interrupted = [r.label for r in cmp.runs if r.interrupted]
+    if interrupted:
+        out += [f"> **interrupted:** {', '.join(interrupted)} stopped (SIGINT or SIGTERM) before the last rung; "
+                "the rungs it did not finish are missing.", ""]
     unverified = guard.unverified_engine_keys(cmp.runs)
     if unverified:
         out += [f"Engine keys no run reports, so unverified: {', '.join(unverified)}.", ""]
@@ -117,6 +122,8 @@ def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
     out = [f"### {title}" + (f" ({group.direction})" if group.direction else ""), "",
            _row(["metric", load_column(cmp.reference), *heads]), _row(["---", "---:", *(["---:"] * len(runs))])]
     for metric in group.metrics:
+        if metric.key == "goodput" and all(r.slos == "none" for r in runs):
+            continue  # no run set --goodput: the row would be n/a everywhere
         formula = cmp.reference.definitions.get(metric.key) or DEFINITIONS.get(metric.key, "")
         name = f"{metric.name} ({metric.unit}){notes.ref(f'{metric.name}: {formula}')}"
         for c in concurrencies(runs):
@@ -134,7 +141,7 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
     lines += [f"Workload: {workload_caption(cmp.reference)}.", ""]
     lines += _banner(cmp)
     lines += ["## Runs", "", _row(["run", "result directory"]), _row(["---", "---"])]
-    lines += [_row([r.label, f"`{r.path}`"]) for r in runs]
+    lines += [_row([r.label + (" (interrupted)" if r.interrupted else ""), f"`{r.path}`"]) for r in runs]
     lines += ["", "## Engine keys", "",
               "Each value with its source: `metadata` (asserted with --metadata), `server` (reported by the "
               "server) or `flags` (read from --serve-cmd).", ""]

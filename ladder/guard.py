@@ -88,11 +88,16 @@ def workload_differences(runs: Sequence[Run]) -> list[Difference]:
     for key in ("seed", "input_len", "output_len", "sampling", "endpoint_kind"):
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
     out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
+    out += _differs("goodput SLOs", runs, lambda r: r.slos, "goodput counts the requests meeting them")
     out += _differs("load", runs, lambda r: "request rate" if "request_rate" in (r.workload.get("load") or {})
                     else "concurrency", "a rate rung and a concurrency rung do not measure the same thing")
     common = sorted(set.intersection(*(set(r.rungs) for r in runs)))
     for c in common:
-        out += _differs(f"prompt texts at c={c}", runs,
+        counted = [r for r in runs if r.rungs[c].num_measured is not None]  # OK rows say how many they sent
+        counts = _differs(f"measured requests at c={c}", counted, lambda r, c=c: r.rungs[c].num_measured,
+                          "different prompt counts (--prompts-per-rung, --prompts-per-concurrency)")
+        out += counts
+        out += [] if counts else _differs(f"prompt texts at c={c}", runs,
                         lambda r, c=c: (r.workload.get("rung_prompt_hashes") or {}).get(str(c), "")[:12] or None,
                         "sha256 of the measured requests, nonce excluded; random prompts sized by probing "
                         "differ between servers, --tokenizer sizes them alike")

@@ -6,6 +6,7 @@ content, reasoning or tool calls; a role-only prelude never is.
 """
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -190,6 +191,28 @@ def parse_counters(text: str, names: Sequence[str] = SPEC_COUNTERS) -> dict[str,
         if name in names:
             rest = line.rsplit("}", 1)[1] if "}" in line else line[len(name):]
             out[name] = out.get(name, 0.0) + float(rest.split()[0])  # an optional timestamp follows
+    return out
+
+
+_WORK = re.compile(r"token|iteration|decode|prefill")
+
+
+def progress_counters(text: str) -> dict[str, float]:
+    """The engine's work counters in a Prometheus text (a _total or a histogram's _count whose name speaks of
+    tokens, iterations, decode or prefill: vllm:generation_tokens_total, vllm:iteration_tokens_total_count,
+    llamacpp:n_decode_total, ...), by name and labels: one moving means the engine still works. HTTP and
+    process counters are left out: the ladder's own requests and a spinning process move them."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, rest = line.rpartition("}") if "}" in line else line.partition(" ")
+        name = key.split("{", 1)[0]
+        if name.endswith(("_total", "_count")) and _WORK.search(name) and not name.startswith(("http", "process")):
+            try:
+                out[key] = float(rest.split()[0])
+            except (IndexError, ValueError):
+                continue
     return out
 
 

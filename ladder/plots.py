@@ -4,8 +4,9 @@
 - latency.png: TPOT and TTFT (the report's percentile) against c
 - interactivity.png: per-user tok/s (median of 1/TPOT) on x, output tok/s on y, one point per rung
 
-A VOID or NOT_RUN rung breaks its line and is marked with an X at the foot of the axes; the interactivity
-plot, which has no place for a rung without numbers, names them in a box instead.
+A VOID or NOT_RUN rung breaks its line and is marked with an X near the foot of the axes, one height per
+run so that runs VOID at the same rung do not overprint; the interactivity plot, which has no place for a
+rung without numbers, names them in a box instead.
 """
 
 import math
@@ -18,6 +19,7 @@ from ladder.table import OUTPUT_TPUT, PER_USER, TPOT, TTFT, Metric, rung_name, v
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "*")
 DPI = 120
+VOID_FOOT, VOID_STEP = 0.03, 0.07  # axes fractions: the first run's X, and the rise per further run
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,12 @@ def _against_c(ax, runs: Sequence[Run], metric: Metric, pct: str, ylabel: str) -
     cs = [c for c in concurrencies(runs) if math.isfinite(c)]
     for i, run in enumerate(runs):
         line, = ax.plot(cs, _series(run, cs, metric, pct), marker=MARKERS[i % len(MARKERS)], label=run.label)
+        height = VOID_FOOT + VOID_STEP * i
         for c, status in _missing(run, cs):
-            # at the foot of the axes, in the run's colour: the rung ran but has no number
-            ax.plot([c], [0.03], transform=ax.get_xaxis_transform(), marker="X", markersize=11,
+            # near the foot of the axes, in the run's colour: the rung ran but has no number
+            ax.plot([c], [height], transform=ax.get_xaxis_transform(), marker="X", markersize=11,
                     color=line.get_color(), linestyle="none")
-            ax.annotate(status, (c, 0.03), xycoords=ax.get_xaxis_transform(), xytext=(6, 4),
+            ax.annotate(status, (c, height), xycoords=ax.get_xaxis_transform(), xytext=(6, 4),
                         textcoords="offset points", fontsize=7, color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_xticks(cs, [f"{c:g}" for c in cs])

@@ -12,6 +12,12 @@ from ladder.audit import Audit
 from ladder.metrics import RungStats, SpecAcceptance
 
 MAX_ERRORS = 5  # distinct error messages kept on a VOID row
+SHUTTING_DOWN = "the server is shutting down"  # how a draining server is named, never "engine dead"
+
+
+def gone_reason(dead: str) -> str:
+    """The reason of a rung the engine's end cut off: a draining server is not a dead engine."""
+    return f"{'shutting_down' if dead.startswith(SHUTTING_DOWN) else 'engine_dead'}: {dead}"
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ def void_from_failures(concurrency: int, num_ok: int, failures: list[str], promp
     """reason: engine_dead (with its cause) or the failure kinds in order of first appearance."""
     distinct = list(dict.fromkeys(failures))
     kinds = list(dict.fromkeys(f.split(":", 1)[0] for f in failures))
-    reason = f"engine_dead: {engine_dead}" if engine_dead else ", ".join(kinds)
+    reason = gone_reason(engine_dead) if engine_dead else ", ".join(kinds)
     return RungVoid(concurrency=concurrency, num_ok=num_ok, num_failed=len(failures), reason=reason,
                     errors=tuple(distinct[:MAX_ERRORS]), prompt_hash=prompt_hash, request_rate=request_rate,
                     failed_phases=dict(Counter(phases)) if phases else None)

@@ -2,9 +2,11 @@
 any failed request is VOID; once the engine is dead, the rung in flight is VOID(engine_dead) and every later
 rung NOT_RUN.
 
-Engine death is any of: the --serve-cmd process exited; no chunk from any in-flight request for
---stall-timeout; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
-checked between rungs and whenever a request fails.
+Engine death is any of: the --serve-cmd process exited; a stall (no chunk from any in-flight request for
+--stall-timeout, longer while long prompts await their first chunk) with /health failing or no /metrics work
+counter moving; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
+checked between rungs and whenever a request fails. A server whose /health says it is shutting down is
+reported as such, not as dead.
 
 A rung's warmup always runs closed loop (at c, or at --max-concurrency in open loop): it only has to warm
 the engine; the measured phase follows the rung's load.
@@ -31,12 +33,25 @@ from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.own_version import own_version
 from ladder.records import RequestRecord, failure
-from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
+from ladder.redact import redact_cmd
+from ladder.rung import (
+    SHUTTING_DOWN,
+    RungNotRun,
+    RungOk,
+    RungResult,
+    RungVoid,
+    gone_reason,
+    void_from_failures,
+)
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
 from ladder.workload import Workload, prepare, with_nonce
 
 WATCH_INTERVAL_S = 0.1
+# While requests wait for their first chunk, the stall limit is --stall-timeout per this many request bytes
+# waiting (about 700 tokens of English prompt), never less than one --stall-timeout: prefill takes longer
+# the more prompt there is, and no chunk flows meanwhile.
+FIRST_CHUNK_BYTES = 4096
 INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
 
 
@@ -54,10 +69,12 @@ def resolve_target(config: RunConfig) -> tuple[str, str | None]:
 
 
 def redacted_flags(config: RunConfig) -> dict:
-    """The flags as recorded: secrets (the API key, header values) never reach a file."""
+    """The flags as recorded: secrets (the API key, header values, keys and tokens in --serve-cmd) never
+    reach a file."""
     flags = {k: v for k, v in asdict(config).items() if k != "metadata"}
     flags["api_key"] = "<set>" if config.api_key else None
     flags["headers"] = {k: "<set>" for k in config.headers}
+    flags["serve_cmd"] = redact_cmd(config.serve_cmd)
     return flags
 
 
@@ -70,7 +87,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
         "tool": "ladder", "version": own_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
         "epoch": {"unix_time": time() - (perf_counter() - epoch), "perf_counter": epoch},
-        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": serve_cmd,
+        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": redact_cmd(serve_cmd),
                      "path": "/v1/chat/completions" if config.chat else "/v1/completions"},
         "model": work.model, "server_model_info": work.model_info, "engine": engine,
         "engine_sources": sources,
@@ -99,10 +116,12 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
 
 class Ladder:
     def __init__(self, config: RunConfig, ep: Endpoint, server: ServerProcess | None, work: Workload,
-                 store: RunStore, display: Display, epoch: float):
+                 store: RunStore, display: Display, epoch: float, spec_method: str | None = None):
         self.config, self.ep, self.server, self.work = config, ep, server, work
+        self.spec_method = spec_method  # the engine key: "none" (or unknown) makes tok/chunk > 1 worth a word
         self.store, self.display, self.epoch = store, display, epoch
         self.usage_seen = False  # did any chunk carry continuous usage?
+        self._counters: dict[str, float] = {}  # /metrics counters at the last look (stall checks)
         self.warnings: list[str] = []
 
     def _failure(self, rec: RequestRecord) -> str | None:
@@ -114,12 +133,26 @@ class Ladder:
             return f"the server process exited with code {rc}"
         return None
 
-    def _dead_now(self, progress: Progress) -> str | None:
-        """The checks cheap enough to run every WATCH_INTERVAL_S: process liveness and stall."""
+    def _stall(self, progress: Progress) -> str | None:
+        """A stall suspected: no chunk for longer than the stall limit, which grows with the prompt bytes
+        still waiting for their first chunk (FIRST_CHUNK_BYTES)."""
         idle = perf_counter() - progress.last_activity
-        if progress.in_flight and idle > self.config.stall_timeout_s:
+        limit = self.config.stall_timeout_s * max(1.0, progress.waiting_bytes / FIRST_CHUNK_BYTES)
+        if progress.in_flight and idle > limit:
             return f"stall: no chunk for {idle:.0f} s with {progress.in_flight} requests in flight"
-        return self._server_exited()
+        return None
+
+    async def _confirm_stall(self, stall: str, progress: Progress) -> str | None:
+        """A silent engine is dead only when it makes no progress: /health must answer and some /metrics
+        counter must have moved since the last look. Progress restarts the stall clock."""
+        if (health := await self.ep.health()) is not None:
+            return health if health.startswith(SHUTTING_DOWN) else f"{stall}; {health}"
+        counters = await self.ep.progress_counters()
+        if counters and counters != self._counters:
+            self._counters = counters
+            progress.last_activity = perf_counter()
+            return None
+        return f"{stall}; /metrics shows no progress" if counters else stall
 
     async def check_alive(self) -> str | None:
         return self._server_exited() or await self.ep.check_alive(self.work.model, self.config.stall_timeout_s)
@@ -128,10 +161,11 @@ class Ladder:
         """Wait for the phase; on engine death cancel it and return why."""
         probe: asyncio.Task | None = None
         probed = 0
+        self._counters = await self.ep.progress_counters()
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=WATCH_INTERVAL_S)
-                dead = self._dead_now(progress)
+                dead = self._server_exited()
                 if probe is not None and probe.done():
                     dead, probe = dead or probe.result(), None
                 if dead:
@@ -141,11 +175,22 @@ class Ladder:
                 if probe is None and progress.num_failed > probed:
                     probed = progress.num_failed
                     probe = asyncio.create_task(self.check_alive())
+                elif probe is None and (stall := self._stall(progress)) is not None:
+                    probe = asyncio.create_task(self._confirm_stall(stall, progress))
             task.result()  # a bug in the client surfaces here rather than as a silent VOID
             return None
         finally:
             if probe is not None:
                 probe.cancel()
+
+    def _record(self, load: int | float, phase: str, index: int, max_tokens: int) -> RequestRecord:
+        """A record that says how it was sent: under which in-flight cap (an open-loop measured request
+        has --max-concurrency or none; its warmup runs closed loop at concurrency_of) and at which rate."""
+        cfg = self.config
+        open_measured = cfg.open_loop and phase == "measured"
+        cap = cfg.max_concurrency if open_measured else cfg.concurrency_of(load)
+        return RequestRecord(cap, phase, index, max_tokens=max_tokens,
+                             request_rate=load if cfg.open_loop else None)
 
     def _launch(self, load: int | float, phase: str, bodies: list[bytes], records: list[RequestRecord],
                 progress: Progress, on_done) -> asyncio.Task:
@@ -161,8 +206,7 @@ class Ladder:
 
     async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes]
                      ) -> tuple[list[RequestRecord], str | None, Progress]:
-        c = self.config.concurrency_of(load)
-        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens) for i, r in enumerate(requests)]
+        records = [self._record(load, phase, i, r.max_tokens) for i, r in enumerate(requests)]
         if self.config.save_text:
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
@@ -183,7 +227,7 @@ class Ladder:
         if dead:
             for rec in records:
                 if not rec.done and rec.error is None:
-                    rec.error = f"engine_dead: {dead}"  # never sent, or cut off: failed either way
+                    rec.error = gone_reason(dead)  # never sent, or cut off: failed either way
         return records, dead, progress
 
     async def run_rung(self, load: int | float) -> tuple[RungResult, list[RequestRecord], str | None]:
@@ -191,7 +235,7 @@ class Ladder:
         c = cfg.concurrency_of(load)
         rate = load if cfg.open_loop else None
         records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies)
-        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens) for i, r in enumerate(work.measured)]
+        measured = [self._record(load, "measured", i, r.max_tokens) for i, r in enumerate(work.measured)]
         progress = Progress(0.0)
         if dead is None:
             before = await self.ep.counters()
@@ -227,17 +271,31 @@ class Ladder:
             if dead is None and i > 0:
                 dead = await self.check_alive()
             if dead is not None:
-                rungs.append(RungNotRun(c, f"engine_dead: {dead}", request_rate=rate))
+                rungs.append(RungNotRun(c, gone_reason(dead), request_rate=rate))
             else:
                 rung, records, dead = await self.run_rung(load)
                 rungs.append(rung)
                 self.store.append_records(records, self.epoch, self._failure)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
-            if (warning := self._input_len_warning(rungs[-1])) is not None:
-                self.warnings.append(warning)
-                self.display.note(f"warning: {warning}")
+            for warning in (self._input_len_warning(rungs[-1]), self._chunk_warning(rungs[-1])):
+                if warning is not None:
+                    self.warnings.append(warning)
+                    self.display.note(f"warning: {warning}")
         return rungs, dead
+
+    def _chunk_warning(self, rung: RungResult) -> str | None:
+        """Without speculation every chunk carries one token, unless tokens without text (special ones, which
+        random weights sample) were counted in usage but sent in no chunk of their own: say so, so that a
+        tok/chunk above 1 is not read as accepted drafts."""
+        if not isinstance(rung, RungOk) or rung.spec is not None or self.spec_method not in (None, "none"):
+            return None
+        per_chunk = rung.stats.tokens_per_chunk.mean
+        if per_chunk <= 1:
+            return None
+        return (f"{load_label(rung)}: {per_chunk:.2f} tokens per chunk with no speculation reported: tokens without "
+                f"text (special tokens, as random weights sample) count in usage but come in no chunk of their own "
+                f"(or the server batches its chunks); it is not an acceptance")
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
@@ -272,9 +330,10 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
     base_url, serve_cmd = resolve_target(config)
     server = None
     try:
-        async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure) as ep:
+        async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure,
+                            config.api_key_source) as ep:
             if serve_cmd:
-                display.note(f"starting: {serve_cmd}")
+                display.note(f"starting: {redact_cmd(serve_cmd)}")
                 server = ServerProcess(serve_cmd, store.path("server.log"))
                 await server.wait_ready(ep, config.serve_timeout_s)
             work = await prepare(config, ep)
@@ -283,9 +342,17 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
             loads = ",".join(f"{x:g}" for x in config.loads)
             display.note(f"ladder {base_url} model={work.model} dataset={work.dataset['kind']} "
                          f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
-            ladder = Ladder(config, ep, server, work, store, display, epoch)
+            ladder = Ladder(config, ep, server, work, store, display, epoch, info["engine"]["spec_method"])
             display.start(len(config.loads))
-            rungs, dead = await ladder.run()
+            try:
+                rungs, dead = await ladder.run()
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                # NOTE: marked, so that neither a reader nor `ladder compare` takes the rungs it has for a
+                # finished ladder
+                info["warnings"] = ladder.warnings
+                info["result"] = {"exit_code": 130, "engine_dead": None, "interrupted": True}
+                store.write_manifest(info)
+                raise
             code = exit_code(rungs, dead)
             info["workload"]["continuous_usage_stats"] = ladder.usage_seen
             info["warnings"] = ladder.warnings

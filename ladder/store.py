@@ -18,6 +18,8 @@ from ladder.metrics import request_fields
 from ladder.records import RequestRecord
 from ladder.rung import RungResult, to_dict
 
+FILES = ("manifest.json", "requests.jsonl", "rungs.json", "rungs.csv", "server.log")  # all a run writes
+
 
 class RunStore:
     def __init__(self, out_dir: Path):
@@ -25,12 +27,14 @@ class RunStore:
 
     def claim(self, overwrite: bool) -> None:
         """Refuse a directory that holds files already (two runs would mix in it), unless overwrite, which
-        empties it first."""
+        empties it first: one with a ladder run, or with nothing but ladder files (a setup that failed after
+        the server command started leaves its server.log and no manifest)."""
         if not self.dir.exists() or not any(self.dir.iterdir()):
             return
         if not overwrite:
             raise SetupError(f"--out {self.dir} is not empty; pass --overwrite to replace what is there")
-        if not (self.dir / "manifest.json").exists():
+        ours = all(p.name in FILES for p in self.dir.iterdir())
+        if not (self.dir / "manifest.json").exists() and not ours:
             raise SetupError(f"--out {self.dir} holds files that are not a ladder run; --overwrite empties only "
                              f"a ladder result directory")
         shutil.rmtree(self.dir)

@@ -23,7 +23,8 @@ Script keys (all optional):
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
   overload_at       load serials answered 429 (the server sheds load)
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
-  stop_after        finish with finish_reason "stop" after this many tokens (an EOS), unless ignore_eos
+  stop_after        finish with finish_reason "stop" after this many tokens (an EOS); with ignore_eos the
+                    EOS is emitted there (id 2, no text) and the stream goes on, as vLLM and refengine do
   tls               [certfile, keyfile]: serve HTTPS with this certificate
   canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
   plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
@@ -33,6 +34,11 @@ Script keys (all optional):
   exit_after_done   the process exits right after completing this many load requests
   token_ids         honour return_token_ids: chunks carry choices[].token_ids           (true)
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
+  tokenizer         count prompt_tokens with this tokenizer.json (the prompt text alone), as a real server
+  echo_argv         print the command line at start, as servers log their arguments
+  busy_metrics      /metrics has a work counter that moves while the engine lives (frozen once it stalls)
+  drain_after       after this many load requests the server drains: completions and /health answer 503
+                    "the server is shutting down"
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
 """
@@ -43,6 +49,7 @@ import json
 import os
 import ssl
 import sys
+import time
 
 TOKEN_TEXTS = ["é", "日本", " w", "ö", "€"]  # multi-byte UTF-8 on purpose
 
@@ -57,6 +64,13 @@ class FakeServer:
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted = 0
+        self.iterations = 0
+        self.draining = False
+        self.tokenizer = None
+        if script.get("tokenizer"):
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(script["tokenizer"])
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -80,7 +94,7 @@ class FakeServer:
     def send_json(self, writer, status: int, obj) -> None:
         data = json.dumps(obj).encode()
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
-                  500: "Error"}[status]
+                  500: "Error", 503: "Service Unavailable"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
 
@@ -94,7 +108,10 @@ class FakeServer:
                      "max_model_len": 4096}
             self.send_json(writer, 200, {"object": "list", "data": [model]})
         elif method == "GET" and path == "/health":
-            self.send_json(writer, 200, {})
+            if self.draining:
+                self.send_json(writer, 503, {"error": {"message": "shutting down", "code": "shutting_down"}})
+            else:
+                self.send_json(writer, 200, {})
         elif method == "GET" and path == "/metrics":
             text = self.metrics_text().encode()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
@@ -107,6 +124,10 @@ class FakeServer:
         return True
 
     def metrics_text(self) -> str:
+        if self.s.get("busy_metrics"):  # the engine iterates (time-based), until a stall freezes it
+            if not self.stalled.is_set():
+                self.iterations = int(time.monotonic() * 100)
+            return f"vllm:iteration_tokens_total_count {self.iterations}\n"
         if not self.s.get("spec_k"):
             return "# HELP vllm:num_requests_running x\nvllm:num_requests_running 0\n"
         return (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
@@ -136,6 +157,12 @@ class FakeServer:
                 if mode == "stall":
                     self.stalled.set()
                 self.dead = mode == "500"
+        if serial is not None and s.get("drain_after") is not None and serial >= s["drain_after"]:
+            self.draining = True
+        if self.draining:
+            self.send_json(writer, 503, {"error": {"message": "the server is shutting down and accepts no new "
+                                                              "requests", "code": "shutting_down"}})
+            return True
         if self.dead or serial in s.get("fail_at", ()):
             self.send_json(writer, 500, {"error": {"message": "request submitted to a stopped engine"}})
             return True
@@ -151,7 +178,10 @@ class FakeServer:
         if s.get("short_at") and serial in s["short_at"]:
             max_tokens -= 1
         prompt = (req["messages"][0]["content"] if chat else req["prompt"])
-        prompt_tokens = len(prompt.split()) * 4 // 3 + (7 if chat else 1)
+        if self.tokenizer is not None:
+            prompt_tokens = len(self.tokenizer.encode(prompt, add_special_tokens=False).ids) + (7 if chat else 1)
+        else:
+            prompt_tokens = len(prompt.split()) * 4 // 3 + (7 if chat else 1)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         continuous = s.get("continuous", True) and opts.get("continuous_usage_stats")
         usage_final = s.get("usage", "final") == "final" and opts.get("include_usage")
@@ -202,10 +232,12 @@ class FakeServer:
                 self.accepted += n - 1
             positions = range(done - n, done)
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
-            text = "".join("Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p, d in zip(positions, diverged))
+            eos = [req.get("ignore_eos") and p == s.get("stop_after") for p in positions]
+            text = "".join("" if e else "Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)]
+                           for p, d, e in zip(positions, diverged, eos))
             if max_tokens == 1 and s.get("silent_one_token"):
                 text = ""
-            ids = [99 if d else p % len(TOKEN_TEXTS) for p, d in zip(positions, diverged)]
+            ids = [2 if e else 99 if d else p % len(TOKEN_TEXTS) for p, d, e in zip(positions, diverged, eos)]
             finish = ("stop" if stopped else "length") if done == max_tokens else None
             await emit(chunk(text, done, finish=finish, ids=ids))
             if done < max_tokens:
@@ -232,6 +264,8 @@ async def emit_raw(writer, data: bytes) -> None:
 
 
 async def main(port: int, script: dict) -> None:
+    if script.get("echo_argv"):
+        print("args:", sys.argv, flush=True)
     fake = FakeServer(script)
     context = None
     if script.get("tls"):
@@ -247,7 +281,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", default="{}")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # other flags (an --api-key in a --serve-cmd test) are ignored
     if sys.platform.startswith("linux") and os.environ.get("FAKE_CPU"):
         os.sched_setaffinity(0, {int(os.environ["FAKE_CPU"])})
     asyncio.run(main(args.port, json.loads(args.script)))
