@@ -227,8 +227,10 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
 @click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=50.0, show_default=True,
               help="The latency percentile the tables and plots show (one the runs recorded).")
 @click.option("--note", "notes", multiple=True, help="A paragraph for the top of the report; repeatable.")
+@click.option("--same-build", is_flag=True,
+              help="Treat runs whose engine_version (build and commit) differs as like-for-like.")
 def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, baseline: str | None,
-            allow_mismatch: bool, percentile: float, notes: tuple[str, ...]) -> int:
+            allow_mismatch: bool, percentile: float, notes: tuple[str, ...], same_build: bool) -> int:
     """Put runs side by side: one table per metric group, rows = rungs, columns = runs.
 
     \b
@@ -238,7 +240,7 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
     from ladder import compare as cmp
     from ladder.runs import load_runs
 
-    comparison = cmp.prepare(load_runs(run_dirs), baseline, percentile, allow_mismatch)
+    comparison = cmp.prepare(load_runs(run_dirs), baseline, percentile, allow_mismatch, same_build)
     links = []
     if plots is not None:
         from ladder.plots import write_plots

@@ -13,6 +13,7 @@ from pathlib import Path
 from ladder import guard
 from ladder.config import ENGINE_KEYS, SetupError
 from ladder.metrics import DEFINITIONS
+from ladder.own_version import Build, build
 from ladder.runs import Run, concurrencies
 from ladder.table import GROUPS, Footnotes, Group, cell
 
@@ -31,7 +32,8 @@ class Comparison:
         return self.baseline or self.runs[0]
 
 
-def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mismatch: bool) -> Comparison:
+def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mismatch: bool,
+            same_build: bool = False) -> Comparison:
     """Resolve the baseline, check the percentile exists, and apply the guard."""
     base = None
     if baseline is not None:
@@ -49,7 +51,7 @@ def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mism
     if workload and not allow_mismatch:
         raise SetupError("the workloads differ, so these runs are not comparable (--allow-mismatch shows them "
                          "anyway): " + "; ".join(d.line() for d in workload))
-    return Comparison(runs, base, pct, guard.engine_differences(runs), workload)
+    return Comparison(runs, base, pct, guard.engine_differences(runs, same_build), workload)
 
 
 def workload_caption(run: Run) -> str:
@@ -133,8 +135,9 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
         lines += [paragraph, ""]
     lines += [f"Workload: {workload_caption(cmp.reference)}.", ""]
     lines += _banner(cmp)
-    lines += ["## Runs", "", _row(["run", "result directory"]), _row(["---", "---"])]
-    lines += [_row([r.label, f"`{r.path}`"]) for r in runs]
+    lines += [f"Report by ladder, {build().describe()}.", ""]
+    lines += ["## Runs", "", _row(["run", "result directory", "ladder build", "host"]), _row(["---"] * 4)]
+    lines += [_row([r.label, f"`{r.path}`", code_name(r.code), host_name(r.host)]) for r in runs]
     lines += ["", "## Engine keys", "",
               "Each value with its source: `metadata` (asserted with --metadata), `server` (reported by the "
               "server) or `flags` (read from --serve-cmd).", ""]
@@ -152,6 +155,21 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
         lines += [f"![{caption}]({path})" for caption, path in plot_links] + [""]
     lines += notes.render()
     return "\n".join(lines) + "\n"
+
+
+def code_name(code: dict | None) -> str:
+    """The build a run's ladder came from, as a report names it."""
+    if not code:
+        return "unknown (manifest without a build)"
+    return Build(**code).describe()
+
+
+def host_name(host: dict | None) -> str:
+    if not host or "cpu_model" not in host:
+        return "unknown"
+    gpus = ", ".join(f"{g['name']} (driver {g['driver']})" for g in host.get("gpus") or ()) or "no GPU seen"
+    busy = " OVERLOADED (load average above the core count)" if host.get("overloaded") else ""
+    return f"{host.get('cpu_model') or '?'} x{host.get('cpu_count')}, {gpus}{busy}"
 
 
 def link(path: Path, report: Path | None) -> str:

@@ -12,24 +12,20 @@ the engine; the measured phase follows the rung's load.
 
 import asyncio
 import hashlib
-import os
-import platform
 import signal
-import socket
-import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info
+from ladder import arrivals, engine_info, host
 from ladder.audit import AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
 from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
-from ladder.own_version import own_version
+from ladder.own_version import build, own_version
 from ladder.records import RequestRecord, failure
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
@@ -91,8 +87,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
             "continuous_usage_stats": None,  # what the server sent; set once requests came back
             "output_count": "usage, else chunks" if config.allow_chunk_count else "usage"},
         "flags": redacted_flags(config), "metadata": config.metadata,
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                 "python": sys.version.split()[0], "cpu_count": os.cpu_count()},
+        "code": asdict(build()), "host": host.describe(),
         "definitions": DEFINITIONS,
     }
 
@@ -290,6 +285,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
             info["workload"]["continuous_usage_stats"] = ladder.usage_seen
             info["warnings"] = ladder.warnings
             info["result"] = {"exit_code": code, "engine_dead": dead}
+            host.finish(info["host"])
             store.write_manifest(info)
             display.finish()
             return code

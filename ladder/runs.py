@@ -54,6 +54,8 @@ class Run:
     definitions: dict[str, str]
     flags: dict  # the run's RunConfig as recorded
     rungs: dict[float, RungRow]  # by load (concurrency, or request rate in open loop), in ladder order
+    code: dict | None = None  # the ladder's build: version, commit, dirty (manifests before it have none)
+    host: dict | None = None
 
     def ok(self, c: float) -> RungRow | None:
         row = self.rungs.get(c)
@@ -74,7 +76,8 @@ def load_run(path: Path, label: str | None = None) -> Run:
                engine_sources=manifest.get("engine_sources") or {},
                workload=manifest.get("workload") or {}, definitions=manifest.get("definitions") or {},
                flags=manifest.get("flags") or {},
-               rungs={r.load: r for r in map(RungRow.from_dict, rows)})
+               rungs={r.load: r for r in map(RungRow.from_dict, rows)},
+               code=manifest.get("code"), host=manifest.get("host"))
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from refengine.entrypoints.admission import AdmissionGate
 from refengine.entrypoints.engine_client import EngineClient, RequestDelta
+from refengine.version import build
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -97,7 +98,9 @@ class EngineCollector(Collector):
             float(self.engine.dead_reason is not None),
         )
         info = InfoMetricFamily("refengine:engine", "How the engine was configured.", labels=labels)
-        fields = asdict(self.engine.engine_info)
+        # NOTE: the build (version and git commit) travels with the configuration: two builds of one
+        # engine are two engines to a benchmark.
+        fields = {**asdict(self.engine.engine_info), "version": build().describe()}
         info.add_metric(values, {k: "" if v is None else str(v) for k, v in fields.items()})
         yield info
 
