@@ -186,6 +186,11 @@ def cli() -> None:
               help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION.")
 @click.option("--client-bound-lag-ms", type=click.FloatRange(0), default=DEFAULT_MAX_LOOP_LAG_MS,
               show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all.")
+@click.option("--metrics-interval", "metrics_interval_s", type=click.FloatRange(0),
+              default=cfg.DEFAULT_METRICS_INTERVAL_S, show_default=True,
+              help="Scrape the server's /metrics every this many seconds during each rung (0: never).")
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
+              help="Run each rung this many times: mean, 95% CI and CV per metric; a VOID repeat voids the rung.")
 def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
         client_bound_lag_ms: float, **kw) -> int:
     """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""

@@ -21,6 +21,7 @@ DEFAULT_STALL_TIMEOUT_S = 60.0  # no new chunk from any in-flight request for th
 DEFAULT_SERVE_TIMEOUT_S = 600.0  # --serve-cmd: time allowed for loading weights before /v1/models answers
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 DEFAULT_SEED = 0  # vllm bench serve --seed
+DEFAULT_METRICS_INTERVAL_S = 1.0  # /metrics scrape interval while a rung runs
 DEFAULT_TEMPERATURE = 0.0  # greedy: the acceptance rate of a speculator is then a property of the engine
 EMBEDDED_SERVE_CMD = "{refengine} serve --model smollm2 --port {port}"
 
@@ -73,6 +74,8 @@ class RunConfig:
     allow_chunk_count: bool = False
     save_text: bool = False  # prompt and output of every request in requests.jsonl
     audit: AuditThresholds = AuditThresholds()
+    metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S  # 0: no /metrics series
+    repeats: int = 1  # each rung run this many times
 
     @property
     def open_loop(self) -> bool:

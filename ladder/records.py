@@ -28,6 +28,7 @@ class RequestRecord:
     output_text: str | None = None  # --save-text: the content the stream carried
     token_ids: list[int] | None = None  # collected only when a list is given (ladder identity)
     finish_reason: str | None = None  # the last one the stream carried
+    repeat: int = 0  # --repeats: which run of its rung (0-based)
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

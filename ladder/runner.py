@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info, host
+from ladder import arrivals, engine_info, gpu, host, repeats, scrape
 from ladder.audit import AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
@@ -28,6 +28,7 @@ from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.own_version import build, own_version
 from ladder.records import RequestRecord, failure
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
+from ladder.scrape import Scraper
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
 from ladder.workload import Workload, prepare, with_nonce
@@ -99,6 +100,8 @@ class Ladder:
         self.store, self.display, self.epoch = store, display, epoch
         self.usage_seen = False  # did any chunk carry continuous usage?
         self.warnings: list[str] = []
+        # NOTE: GPU readings only for a server on this host; a remote server's GPUs are not ours.
+        self.gpu = gpu.sampler() if server is not None and config.metrics_interval_s else None
 
     def _failure(self, rec: RequestRecord) -> str | None:
         return failure(rec, rec.max_tokens, ignore_eos=self.config.eos_ignored,
@@ -154,10 +157,10 @@ class Ladder:
         return asyncio.create_task(run_phase(self.ep.target, bodies, records, cfg.concurrency_of(load), progress,
                                              cfg.timeout_s, on_done, stop_after_s))
 
-    async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes]
+    async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes], repeat: int = 0
                      ) -> tuple[list[RequestRecord], str | None, Progress]:
         c = self.config.concurrency_of(load)
-        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens) for i, r in enumerate(requests)]
+        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens, repeat=repeat) for i, r in enumerate(requests)]
         if self.config.save_text:
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
@@ -181,17 +184,35 @@ class Ladder:
                     rec.error = f"engine_dead: {dead}"  # never sent, or cut off: failed either way
         return records, dead, progress
 
-    async def run_rung(self, load: int | float) -> tuple[RungResult, list[RequestRecord], str | None]:
+    async def _start_scraper(self) -> Scraper | None:
+        if not self.config.metrics_interval_s:
+            return None
+        scraper = Scraper(lambda: self.ep.optional_text("/metrics"), self.config.metrics_interval_s, self.gpu)
+        await scraper.start()
+        return scraper
+
+    async def run_rung(self, load: int | float, repeat: int = 0) -> tuple[RungResult, list[RequestRecord], str | None]:
         cfg, work = self.config, self.work.rungs[load]
         c = cfg.concurrency_of(load)
         rate = load if cfg.open_loop else None
-        records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies)
-        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens) for i, r in enumerate(work.measured)]
+        records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies, repeat)
+        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens, repeat=repeat)
+                    for i, r in enumerate(work.measured)]
         progress = Progress(0.0)
+        server_metrics = None
         if dead is None:
             before = await self.ep.counters()
             audit_probe = AuditProbe(cfg.audit)
-            measured, dead, progress = await self._phase(load, "measured", work.measured, work.measured_bodies)
+            # NOTE: the series covers the measured phase alone: tick 0 before its first request, the closing
+            # sample after its last (ladder.scrape).
+            scraper = await self._start_scraper()
+            measured, dead, progress = await self._phase(load, "measured", work.measured, work.measured_bodies,
+                                                         repeat)
+            if scraper is not None:
+                series = await scraper.stop()
+                self.store.append_metrics(series, {"concurrency": c, "request_rate": rate, "repeat": repeat},
+                                          self.epoch)
+                server_metrics = scrape.summary(series)
             audit = audit_probe.stop(measured)
             spec = spec_acceptance(before, await self.ep.counters())
         # NOTE: with --max-duration, requests the clock cut off were never sent: not part of the rung.
@@ -211,7 +232,7 @@ class Ladder:
                 if cfg.open_loop else None)
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
-                      lateness=late), records, None
+                      lateness=late, server_metrics=server_metrics), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []
@@ -224,15 +245,25 @@ class Ladder:
             if dead is not None:
                 rungs.append(RungNotRun(c, f"engine_dead: {dead}", request_rate=rate))
             else:
-                rung, records, dead = await self.run_rung(load)
+                rung, dead = await self.run_repeats(load)
                 rungs.append(rung)
-                self.store.append_records(records, self.epoch, self._failure)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
             if (warning := self._input_len_warning(rungs[-1])) is not None:
                 self.warnings.append(warning)
                 self.display.note(f"warning: {warning}")
         return rungs, dead
+
+    async def run_repeats(self, load: int | float) -> tuple[RungResult, str | None]:
+        """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
+        done: list[RungOk] = []
+        for repeat in range(self.config.repeats):
+            rung, records, dead = await self.run_rung(load, repeat)
+            self.store.append_records(records, self.epoch, self._failure)
+            if not isinstance(rung, RungOk):
+                return rung, dead
+            done.append(rung)
+        return (repeats.combine(done) if len(done) > 1 else done[0]), None
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by

@@ -29,6 +29,8 @@ class RungRow:
     spec: dict | None
     peak_in_flight: int | None = None
     lateness: dict | None = None
+    server_metrics: dict | None = None
+    repeats: dict | None = None
 
     @property
     def load(self) -> float:
@@ -41,7 +43,8 @@ class RungRow:
                    errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
                    stats=row.get("stats") if row["status"] == "OK" else None,
                    audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
-                   lateness=row.get("lateness"))
+                   lateness=row.get("lateness"), server_metrics=row.get("server_metrics"),
+                   repeats=row.get("repeats"))
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,12 @@ Script keys (all optional):
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
+  slow_above        a load request that arrives to find more than this many load requests in flight
+                    (itself included) waits slow_ttft for its first chunk: a capacity cliff at a known c
+  preempt_at        load serials that count one vLLM preemption when they complete
+
+/metrics always exposes vllm:num_requests_running (the load requests in flight), vllm:num_requests_waiting
+(0) and the counter vllm:num_preemptions_total.
 """
 
 import argparse
@@ -57,6 +63,8 @@ class FakeServer:
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted = 0
+        self.running = 0  # load requests in flight
+        self.preemptions = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -107,9 +115,14 @@ class FakeServer:
         return True
 
     def metrics_text(self) -> str:
+        text = ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="m"}} {self.running}\n'
+                f'vllm:num_requests_waiting{{model_name="m"}} 0\n'
+                "# TYPE vllm:num_preemptions counter\n"
+                f'vllm:num_preemptions_total{{model_name="m"}} {self.preemptions}\n')
         if not self.s.get("spec_k"):
-            return "# HELP vllm:num_requests_running x\nvllm:num_requests_running 0\n"
-        return (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
+            return text
+        return text + (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
                 f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {self.draft_tokens}\n'
                 f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {self.accepted}\n')
 
@@ -129,6 +142,20 @@ class FakeServer:
         if max_tokens > 1:
             serial = self.num_load
             self.num_load += 1
+            self.running += 1
+            try:
+                return await self.complete_load(req, chat, writer, serial)
+            finally:
+                self.running -= 1
+                if serial in s.get("preempt_at", ()):
+                    self.preemptions += 1
+        return await self.complete_load(req, chat, writer, serial)
+
+    async def complete_load(self, req: dict, chat: bool, writer, serial: int | None) -> bool:
+        s = self.s
+        max_tokens = req.get("max_tokens") or req.get("max_completion_tokens") or 16
+        opts = req.get("stream_options") or {}
+        if serial is not None:
             if s.get("die_after") is not None and serial >= s["die_after"]:
                 mode = s.get("die_mode", "exit")
                 if mode == "exit":
@@ -186,7 +213,8 @@ class FakeServer:
 
         if chat and s.get("role_prelude", True):
             await emit(chunk("", 0, role=True))
-        await asyncio.sleep(s.get("slow_ttft", 0.0) if serial in s.get("slow_at", ()) else s.get("ttft", 0.0))
+        slow = serial in s.get("slow_at", ()) or (s.get("slow_above") is not None and self.running > s["slow_above"])
+        await asyncio.sleep(s.get("slow_ttft", 0.0) if slow else s.get("ttft", 0.0))
         k = s.get("tokens_per_chunk", 1)
         done = 0
         while done < max_tokens:
