@@ -191,9 +191,18 @@ def cli() -> None:
               help="Scrape the server's /metrics every this many seconds during each rung (0: never).")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
               help="Run each rung this many times: mean, 95% CI and CV per metric; a VOID repeat voids the rung.")
-def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
-        client_bound_lag_ms: float, **kw) -> int:
+def run(**kw) -> int:
     """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""
+    from ladder.display import Display
+    from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
+
+    config, explain = _run_config(**kw)
+    return run_ladder(config, Display(explain=explain))
+
+
+def _run_config(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
+                client_bound_lag_ms: float, **kw) -> tuple[RunConfig, bool]:
+    """The RunConfig of `ladder run`'s flags (and `ladder sweep`'s), and whether --explain was given."""
     if prompts_per_rung is not None and prompts_per_concurrency is not None:
         raise click.UsageError("give --prompts-per-rung or --prompts-per-concurrency, not both")
     if kw["concurrencies"] is not None and kw["request_rates"] is not None:
@@ -208,16 +217,41 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
     else:
         del kw["concurrencies"]
     explain = kw.pop("explain")
-    from ladder.display import Display
-    from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
-
     config = RunConfig(
         prompts_per_rung=prompts_per_rung,
         prompts_per_concurrency=prompts_per_concurrency or cfg.DEFAULT_PROMPTS_PER_CONCURRENCY,
         timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
         serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"),
         audit=AuditThresholds(max_cpu_pct=client_bound_cpu_pct, max_loop_lag_ms=client_bound_lag_ms), **kw)
-    return run_ladder(config, Display(explain=explain))
+    return config, explain
+
+
+def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, **kw) -> int:
+    from ladder.display import Display
+    from ladder.runner import run_ladder
+    from ladder.sweep import SweepSpec, check
+
+    spec = SweepSpec(max_c, max_rate, slo_attainment)
+    kw["request_rates"] = (1.0,) if spec.open_loop else None  # the search sets each point's load
+    config, explain = _run_config(concurrencies=None if spec.open_loop else (1,), **kw)
+    check(config, spec)
+    return run_ladder(config, Display(explain=explain), sweep=spec)
+
+
+sweep = click.Command(
+    "sweep", callback=_sweep,
+    help="Find the highest concurrency (--max-c) or request rate (--max-rate) meeting the --goodput SLOs: "
+         "double from 1 until a point fails, then bisect. Each point is a rung of `ladder run` (warmup, VOID "
+         "rules, --repeats); it passes when OK and at least --slo-attainment of its requests meet every SLO. "
+         "Exit 0 with an answer, 1 when even the first point failed, 3 when the engine died.",
+    params=[p for p in run.params if p.name not in ("concurrencies", "request_rates")] + [
+        click.Option(["--max-c"], type=click.IntRange(1), help="Closed loop: the highest concurrency tried."),
+        click.Option(["--max-rate"], type=click.FloatRange(0, min_open=True),
+                     help="Open loop: the highest request rate (req/s) tried."),
+        click.Option(["--slo-attainment"], type=click.FloatRange(0, 1, min_open=True), default=0.9,
+                     show_default=True, help="The share of a point's requests that must meet every SLO."),
+    ])
+cli.add_command(sweep)
 
 
 @cli.command()

@@ -12,6 +12,7 @@ the engine; the measured phase follows the rung's load.
 
 import asyncio
 import hashlib
+import json
 import signal
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -293,50 +294,94 @@ def default_out_dir(label: str) -> Path:
     return Path("runs") / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{label}"
 
 
+class Session:
+    """One command's target: the server (started when the ladder runs it), the endpoint every request
+    shares, the result store and the manifest, which the first point's workload fills."""
+
+    def __init__(self, config: RunConfig, store: RunStore, display: Display):
+        self.config, self.store, self.display = config, store, display
+        self.epoch = perf_counter()
+        self.base_url, self.serve_cmd = resolve_target(config)
+        self.server: ServerProcess | None = None
+        self.ep: Endpoint | None = None
+        self.info: dict | None = None
+        self.dead: str | None = None
+
+    async def __aenter__(self) -> "Session":
+        cfg = self.config
+        self.ep = await Endpoint(self.base_url, cfg.api_key, cfg.chat, cfg.headers, cfg.insecure).__aenter__()
+        try:
+            if self.serve_cmd:
+                self.display.note(f"starting: {self.serve_cmd}")
+                self.server = ServerProcess(self.serve_cmd, self.store.path("server.log"))
+                await self.server.wait_ready(self.ep, cfg.serve_timeout_s)
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            await self.ep.__aexit__()
+        finally:
+            if self.server is not None:
+                self.server.stop()
+
+    async def ladder(self, config: RunConfig) -> "Ladder":
+        """A Ladder over `config`'s loads, its workload prepared; the first one writes the manifest."""
+        work = await prepare(config, self.ep)
+        if self.info is None:
+            self.info = manifest(config, self.base_url, self.serve_cmd, work, self.epoch)
+        else:  # a sweep's later points add their rungs' prompt hashes
+            self.info["workload"]["rung_prompt_hashes"].update((str(k), w.prompt_hash) for k, w in work.rungs.items())
+        self.store.write_manifest(self.info)
+        return Ladder(config, self.ep, self.server, work, self.store, self.display, self.epoch)
+
+    def finish(self, code: int, extra: dict) -> None:
+        self.info.update(extra)
+        self.info["result"] = {"exit_code": code, "engine_dead": self.dead}
+        host.finish(self.info["host"])
+        self.store.write_manifest(self.info)
+
+
 async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
-    epoch = perf_counter()
-    base_url, serve_cmd = resolve_target(config)
-    server = None
-    try:
-        async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure) as ep:
-            if serve_cmd:
-                display.note(f"starting: {serve_cmd}")
-                server = ServerProcess(serve_cmd, store.path("server.log"))
-                await server.wait_ready(ep, config.serve_timeout_s)
-            work = await prepare(config, ep)
-            info = manifest(config, base_url, serve_cmd, work, epoch)
-            store.write_manifest(info)
-            loads = ",".join(f"{x:g}" for x in config.loads)
-            display.note(f"ladder {base_url} model={work.model} dataset={work.dataset['kind']} "
-                         f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
-            ladder = Ladder(config, ep, server, work, store, display, epoch)
-            display.start(len(config.loads))
-            rungs, dead = await ladder.run()
-            code = exit_code(rungs, dead)
-            info["workload"]["continuous_usage_stats"] = ladder.usage_seen
-            info["warnings"] = ladder.warnings
-            info["result"] = {"exit_code": code, "engine_dead": dead}
-            host.finish(info["host"])
-            store.write_manifest(info)
-            display.finish()
-            return code
-    finally:
-        if server is not None:
-            server.stop()
+    async with Session(config, store, display) as session:
+        ladder = await session.ladder(config)
+        loads = ",".join(f"{x:g}" for x in config.loads)
+        display.note(f"ladder {session.base_url} model={ladder.work.model} dataset={ladder.work.dataset['kind']} "
+                     f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
+        display.start(len(config.loads))
+        rungs, session.dead = await ladder.run()
+        code = exit_code(rungs, session.dead)
+        session.info["workload"]["continuous_usage_stats"] = ladder.usage_seen
+        session.finish(code, {"warnings": ladder.warnings})
+        display.finish()
+        return code
+
+
+async def _sweep(config: RunConfig, spec, store: RunStore, display: Display) -> int:
+    from ladder.sweep import run_sweep
+
+    async with Session(config, store, display) as session:
+        display.note(f"sweep {session.base_url} -> {store.dir}")
+        code = await run_sweep(config, spec, session, display)
+        session.finish(code, {"sweep": json.loads(store.path("sweep.json").read_text())})
+        return code
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds through _run's finally, which stops a server the ladder started
 
 
-def run_ladder(config: RunConfig, display: Display) -> int:
+def run_ladder(config: RunConfig, display: Display, sweep=None) -> int:
+    """`ladder run`, or `ladder sweep` with a SweepSpec."""
     store = RunStore(config.out_dir or default_out_dir(config.label))
     store.claim(config.overwrite)
     # NOTE: SIGTERM, and SIGINT too where a non-interactive shell started the ladder in the background
     # (it is then ignored), would otherwise end the ladder and leave its --serve-cmd server running.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return asyncio.run(_run(config, store, display))
+        return asyncio.run(_run(config, store, display) if sweep is None else _sweep(config, sweep, store, display))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -35,8 +35,8 @@ Script keys (all optional):
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
-  slow_above        a load request that arrives to find more than this many load requests in flight
-                    (itself included) waits slow_ttft for its first chunk: a capacity cliff at a known c
+  slow_above        once more than this many load requests are in flight at once, every load request waits
+                    slow_ttft for its first chunk until none is in flight: a capacity cliff at a known c
   preempt_at        load serials that count one vLLM preemption when they complete
 
 /metrics always exposes vllm:num_requests_running (the load requests in flight), vllm:num_requests_waiting
@@ -64,6 +64,7 @@ class FakeServer:
         self.draft_tokens = 0
         self.accepted = 0
         self.running = 0  # load requests in flight
+        self.overloaded = False  # slow_above: past the cliff until the server drains
         self.preemptions = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -143,10 +144,13 @@ class FakeServer:
             serial = self.num_load
             self.num_load += 1
             self.running += 1
+            if s.get("slow_above") is not None and self.running > s["slow_above"]:
+                self.overloaded = True
             try:
                 return await self.complete_load(req, chat, writer, serial)
             finally:
                 self.running -= 1
+                self.overloaded = self.overloaded and self.running > 0
                 if serial in s.get("preempt_at", ()):
                     self.preemptions += 1
         return await self.complete_load(req, chat, writer, serial)
@@ -213,7 +217,7 @@ class FakeServer:
 
         if chat and s.get("role_prelude", True):
             await emit(chunk("", 0, role=True))
-        slow = serial in s.get("slow_at", ()) or (s.get("slow_above") is not None and self.running > s["slow_above"])
+        slow = serial in s.get("slow_at", ()) or (serial is not None and self.overloaded)
         await asyncio.sleep(s.get("slow_ttft", 0.0) if slow else s.get("ttft", 0.0))
         k = s.get("tokens_per_chunk", 1)
         done = 0
