@@ -1,5 +1,6 @@
 """`ladder` command line: parses flags into a RunConfig and hands it to the runner."""
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -93,6 +94,18 @@ def _percentiles(ctx, param, value: str) -> tuple[float, ...]:
         out = ()
     if not out or not all(0 < p <= 100 for p in out):
         raise click.BadParameter(f"expected percentiles in (0, 100] like 50,90,99, got {value!r}")
+    return out
+
+
+def _json_object(ctx, param, value: str | None) -> dict:
+    if value is None:
+        return {}
+    try:
+        out = json.loads(value)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON ({e}): {value!r}") from None
+    if not isinstance(out, dict):
+        raise click.BadParameter(f"expected a JSON object like '{{\"min_p\": 0.1}}', got {value!r}")
     return out
 
 
@@ -191,6 +204,18 @@ def cli() -> None:
               help="Scrape the server's /metrics every this many seconds during each rung (0: never).")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
               help="Run each rung this many times: mean, 95% CI and CV per metric; a VOID repeat voids the rung.")
+@click.option("--range-ratio", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Random prompts: spread input and output lengths over L·(1±R), as vllm bench serve's "
+                   "--random-range-ratio.")
+@click.option("--length-dist", type=click.Choice(["uniform", "normal"]), default="uniform", show_default=True,
+              help="With --range-ratio: uniform over the range, or normal with sd R·L clipped to it.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="top_p on every request.")
+@click.option("--top-k", type=click.IntRange(-1), help="top_k on every request (-1: off, as vLLM).")
+@click.option("--request-seed", type=int, help="The sampling seed on every request (--seed seeds the prompts).")
+@click.option("--extra-body", callback=_json_object, metavar="JSON",
+              help="A JSON object merged into every request body, last, e.g. '{\"min_p\": 0.1}'.")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="Stream the answers (SSE); --no-stream asks for one JSON answer: TTFT and TPOT are n/a.")
 def run(**kw) -> int:
     """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""
     from ladder.display import Display
@@ -217,6 +242,8 @@ def _run_config(prompts_per_rung: int | None, prompts_per_concurrency: int | Non
     else:
         del kw["concurrencies"]
     explain = kw.pop("explain")
+    if not kw["stream"] and {"ttft", "tpot"} & set(kw["goodput"]):
+        raise click.UsageError("--no-stream has no TTFT or TPOT to hold to an SLO: use e2el")
     config = RunConfig(
         prompts_per_rung=prompts_per_rung,
         prompts_per_concurrency=prompts_per_concurrency or cfg.DEFAULT_PROMPTS_PER_CONCURRENCY,

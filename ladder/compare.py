@@ -43,7 +43,7 @@ def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mism
                              f"{', '.join(r.label for r in runs)}")
     pct = f"p{percentile:g}"
     for run in runs:
-        shown = {k for row in run.rungs.values() if row.stats for k in row.stats["ttft_ms"]["percentiles"]}
+        shown = {k for row in run.rungs.values() if row.stats for k in row.stats["e2e_ms"]["percentiles"]}
         if shown and pct not in shown:
             raise SetupError(f"run {run.label} has no {pct} (it recorded {', '.join(sorted(shown))}); "
                              f"pick one with --percentile")

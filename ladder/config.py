@@ -76,6 +76,19 @@ class RunConfig:
     audit: AuditThresholds = AuditThresholds()
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S  # 0: no /metrics series
     repeats: int = 1  # each rung run this many times
+    length_dist: str = "uniform"  # random prompts: how input and output lengths spread (ladder.lengths)
+    range_ratio: float = 0.0  # 0: every random request has exactly --input-len / --output-len
+    top_p: float | None = None  # sampling fields sent on every request (None: not sent)
+    top_k: int | None = None
+    request_seed: int | None = None
+    extra_body: dict = field(default_factory=dict)  # merged into every request body, last
+    stream: bool = True  # False: one JSON answer per request, TTFT n/a
+
+    @property
+    def body_extra(self) -> dict:
+        """The fields every request carries beyond the ladder's own: sampling, then --extra-body."""
+        sampling = {"top_p": self.top_p, "top_k": self.top_k, "seed": self.request_seed}
+        return {**{k: v for k, v in sampling.items() if v is not None}, **self.extra_body}
 
     @property
     def open_loop(self) -> bool:

@@ -116,7 +116,8 @@ class Display:
         self._failed += failed
         if not failed:
             self._tokens += output_tokens(rec)
-            self._ttfts.append(rec.chunk_times[0] - rec.t_send)
+            if rec.streamed:
+                self._ttfts.append(rec.chunk_times[0] - rec.t_send)
         if self._progress is not None:
             self._progress.update(self._task, advance=1, live=self.live())
         elif self.clock() - self._last_plain >= PLAIN_EVERY_S:

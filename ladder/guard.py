@@ -88,7 +88,7 @@ def _dataset(run: Run) -> str | None:
 
 def workload_differences(runs: Sequence[Run]) -> list[Difference]:
     out: list[Difference] = []
-    for key in ("seed", "input_len", "output_len", "sampling", "endpoint_kind"):
+    for key in ("seed", "input_len", "output_len", "length_dist", "sampling", "endpoint_kind"):
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
     out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
     out += _differs("load", runs, lambda r: "request rate" if "request_rate" in (r.workload.get("load") or {})

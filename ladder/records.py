@@ -29,6 +29,7 @@ class RequestRecord:
     token_ids: list[int] | None = None  # collected only when a list is given (ladder identity)
     finish_reason: str | None = None  # the last one the stream carried
     repeat: int = 0  # --repeats: which run of its rung (0-based)
+    streamed: bool = True  # False: --no-stream, one JSON answer; its one "chunk" is the answer's arrival
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

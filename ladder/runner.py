@@ -78,7 +78,10 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
             "seed": config.seed, "input_len": config.input_len if work.dataset["kind"] == "random" else None,
             "output_len": config.output_len,
             "sampling": {"temperature": config.temperature, "ignore_eos": config.eos_ignored,
-                         "max_tokens": config.output_len},
+                         "max_tokens": config.output_len, **config.body_extra,
+                         **({} if config.stream else {"stream": False})},
+            "length_dist": ({"kind": config.length_dist, "range_ratio": config.range_ratio}
+                            if config.range_ratio else None),
             "load": ({"request_rate": list(config.request_rates), "burstiness": config.burstiness,
                       "max_concurrency": config.max_concurrency} if config.open_loop
                      else {"concurrency": list(config.concurrencies)}),
@@ -161,7 +164,8 @@ class Ladder:
     async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes], repeat: int = 0
                      ) -> tuple[list[RequestRecord], str | None, Progress]:
         c = self.config.concurrency_of(load)
-        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens, repeat=repeat) for i, r in enumerate(requests)]
+        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens, repeat=repeat, streamed=self.config.stream)
+                   for i, r in enumerate(requests)]
         if self.config.save_text:
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
@@ -197,7 +201,7 @@ class Ladder:
         c = cfg.concurrency_of(load)
         rate = load if cfg.open_loop else None
         records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies, repeat)
-        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens, repeat=repeat)
+        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens, repeat=repeat, streamed=cfg.stream)
                     for i, r in enumerate(work.measured)]
         progress = Progress(0.0)
         server_metrics = None

@@ -38,6 +38,9 @@ Script keys (all optional):
   slow_above        once more than this many load requests are in flight at once, every load request waits
                     slow_ttft for its first chunk until none is in flight: a capacity cliff at a known c
   preempt_at        load serials that count one vLLM preemption when they complete
+  require           {field: value} every load request must carry, else 400 (checks what the client sends)
+
+A request with "stream": false gets one JSON answer with usage.
 
 /metrics always exposes vllm:num_requests_running (the load requests in flight), vllm:num_requests_waiting
 (0) and the counter vllm:num_preemptions_total.
@@ -172,6 +175,17 @@ class FakeServer:
             return True
         if serial in s.get("overload_at", ()):
             self.send_json(writer, 429, {"error": {"message": "too many requests", "type": "overloaded"}})
+            return True
+        missing = {k: v for k, v in s.get("require", {}).items() if req.get(k) != v}
+        if serial is not None and missing:
+            self.send_json(writer, 400, {"error": {"message": f"expected {missing}"}})
+            return True
+        if req.get("stream") is False:
+            await asyncio.sleep(s.get("ttft", 0.0))
+            content = "".join(TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p in range(max_tokens))
+            choice = {"message": {"role": "assistant", "content": content}} if chat else {"text": content}
+            self.send_json(writer, 200, {"choices": [{"index": 0, **choice, "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": max_tokens}})
             return True
         if s.get("plain_json"):
             self.send_json(writer, 200, {"choices": [{"message": {"content": "hi"}}]})
