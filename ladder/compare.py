@@ -126,6 +126,46 @@ def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
     return out + [""]
 
 
+# series -> (name, unit, decimals) as the report shows them
+SERVER_SERIES = {"running": ("running requests", "", 1), "waiting": ("waiting requests", "", 1),
+                 "kv_usage": ("KV cache usage", "fraction", 3), "preemptions": ("preemptions", "per interval", 1),
+                 "spec_acceptance_rate": ("spec acceptance rate", "per interval", 2),
+                 "spec_accept_length": ("spec acceptance length", "SGLang", 2),
+                 "prefix_cache_hit_rate": ("prefix-cache hit rate", "per interval", 2),
+                 "gpu_util_pct": ("GPU utilisation", "%", 0), "gpu_mem_used_mib": ("GPU memory used", "MiB", 0)}
+
+
+def _server_cell(run: Run, c: float) -> dict[str, str]:
+    row = run.rungs.get(c)
+    if row is None or row.server_metrics is None:
+        return {}
+    return {name: "n/a" if s is None else f"{s['mean']:,.{SERVER_SERIES[name][2]}f} / {s['peak']:,.{SERVER_SERIES[name][2]}f}"
+            for name, s in row.server_metrics["series"].items() if name in SERVER_SERIES}
+
+
+def _server_table(cmp: Comparison) -> list[str]:
+    """The server's /metrics series per rung: mean / peak over the measured phase; n/a where the server
+    does not expose the series."""
+    runs = cmp.runs
+    cells = {(r.label, c): _server_cell(r, c) for r in runs for c in concurrencies(runs)}
+    if not any(cells.values()):
+        return []
+    intervals = sorted({row.server_metrics["interval_s"] for r in runs for row in r.rungs.values()
+                        if row.server_metrics})
+    out = ["### Server metrics over the measured phase (mean / peak)", "",
+           f"Scraped from each server's /metrics every {', '.join(f'{i:g}' for i in intervals)} s; counters as "
+           "their increase per interval. n/a: the server does not expose it; - : not scraped.", "",
+           _row(["series", load_column(cmp.reference), *(r.label for r in runs)]),
+           _row(["---", "---:", *(["---:"] * len(runs))])]
+    for name, (title, unit, _) in SERVER_SERIES.items():
+        shown = [(c, [cells[(r.label, c)].get(name, "-") for r in runs]) for c in concurrencies(runs)]
+        if all(v in ("-", "n/a") for _, vs in shown for v in vs) and name.startswith("gpu_"):
+            continue  # no GPU series anywhere: not a row per rung of "-"
+        label = f"{title} ({unit})" if unit else title
+        out += [_row([label, f"{c:g}", *vs]) for c, vs in shown]
+    return out + [""]
+
+
 def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragraphs: Sequence[str] = ()) -> str:
     """The markdown report; plot_links are (caption, path relative to the report), paragraphs go on top."""
     notes = Footnotes()
@@ -150,6 +190,7 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
               "with their reasons.", ""]
     for group in GROUPS:
         lines += _group_table(cmp, group, notes)
+    lines += _server_table(cmp)
     if plot_links:
         lines += ["## Plots", "", f"Workload: {workload_caption(cmp.reference)}.", ""]
         lines += [f"![{caption}]({path})" for caption, path in plot_links] + [""]
