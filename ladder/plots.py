@@ -153,6 +153,8 @@ def server_metrics_plot(runs: Sequence[Run], caption: str, path: Path) -> Plot |
             # NOTE: a break between rungs (and repeats) rather than a line across the pause between them
             xs, ys, prev = [], [], None
             for s in rows:
+                if s.get("phase", "measured") != "measured":
+                    continue
                 key = (s.get("concurrency"), s.get("request_rate"), s.get("repeat"))
                 if prev is not None and key != prev:
                     xs.append(math.nan)

@@ -162,7 +162,9 @@ class Ladder:
                                              cfg.timeout_s, on_done, stop_after_s))
 
     async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes], repeat: int = 0
-                     ) -> tuple[list[RequestRecord], str | None, Progress]:
+                     ) -> tuple[list[RequestRecord], str | None, Progress, scrape.Series | None]:
+        """Run one phase; its /metrics series (tick 0 before its first request, the closing sample after
+        its last) goes to metrics.jsonl under the phase's rung, repeat and name."""
         c = self.config.concurrency_of(load)
         records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens, repeat=repeat, streamed=self.config.stream)
                    for i, r in enumerate(requests)]
@@ -178,16 +180,23 @@ class Ladder:
             return failed
 
         self.display.phase_start(f"rate={load:g}" if self.config.open_loop else f"c={load}", phase, len(bodies))
+        scraper = await self._start_scraper()
         task = self._launch(load, phase, bodies, records, progress, on_done)
         try:
             dead = await self._watch(task, progress)
         finally:
             self.display.phase_end()
+        series = None
+        if scraper is not None:
+            series = await scraper.stop()
+            rate = load if self.config.open_loop else None
+            self.store.append_metrics(series, {"concurrency": c, "request_rate": rate, "repeat": repeat,
+                                               "phase": phase}, self.epoch)
         if dead:
             for rec in records:
                 if not rec.done and rec.error is None:
                     rec.error = f"engine_dead: {dead}"  # never sent, or cut off: failed either way
-        return records, dead, progress
+        return records, dead, progress, series
 
     async def _start_scraper(self) -> Scraper | None:
         if not self.config.metrics_interval_s:
@@ -200,7 +209,7 @@ class Ladder:
         cfg, work = self.config, self.work.rungs[load]
         c = cfg.concurrency_of(load)
         rate = load if cfg.open_loop else None
-        records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies, repeat)
+        records, dead, _, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies, repeat)
         measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens, repeat=repeat, streamed=cfg.stream)
                     for i, r in enumerate(work.measured)]
         progress = Progress(0.0)
@@ -208,16 +217,10 @@ class Ladder:
         if dead is None:
             before = await self.ep.counters()
             audit_probe = AuditProbe(cfg.audit)
-            # NOTE: the series covers the measured phase alone: tick 0 before its first request, the closing
-            # sample after its last (ladder.scrape).
-            scraper = await self._start_scraper()
-            measured, dead, progress = await self._phase(load, "measured", work.measured, work.measured_bodies,
-                                                         repeat)
-            if scraper is not None:
-                series = await scraper.stop()
-                self.store.append_metrics(series, {"concurrency": c, "request_rate": rate, "repeat": repeat},
-                                          self.epoch)
-                server_metrics = scrape.summary(series)
+            measured, dead, progress, series = await self._phase(load, "measured", work.measured,
+                                                                 work.measured_bodies, repeat)
+            # NOTE: the rung's server metrics are its measured phase's, as its other numbers are
+            server_metrics = scrape.summary(series) if series is not None else None
             audit = audit_probe.stop(measured)
             spec = spec_acceptance(before, await self.ep.counters())
         # NOTE: with --max-duration, requests the clock cut off were never sent: not part of the rung.

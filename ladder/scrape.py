@@ -1,12 +1,13 @@
-"""Server metrics over time: /metrics scraped at a fixed interval while a rung's measured phase runs.
+"""Server metrics over time: /metrics scraped at a fixed interval while each phase of a rung runs.
 
 Tick k of a rung is due at t0 + k·interval (t0 = the phase start; tick 0 is taken before the first
 request is sent), and stop() takes one closing sample after the last request ended, so counters that moved
 during the phase are seen by its own series. A scrape that comes back after the next
 tick was due makes the scraper skip to the newest due tick and count the ones it jumped over, so that
 samples + skipped is the number of intervals the phase lasted, whatever the load, and no sample is ever
-taken at a time other than its own. The samples belong to their rung and repeat: scraping starts with the
-measured phase and stops with it, so neither the warmup nor the pause between rungs is in a rung's series.
+taken at a time other than its own. The samples belong to their phase, rung and repeat: each phase has its
+own series, started with it and stopped with it, so neither the warmup nor the pause between rungs is in
+the measured phase's series, from which a rung's summary comes.
 
 The series read vLLM's names, SGLang's where they differ, and refengine's (which are vLLM's). Counters
 become per-interval series (their increase since the previous sample); a series the server does not

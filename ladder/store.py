@@ -4,7 +4,7 @@
     <out>/requests.jsonl  one record per request: raw times (seconds since manifest.epoch) and its metrics
     <out>/rungs.json      one row per rung: OK with statistics, VOID with reason and errors, or NOT_RUN
     <out>/rungs.csv       the same rows, flattened (nested keys joined with "_")
-    <out>/metrics.jsonl   the server's /metrics over each rung's measured phase: one line per sample
+    <out>/metrics.jsonl   the server's /metrics over each phase of each rung: one line per sample
     <out>/server.log      the --serve-cmd output, when the ladder started the server
 """
 

@@ -6,8 +6,8 @@ import math
 
 from ladder_harness import fake_cmd, load_rungs
 
-HOLD_S = 1.0
-INTERVAL_S = 0.25
+HOLD_S = 0.6
+INTERVAL_S = 0.2
 
 
 def _samples(out) -> list[dict]:
@@ -16,15 +16,17 @@ def _samples(out) -> list[dict]:
 
 def test_metrics_series_has_one_sample_per_interval_and_belongs_to_its_rung(ladder):
     # serials: c=1 warmup 0, measured 1 2; c=2 warmup 3, measured 4 5. The warmups' preemptions must not
-    # show in their rungs' series, the measured one (4) must.
+    # show in their rungs' summaries, the measured one (4) must: tick 0 of the measured phase comes after the
+    # warmup ended, its closing sample after request 4 ended.
     script = {"ttft": HOLD_S, "preempt_at": [0, 3, 4]}
     code, out, err, run = ladder("--serve-cmd", fake_cmd(script, "{port}"), "--c", "1,2", "--prompts-per-rung", "2",
                                  "--warmup", "1", "--output-len", "3", "--metrics-interval", str(INTERVAL_S))
     assert code == 0, (out, err)
     rungs = load_rungs(run)
     samples = _samples(run)
+    assert {s["phase"] for s in samples} == {"warmup", "measured"}
     for rung in rungs:
-        mine = [s for s in samples if s["concurrency"] == rung["concurrency"]]
+        mine = [s for s in samples if s["concurrency"] == rung["concurrency"] and s["phase"] == "measured"]
         ticks = [s["tick"] for s in mine if s["tick"] is not None]
         summary = rung["server_metrics"]
         # one sample per interval: ticks taken + ticks skipped (a late scrape) = the intervals the phase lasted
