@@ -18,7 +18,7 @@ def test_metrics_series_has_one_sample_per_interval_and_belongs_to_its_rung(ladd
     # serials: c=1 warmup 0, measured 1 2; c=2 warmup 3, measured 4 5. The warmups' preemptions must not
     # show in their rungs' summaries, the measured one (4) must: tick 0 of the measured phase comes after the
     # warmup ended, its closing sample after request 4 ended.
-    script = {"ttft": HOLD_S, "preempt_at": [0, 3, 4]}
+    script = {"slow_at": list(range(6)), "slow_ttft": HOLD_S, "preempt_at": [0, 3, 4]}  # load requests held
     code, out, err, run = ladder("--serve-cmd", fake_cmd(script, "{port}"), "--c", "1,2", "--prompts-per-rung", "2",
                                  "--warmup", "1", "--output-len", "3", "--metrics-interval", str(INTERVAL_S))
     assert code == 0, (out, err)
