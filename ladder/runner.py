@@ -372,7 +372,11 @@ async def _sweep(config: RunConfig, spec, store: RunStore, display: Display) -> 
     async with Session(config, store, display) as session:
         display.note(f"sweep {session.base_url} -> {store.dir}")
         code = await run_sweep(config, spec, session, display)
-        session.finish(code, {"sweep": json.loads(store.path("sweep.json").read_text())})
+        sweep = json.loads(store.path("sweep.json").read_text())
+        tried = sorted(p["load"] for p in sweep["points"])
+        session.info["workload"]["load"] = ({**session.info["workload"]["load"], "request_rate": tried}
+                                            if config.open_loop else {"concurrency": tried})
+        session.finish(code, {"sweep": sweep})
         return code
 
 

@@ -1,12 +1,13 @@
 """ladder compare with this issue's additions: two builds of one engine are not like-for-like unless
 --same-build says so, the report names the builds, and it shows --repeats intervals and the server's
 /metrics series (table and plot over time)."""
+# ruff: noqa: F811 (the compare fixture is imported from test_ladder_compare and taken as a parameter)
 
 import json
 from dataclasses import replace
 
 from run_fixtures import REFENGINE, ok, write_run
-from test_ladder_compare import compare, rows  # noqa: F401 (the fixture)
+from test_ladder_compare import compare, rows  # noqa: F401
 
 from ladder.repeats import combine
 from refengine.version import build
