@@ -126,21 +126,25 @@ def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
     return out + [""]
 
 
-# series -> (name, unit, decimals) as the report shows them
-SERVER_SERIES = {"running": ("running requests", "", 1), "waiting": ("waiting requests", "", 1),
-                 "kv_usage": ("KV cache usage", "fraction", 3), "preemptions": ("preemptions", "per interval", 1),
-                 "spec_acceptance_rate": ("spec acceptance rate", "per interval", 2),
-                 "spec_accept_length": ("spec acceptance length", "SGLang", 2),
-                 "prefix_cache_hit_rate": ("prefix-cache hit rate", "per interval", 2),
-                 "gpu_util_pct": ("GPU utilisation", "%", 0), "gpu_mem_used_mib": ("GPU memory used", "MiB", 0)}
+# series -> (name, unit, decimals, scale) as the report shows them
+SERVER_SERIES = {"running": ("running requests", "", 1, 1), "waiting": ("waiting requests", "", 1, 1),
+                 "kv_usage": ("KV cache usage", "%", 2, 100), "preemptions": ("preemptions", "per interval", 1, 1),
+                 "spec_acceptance_rate": ("spec acceptance rate", "per interval", 2, 1),
+                 "spec_accept_length": ("spec acceptance length", "SGLang", 2, 1),
+                 "prefix_cache_hit_rate": ("prefix-cache hit rate", "per interval", 2, 1),
+                 "gpu_util_pct": ("GPU utilisation", "%", 0, 1), "gpu_mem_used_mib": ("GPU memory used", "MiB", 0, 1)}
 
 
 def _server_cell(run: Run, c: float) -> dict[str, str]:
     row = run.rungs.get(c)
     if row is None or row.server_metrics is None:
         return {}
-    return {name: "n/a" if s is None else f"{s['mean']:,.{SERVER_SERIES[name][2]}f} / {s['peak']:,.{SERVER_SERIES[name][2]}f}"
-            for name, s in row.server_metrics["series"].items() if name in SERVER_SERIES}
+    out = {}
+    for name, s in row.server_metrics["series"].items():
+        if name in SERVER_SERIES:
+            _, _, decimals, scale = SERVER_SERIES[name]
+            out[name] = "n/a" if s is None else f"{scale * s['mean']:,.{decimals}f} / {scale * s['peak']:,.{decimals}f}"
+    return out
 
 
 def _server_table(cmp: Comparison) -> list[str]:
@@ -157,7 +161,7 @@ def _server_table(cmp: Comparison) -> list[str]:
            "their increase per interval. n/a: the server does not expose it; - : not scraped.", "",
            _row(["series", load_column(cmp.reference), *(r.label for r in runs)]),
            _row(["---", "---:", *(["---:"] * len(runs))])]
-    for name, (title, unit, _) in SERVER_SERIES.items():
+    for name, (title, unit, _, _) in SERVER_SERIES.items():
         shown = [(c, [cells[(r.label, c)].get(name, "-") for r in runs]) for c in concurrencies(runs)]
         if all(v in ("-", "n/a") for _, vs in shown for v in vs) and name.startswith("gpu_"):
             continue  # no GPU series anywhere: not a row per rung of "-"

@@ -45,7 +45,7 @@ def test_server_metrics_are_tabulated_and_plotted(tmp_path, compare):
     plots = tmp_path / "plots"
     code, out, _ = compare(run, "--plots", plots)
     assert code == 0 and "### Server metrics over the measured phase (mean / peak)" in out
-    assert "| running requests | 1 | 1.5 / 2.0 |" in out and "| KV cache usage (fraction) | 1 | n/a |" in out
+    assert "| running requests | 1 | 1.5 / 2.0 |" in out and "| KV cache usage (%) | 1 | n/a |" in out
     assert "GPU" not in out  # no GPU series anywhere: no GPU rows
     assert (plots / "server_metrics.png").read_bytes()[:4] == b"\x89PNG" and "(server metrics over time)" not in out
     assert "![server metrics over time]" in out
