@@ -55,6 +55,9 @@ def check(config: RunConfig, spec: SweepSpec) -> None:
         raise SetupError("ladder sweep searches for the highest load meeting SLOs: give them with --goodput")
     if (spec.max_c is None) == (spec.max_rate is None):
         raise SetupError("give --max-c (closed loop) or --max-rate (open loop), one of them")
+    if spec.max_c is not None and config.prompts_per_rung is not None and config.prompts_per_rung < spec.max_c:
+        raise SetupError(f"--prompts-per-rung {config.prompts_per_rung} is below --max-c {spec.max_c}: a point above "
+                         f"it could never have c requests in flight; use --prompts-per-concurrency")
 
 
 def report(answer: float | None, spec: SweepSpec, config: RunConfig, rows: list[dict], stopped: str | None) -> str:
