@@ -6,8 +6,8 @@ import math
 
 from ladder_harness import fake_cmd, load_rungs
 
-HOLD_S = 0.6
-INTERVAL_S = 0.2
+HOLD_S = 0.5
+INTERVAL_S = 0.125  # 4 intervals per hold, exactly in binary
 
 
 def _samples(out) -> list[dict]:
@@ -33,8 +33,10 @@ def test_metrics_series_has_one_sample_per_interval_and_belongs_to_its_rung(ladd
         assert len(ticks) + summary["num_skipped"] == summary["num_ticks"]
         assert ticks == sorted(set(ticks)) and ticks[0] == 0
         assert abs(summary["num_ticks"] - (math.floor(summary["duration_s"] / INTERVAL_S) + 1)) <= 1
-        # the phase held its requests HOLD_S at least, so it lasted at least that many intervals
-        assert summary["num_ticks"] >= math.floor(HOLD_S / INTERVAL_S)
+        # the phase held its requests HOLD_S each (c = 1: two in turn; c = 2: two at once), so it lasted at
+        # least that many intervals, and had a tick for each
+        waves = 2 // rung["concurrency"]
+        assert summary["num_ticks"] >= waves * HOLD_S / INTERVAL_S
         assert [s["tick"] for s in mine].count(None) == 1  # the closing sample
         running = [s["values"]["running"] for s in mine]
         series = summary["series"]
