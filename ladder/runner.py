@@ -29,7 +29,6 @@ from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
 from ladder.own_version import build, own_version
 from ladder.records import RequestRecord, failure
 from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
-from ladder.scrape import Scraper
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
 from ladder.workload import Workload, prepare, with_nonce
@@ -198,10 +197,10 @@ class Ladder:
                     rec.error = f"engine_dead: {dead}"  # never sent, or cut off: failed either way
         return records, dead, progress, series
 
-    async def _start_scraper(self) -> Scraper | None:
+    async def _start_scraper(self) -> scrape.Scraper | None:
         if not self.config.metrics_interval_s:
             return None
-        scraper = Scraper(lambda: self.ep.optional_text("/metrics"), self.config.metrics_interval_s, self.gpu)
+        scraper = scrape.Scraper(lambda: self.ep.optional_text("/metrics"), self.config.metrics_interval_s, self.gpu)
         await scraper.start()
         return scraper
 

@@ -7,6 +7,7 @@ bisection; the result directory holds every point as a rung, and sweep.json the 
 """
 
 import json
+import math
 from dataclasses import dataclass, replace
 
 from ladder.config import EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
@@ -55,6 +56,8 @@ def check(config: RunConfig, spec: SweepSpec) -> None:
         raise SetupError("ladder sweep searches for the highest load meeting SLOs: give them with --goodput")
     if (spec.max_c is None) == (spec.max_rate is None):
         raise SetupError("give --max-c (closed loop) or --max-rate (open loop), one of them")
+    if spec.max_rate is not None and not math.isfinite(spec.max_rate):
+        raise SetupError(f"--max-rate must be a finite rate in req/s, got {spec.max_rate}")
     if spec.max_c is not None and config.prompts_per_rung is not None and config.prompts_per_rung < spec.max_c:
         raise SetupError(f"--prompts-per-rung {config.prompts_per_rung} is below --max-c {spec.max_c}: a point above "
                          f"it could never have c requests in flight; use --prompts-per-concurrency")
