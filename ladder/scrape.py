@@ -26,7 +26,9 @@ GAUGES = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
-    "prefix_cache_hit_rate": ("sglang:cache_hit_rate",),  # vLLM's is derived from its counters below
+    # vLLM's two are derived from its counters below; SGLang reports them as gauges
+    "prefix_cache_hit_rate": ("sglang:cache_hit_rate",),
+    "spec_acceptance_rate": ("sglang:spec_accept_rate",),
     "spec_accept_length": ("sglang:spec_accept_length",),
 }
 COUNTERS = {
@@ -100,8 +102,9 @@ def per_interval(samples: list[Sample]) -> dict[str, list[float]]:
         for name in ("running", "waiting", "kv_usage", "spec_accept_length", "gpu_util_pct", "gpu_mem_used_mib"):
             if name in cur.values:
                 out[name].append(cur.values[name])
-        if "prefix_cache_hit_rate" in cur.values:
-            out["prefix_cache_hit_rate"].append(cur.values["prefix_cache_hit_rate"])
+        for name in ("prefix_cache_hit_rate", "spec_acceptance_rate"):
+            if name in cur.values:
+                out[name].append(cur.values[name])
         if prev is None:
             continue
         delta = {k: cur.values[k] - prev.values[k] for k in COUNTERS if k in cur.values and k in prev.values}

@@ -46,3 +46,50 @@ def test_metrics_series_has_one_sample_per_interval_and_belongs_to_its_rung(ladd
         assert series["kv_usage"] is None and series["prefix_cache_hit_rate"] is None  # not exposed: n/a
     by_c = {r["concurrency"]: r["server_metrics"]["series"]["preemptions"] for r in rungs}
     assert by_c[1]["peak"] == 0 and by_c[2]["peak"] == 1
+
+
+VLLM = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} {running}
+vllm:num_requests_running{{engine="1",model_name="m"}} 1
+vllm:kv_cache_usage_perc{{model_name="m"}} 0.5
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{{model_name="m"}} {preempted}
+vllm:num_preemptions_created{{model_name="m"}} 1.7e9
+vllm:prefix_cache_queries_total{{model_name="m"}} {queries}
+vllm:prefix_cache_hits_total{{model_name="m"}} {hits}
+vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {drafted}
+vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {accepted}
+"""
+SGLANG = """sglang:num_running_reqs{model_name="m",tp_rank="0"} 3
+sglang:num_queue_reqs{model_name="m"} 2
+sglang:token_usage{model_name="m"} 0.25
+sglang:cache_hit_rate{model_name="m"} 0.5
+sglang:spec_accept_rate{model_name="m"} 0.55
+sglang:spec_accept_length{model_name="m"} 1.55
+"""
+
+
+def _summary(*texts: str) -> dict:
+    from ladder import scrape
+
+    samples = [scrape.Sample(i, float(i), scrape.reading(scrape.parse(t))) for i, t in enumerate(texts)]
+    return scrape.summary(scrape.Series(1.0, 0.0, 2.0, samples))["series"]
+
+
+def test_vllm_counters_become_per_interval_series_and_gauges_sum_over_engines():
+    series = _summary(VLLM.format(running=2, preempted=5, queries=100, hits=10, drafted=30, accepted=6),
+                      VLLM.format(running=4, preempted=7, queries=200, hits=90, drafted=60, accepted=30))
+    assert series["running"] == {"mean": 4.0, "peak": 5.0}  # two engines' gauges summed: 3, then 5
+    assert series["kv_usage"] == {"mean": 0.5, "peak": 0.5}
+    assert series["preemptions"] == {"mean": 2.0, "peak": 2.0}  # the increase, not the total
+    assert series["prefix_cache_hit_rate"] == {"mean": 0.8, "peak": 0.8}  # 80 hits of 100 queries
+    assert series["spec_acceptance_rate"] == {"mean": 0.8, "peak": 0.8}  # 24 of 30 drafts
+    assert series["waiting"] is None and series["spec_accept_length"] is None  # not exposed: n/a
+
+
+def test_sglang_names_and_a_server_without_metrics():
+    series = _summary(SGLANG)
+    assert series["running"]["peak"] == 3 and series["waiting"]["peak"] == 2 and series["kv_usage"]["peak"] == 0.25
+    assert series["prefix_cache_hit_rate"]["peak"] == 0.5 and series["spec_acceptance_rate"]["peak"] == 0.55
+    assert series["spec_accept_length"]["peak"] == 1.55 and series["preemptions"] is None
+    assert all(v is None for v in _summary("not a Prometheus text {", "").values())
