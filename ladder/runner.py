@@ -347,6 +347,11 @@ class Session:
         self.info.update(extra)
         self.info["result"] = {"exit_code": code, "engine_dead": self.dead}
         host.finish(self.info["host"])
+        if self.info["host"]["overloaded"]:  # recorded in the manifest's host; said once here
+            load = self.info["host"]["load_average"]
+            seen = ", ".join(f"{v['1m']:.1f} at the {k}" for k, v in load.items() if v)
+            self.display.note(f"warning: host overloaded: 1-minute load average {seen}, above its "
+                              f"{self.info['host']['cpu_count']} cores (host.overloaded in the manifest)")
         self.store.write_manifest(self.info)
 
 

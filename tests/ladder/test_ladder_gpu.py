@@ -1,4 +1,4 @@
-"""GPU facts without a GPU: the manifest's GPU list from nvidia-smi's CSV, and NVML readings sampled beside
+"""Host facts. GPU facts without a GPU: the manifest's GPU list from nvidia-smi's CSV, and NVML readings sampled beside
 /metrics only for a server on this host. CI has no GPU, so nvidia-smi is a script on PATH and NVML a
 module standing in for nvidia-ml-py: the one part a machine without a GPU cannot give."""
 
@@ -42,3 +42,17 @@ def test_nvml_series_only_for_a_local_server(fake_server, ladder, monkeypatch):
     assert code == 0, (out, err)
     series = load_rungs(run)[0]["server_metrics"]["series"]
     assert series["gpu_util_pct"] is None and series["gpu_mem_used_mib"] is None  # a remote server's GPUs are not ours
+
+
+def test_a_run_on_an_overloaded_host_says_so(fake_server, ladder, monkeypatch):
+    import json
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 32.0, 16.0))  # the one thing a test cannot make real
+    code, out, err, run = ladder("--base-url", fake_server(), "--c", "1", "--prompts-per-rung", "1", "--warmup", "0",
+                                 "--output-len", "3")
+    assert code == 0, (out, err)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["host"]["overloaded"] is True and manifest["host"]["load_average"]["end"]["1m"] == 64.0
+    assert "warning: host overloaded: 1-minute load average 64.0 at the start, 64.0 at the end" in out
+    assert manifest["code"]["commit"] and manifest["code"]["dirty"] in (True, False)
