@@ -1,5 +1,6 @@
 """`ladder` command line: parses flags into a RunConfig and hands it to the runner."""
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -97,6 +98,18 @@ def _percentiles(ctx, param, value: str) -> tuple[float, ...]:
     return out
 
 
+def _json_object(ctx, param, value: str | None) -> dict:
+    if value is None:
+        return {}
+    try:
+        out = json.loads(value)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON ({e}): {value!r}") from None
+    if not isinstance(out, dict):
+        raise click.BadParameter(f"expected a JSON object like '{{\"min_p\": 0.1}}', got {value!r}")
+    return out
+
+
 def _version(ctx, param, value: bool) -> None:
     if value and not ctx.resilient_parsing:
         click.echo(f"ladder {own_version()}")
@@ -189,9 +202,35 @@ def cli() -> None:
               help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION.")
 @click.option("--client-bound-lag-ms", type=click.FloatRange(0), default=DEFAULT_MAX_LOOP_LAG_MS,
               show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all.")
-def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
-        client_bound_lag_ms: float, **kw) -> int:
+@click.option("--metrics-interval", "metrics_interval_s", type=click.FloatRange(0),
+              default=cfg.DEFAULT_METRICS_INTERVAL_S, show_default=True,
+              help="Scrape the server's /metrics every this many seconds during each rung (0: never).")
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
+              help="Run each rung this many times: mean, 95% CI and CV per metric; a VOID repeat voids the rung.")
+@click.option("--range-ratio", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Random prompts: spread input and output lengths over L·(1±R), as vllm bench serve's "
+                   "--random-range-ratio.")
+@click.option("--length-dist", type=click.Choice(["uniform", "normal"]), default="uniform", show_default=True,
+              help="With --range-ratio: uniform over the range, or normal with sd R·L clipped to it.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="top_p on every request.")
+@click.option("--top-k", type=click.IntRange(-1), help="top_k on every request (-1: off, as vLLM).")
+@click.option("--request-seed", type=int, help="The sampling seed on every request (--seed seeds the prompts).")
+@click.option("--extra-body", callback=_json_object, metavar="JSON",
+              help="A JSON object merged into every request body, last, e.g. '{\"min_p\": 0.1}'.")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="Stream the answers (SSE); --no-stream asks for one JSON answer: TTFT and TPOT are n/a.")
+def run(**kw) -> int:
     """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""
+    from ladder.display import Display
+    from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
+
+    config, explain = _run_config(**kw)
+    return run_ladder(config, Display(explain=explain, percentiles=config.percentiles))
+
+
+def _run_config(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
+                client_bound_lag_ms: float, **kw) -> tuple[RunConfig, bool]:
+    """The RunConfig of `ladder run`'s flags (and `ladder sweep`'s), and whether --explain was given."""
     if prompts_per_rung is not None and prompts_per_concurrency is not None:
         raise click.UsageError("give --prompts-per-rung or --prompts-per-concurrency, not both")
     if kw["concurrencies"] is not None and kw["request_rates"] is not None:
@@ -209,16 +248,43 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
         source = click.get_current_context().get_parameter_source("api_key")
         kw["api_key_source"] = "OPENAI_API_KEY" if source is click.core.ParameterSource.ENVIRONMENT else "--api-key"
     explain = kw.pop("explain")
-    from ladder.display import Display
-    from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
-
+    if not kw["stream"] and {"ttft", "tpot"} & set(kw["goodput"]):
+        raise click.UsageError("--no-stream has no TTFT or TPOT to hold to an SLO: use e2el")
     config = RunConfig(
         prompts_per_rung=prompts_per_rung,
         prompts_per_concurrency=prompts_per_concurrency or cfg.DEFAULT_PROMPTS_PER_CONCURRENCY,
         timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
         serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"),
         audit=AuditThresholds(max_cpu_pct=client_bound_cpu_pct, max_loop_lag_ms=client_bound_lag_ms), **kw)
-    return run_ladder(config, Display(explain=explain, percentiles=config.percentiles))
+    return config, explain
+
+
+def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, **kw) -> int:
+    from ladder.display import Display
+    from ladder.runner import run_ladder
+    from ladder.sweep import SweepSpec, check
+
+    spec = SweepSpec(max_c, max_rate, slo_attainment)
+    kw["request_rates"] = (1.0,) if spec.open_loop else None  # the search sets each point's load
+    config, explain = _run_config(concurrencies=None if spec.open_loop else (1,), **kw)
+    check(config, spec)
+    return run_ladder(config, Display(explain=explain, percentiles=config.percentiles), sweep=spec)
+
+
+sweep = click.Command(
+    "sweep", callback=_sweep,
+    help="Find the highest concurrency (--max-c) or request rate (--max-rate) meeting the --goodput SLOs: "
+         "double from 1 until a point fails, then bisect. Each point is a rung of `ladder run` (warmup, VOID "
+         "rules, --repeats); it passes when OK and at least --slo-attainment of its requests meet every SLO. "
+         "Exit 0 with an answer, 1 when even the first point failed, 3 when the engine died.",
+    params=[p for p in run.params if p.name not in ("concurrencies", "request_rates")] + [
+        click.Option(["--max-c"], type=click.IntRange(1), help="Closed loop: the highest concurrency tried."),
+        click.Option(["--max-rate"], type=click.FloatRange(0, min_open=True),
+                     help="Open loop: the highest request rate (req/s) tried."),
+        click.Option(["--slo-attainment"], type=click.FloatRange(0, 1, min_open=True), default=0.9,
+                     show_default=True, help="The share of a point's requests that must meet every SLO."),
+    ])
+cli.add_command(sweep)
 
 
 @cli.command()
@@ -233,8 +299,10 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
 @click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=50.0, show_default=True,
               help="The latency percentile the tables and plots show (one the runs recorded).")
 @click.option("--note", "notes", multiple=True, help="A paragraph for the top of the report; repeatable.")
+@click.option("--same-build", is_flag=True,
+              help="Treat runs whose engine_version (build and commit) differs as like-for-like.")
 def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, baseline: str | None,
-            allow_mismatch: bool, percentile: float, notes: tuple[str, ...]) -> int:
+            allow_mismatch: bool, percentile: float, notes: tuple[str, ...], same_build: bool) -> int:
     """Put runs side by side: one table per metric group, rows = rungs, columns = runs.
 
     \b
@@ -244,7 +312,7 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
     from ladder import compare as cmp
     from ladder.runs import load_runs
 
-    comparison = cmp.prepare(load_runs(run_dirs), baseline, percentile, allow_mismatch)
+    comparison = cmp.prepare(load_runs(run_dirs), baseline, percentile, allow_mismatch, same_build)
     links = []
     if plots is not None:
         from ladder.plots import write_plots

@@ -42,20 +42,24 @@ Messages = Sequence[tuple[str, str]]  # (role, content)
 
 
 def request_body(prompt: str | Messages, *, model: str, chat: bool, max_tokens: int, temperature: float,
-                 continuous_usage: bool, ignore_eos: bool = True) -> bytes:
+                 continuous_usage: bool, ignore_eos: bool = True, stream: bool = True,
+                 extra: dict | None = None) -> bytes:
     """The JSON body, serialised once before any clock starts. A str prompt is one user message; the
-    completions endpoint gets the messages' contents joined by newlines."""
+    completions endpoint gets the messages' contents joined by newlines. `extra` (sampling fields,
+    --extra-body) is merged in last, so it can override any field."""
     messages = [("user", prompt)] if isinstance(prompt, str) else list(prompt)
-    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-                  "stream_options": {"include_usage": True}}
+    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+        if continuous_usage:
+            body["stream_options"]["continuous_usage_stats"] = True
     if ignore_eos:
         body["ignore_eos"] = True
-    if continuous_usage:
-        body["stream_options"]["continuous_usage_stats"] = True
     if chat:
         body["messages"] = [{"role": role, "content": content} for role, content in messages]
     else:
         body["prompt"] = "\n".join(content for _, content in messages)
+    body.update(extra or {})
     return json.dumps(body).encode()
 
 
@@ -115,6 +119,20 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         rec.error = rec.error or f"stream_error: {err.get('message', err) if isinstance(err, dict) else err}"
 
 
+def _on_answer(rec: RequestRecord, obj: dict, now: float, chat: bool) -> None:
+    """A non-streaming answer: one JSON body, taken as one chunk arriving when it was read."""
+    usage = obj.get("usage") or {}
+    rec.completion_tokens, rec.prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    choice = (obj.get("choices") or [{}])[0]
+    text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+    rec.finish_reason = choice.get("finish_reason")
+    rec.done = True
+    if text or rec.completion_tokens:
+        rec.chunk_times.append(now)
+    if rec.output_text is not None:
+        rec.output_text += text or ""
+
+
 async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Progress, timeout_s: float) -> None:
     """Send one request and record what comes back. Never raises except on cancellation."""
     chat = target.chat
@@ -132,6 +150,9 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
                     rec.error = f"{kind}: HTTP {resp.status}: {text[:160]}"
                     return
                 ctype = resp.headers.get("Content-Type", "")
+                if not rec.streamed:
+                    _on_answer(rec, await resp.json(content_type=None), perf_counter(), chat)
+                    return
                 if not ctype.startswith("text/event-stream"):
                     body = (await resp.text(errors="replace")).strip().replace("\n", " ")
                     rec.error = (f"not_streaming: the server answered stream: true with {ctype or 'no content type'}, "

@@ -21,6 +21,7 @@ DEFAULT_STALL_TIMEOUT_S = 60.0  # no new chunk from any in-flight request for th
 DEFAULT_SERVE_TIMEOUT_S = 600.0  # --serve-cmd: time allowed for loading weights before /v1/models answers
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 DEFAULT_SEED = 0  # vllm bench serve --seed
+DEFAULT_METRICS_INTERVAL_S = 1.0  # /metrics scrape interval while a rung runs
 DEFAULT_TEMPERATURE = 0.0  # greedy: the acceptance rate of a speculator is then a property of the engine
 INF_RATE_LOAD = max(DEFAULT_CONCURRENCIES)  # --request-rate inf counts as this load when sizing its rung
 EMBEDDED_SERVE_CMD = "{refengine} serve --model smollm2 --port {port}"
@@ -75,6 +76,21 @@ class RunConfig:
     allow_chunk_count: bool = False
     save_text: bool = False  # prompt and output of every request in requests.jsonl
     audit: AuditThresholds = AuditThresholds()
+    metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S  # 0: no /metrics series
+    repeats: int = 1  # each rung run this many times
+    length_dist: str = "uniform"  # random prompts: how input and output lengths spread (ladder.lengths)
+    range_ratio: float = 0.0  # 0: every random request has exactly --input-len / --output-len
+    top_p: float | None = None  # sampling fields sent on every request (None: not sent)
+    top_k: int | None = None
+    request_seed: int | None = None
+    extra_body: dict = field(default_factory=dict)  # merged into every request body, last
+    stream: bool = True  # False: one JSON answer per request, TTFT n/a
+
+    @property
+    def body_extra(self) -> dict:
+        """The fields every request carries beyond the ladder's own: sampling, then --extra-body."""
+        sampling = {"top_p": self.top_p, "top_k": self.top_k, "seed": self.request_seed}
+        return {**{k: v for k, v in sampling.items() if v is not None}, **self.extra_body}
 
     @property
     def open_loop(self) -> bool:

@@ -49,6 +49,14 @@ def rung_line(rung: RungResult) -> str:
             parts.append(f"accept len {rung.spec.acceptance_length:.2f}")
         if rung.num_unsent:
             parts.append(f"{rung.num_unsent} unsent (--max-duration)")
+        running = ((rung.server_metrics or {}).get("series") or {}).get("running")
+        if running:
+            parts.append(f"server running mean {running['mean']:.1f} peak {running['peak']:g}")
+        if rung.repeats:
+            out = rung.repeats["metrics"].get("output_throughput") or {}
+            spread = f" ± {out['half_width']:.1f}" if out.get("half_width") is not None else ""
+            cv = f", CV {100 * out['cv']:.1f}%" if out.get("cv") is not None else ""
+            parts.append(f"{rung.repeats['n']} repeats: out {out.get('mean', 0):.1f}{spread} tok/s (95% CI{cv})")
         notes = {rung.audit.flag: f"({rung.audit.criterion})",
                  "BELOW_C": f"(peak {rung.peak_in_flight} in flight < c={rung.concurrency})"}
         if rung.lateness is not None:
@@ -118,7 +126,8 @@ class Display:
         self._failed += failed
         if not failed:
             self._tokens += output_tokens(rec)
-            self._ttfts.append(rec.chunk_times[0] - rec.t_send)
+            if rec.streamed:
+                self._ttfts.append(rec.chunk_times[0] - rec.t_send)
         if self._progress is not None:
             self._progress.update(self._task, advance=1, live=self.live())
         elif self.clock() - self._last_plain >= PLAIN_EVERY_S:

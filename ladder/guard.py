@@ -41,11 +41,14 @@ def _differs(key: str, runs: Sequence[Run], get: Callable[[Run], object], note: 
     return [Difference(key, tuple((r.label, _show(v)) for r, v in zip(runs, values)), note)]
 
 
-def engine_differences(runs: Sequence[Run]) -> list[Difference]:
+def engine_differences(runs: Sequence[Run], same_build: bool = False) -> list[Difference]:
     """Every engine key on which the runs disagree. An unknown value never counts as equal to a known one,
-    and a key no run knows is reported by `unverified_engine_keys` instead."""
+    and a key no run knows is reported by `unverified_engine_keys` instead. Two builds of one engine differ
+    in engine_version (its commit included) unless the caller asserts they run alike (same_build)."""
     out: list[Difference] = []
     for key in ENGINE_KEYS:
+        if same_build and key == "engine_version":
+            continue
         out += _differs(key, runs, lambda r, k=key: r.engine.get(k))
     return out
 
@@ -85,7 +88,7 @@ def _dataset(run: Run) -> str | None:
 
 def workload_differences(runs: Sequence[Run]) -> list[Difference]:
     out: list[Difference] = []
-    for key in ("seed", "input_len", "output_len", "sampling", "endpoint_kind"):
+    for key in ("seed", "input_len", "output_len", "length_dist", "sampling", "endpoint_kind"):
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
     out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
     out += _differs("goodput SLOs", runs, lambda r: r.slos, "goodput counts the requests meeting them")

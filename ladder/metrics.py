@@ -16,7 +16,8 @@ import numpy as np
 from ladder.records import RequestRecord, output_tokens
 
 DEFINITIONS = {
-    "ttft_ms": "t_1 - t_send; t_1 = first chunk carrying content, reasoning or tool calls, never a role-only prelude",
+    "ttft_ms": "t_1 - t_send; t_1 = first chunk carrying content, reasoning or tool calls, never a role-only prelude "
+               "(n/a without streaming: the whole answer comes at once)",
     "e2e_ms": "t_L - t_send; t_L = last token-bearing chunk (the usage chunk and [DONE] excluded)",
     "tpot_ms": "(E2E - TTFT) / (N - 1) per request; N = usage.completion_tokens",
     "chunk_gap_ms": "t_i - t_(i-1) between token-bearing chunks, pooled over requests (vLLM's 'ITL')",
@@ -52,7 +53,7 @@ class LengthStats:
 
 @dataclass(frozen=True)
 class RequestMetrics:
-    ttft: float
+    ttft: float | None  # None without streaming
     e2e: float
     tpot: float | None  # None when N < 2
     output_tokens: int
@@ -71,7 +72,7 @@ class RungStats:
     per_user_tok_s: float | None
     input_tokens: LengthStats | None
     output_tokens: LengthStats
-    ttft_ms: Summary
+    ttft_ms: Summary | None  # None without streaming
     e2e_ms: Summary
     tpot_ms: Summary | None
     chunk_gap_ms: Summary | None  # None when every request came in one chunk
@@ -107,11 +108,12 @@ def token_itls(chunk_times: Sequence[float], chunk_usage: Sequence[int]) -> list
 def request_metrics(rec: RequestRecord) -> RequestMetrics:
     times = rec.chunk_times
     n = output_tokens(rec)
-    ttft = times[0] - rec.t_send
     e2e = times[-1] - rec.t_send
     has_usage = len(rec.chunk_usage) == len(times)
+    # NOTE: without streaming the first token's arrival is not observable: TTFT and TPOT are n/a, not E2E.
+    ttft = times[0] - rec.t_send if rec.streamed else None
     return RequestMetrics(
-        ttft=ttft, e2e=e2e, tpot=(e2e - ttft) / (n - 1) if n > 1 else None, output_tokens=n,
+        ttft=ttft, e2e=e2e, tpot=(e2e - ttft) / (n - 1) if n > 1 and ttft is not None else None, output_tokens=n,
         tokens_per_chunk=n / len(times), chunk_gaps=[b - a for a, b in pairwise(times)],
         token_itls=token_itls(times, rec.chunk_usage) if has_usage else None)
 
@@ -134,7 +136,7 @@ def request_fields(rec: RequestRecord | None) -> dict:
     if rec is None:
         return {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "itl_ms": None, "output_tokens": None}
     m = request_metrics(rec)
-    return {"ttft_ms": 1e3 * m.ttft, "tpot_ms": 1e3 * m.tpot if m.tpot is not None else None,
+    return {"ttft_ms": 1e3 * m.ttft if m.ttft is not None else None, "tpot_ms": 1e3 * m.tpot if m.tpot is not None else None,
             "e2e_ms": 1e3 * m.e2e, "itl_ms": [1e3 * g for g in m.chunk_gaps], "output_tokens": m.output_tokens}
 
 
@@ -168,7 +170,7 @@ def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float],
         per_user_tok_s=_per_user(tpots),
         input_tokens=LengthStats(min(prompts), sum(prompts) / len(prompts), max(prompts)) if have_prompts else None,
         output_tokens=LengthStats(min(n_out), sum(n_out) / len(n_out), max(n_out)),
-        ttft_ms=ms([m.ttft for m in per]), e2e_ms=ms([m.e2e for m in per]), tpot_ms=ms(tpots),
+        ttft_ms=ms([m.ttft for m in per if m.ttft is not None]), e2e_ms=ms([m.e2e for m in per]), tpot_ms=ms(tpots),
         chunk_gap_ms=ms(gaps), itl_token_ms=ms(itls) if have_itls else None,
         tokens_per_chunk=summarize([m.tokens_per_chunk for m in per], percentiles),
         goodput=good / window if slos_ms else None, goodput_fraction=good / len(per) if slos_ms else None)

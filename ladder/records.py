@@ -30,6 +30,8 @@ class RequestRecord:
     silent_positions: list[int] | None = None  # ladder identity: positions of ids whose chunk had no text
     finish_reason: str | None = None  # the last one the stream carried
     request_rate: float | None = None  # the open-loop rung's rate (req/s)
+    repeat: int = 0  # --repeats: which run of its rung (0-based)
+    streamed: bool = True  # False: --no-stream, one JSON answer; its one "chunk" is the answer's arrival
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

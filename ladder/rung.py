@@ -33,6 +33,8 @@ class RungOk:
     num_unsent: int = 0  # measured requests --max-duration cut off before they were sent
     peak_in_flight: int = 0  # the most measured requests in flight at once
     lateness: Lateness | None = None  # open loop: requests sent after they were due
+    server_metrics: dict | None = None  # /metrics over the measured phase: mean and peak per series
+    repeats: dict | None = None  # --repeats: n, and each metric's mean, 95% CI and CV over the repeats
 
     status = "OK"
 

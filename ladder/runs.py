@@ -30,6 +30,8 @@ class RungRow:
     peak_in_flight: int | None = None
     lateness: dict | None = None
     num_measured: int | None = None  # OK rows: the measured requests sent
+    server_metrics: dict | None = None
+    repeats: dict | None = None
 
     @property
     def load(self) -> float:
@@ -42,7 +44,8 @@ class RungRow:
                    errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
                    stats=row.get("stats") if row["status"] == "OK" else None,
                    audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
-                   lateness=row.get("lateness"), num_measured=row.get("num_measured"))
+                   lateness=row.get("lateness"), num_measured=row.get("num_measured"),
+                   server_metrics=row.get("server_metrics"), repeats=row.get("repeats"))
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Run:
     definitions: dict[str, str]
     flags: dict  # the run's RunConfig as recorded
     rungs: dict[float, RungRow]  # by load (concurrency, or request rate in open loop), in ladder order
+    code: dict | None = None  # the ladder's build: version, commit, dirty (manifests before it have none)
+    host: dict | None = None
     interrupted: bool = False  # stopped by SIGINT or SIGTERM before its last rung
 
     @property
@@ -83,7 +88,8 @@ def load_run(path: Path, label: str | None = None) -> Run:
                workload=manifest.get("workload") or {}, definitions=manifest.get("definitions") or {},
                flags=manifest.get("flags") or {},
                rungs={r.load: r for r in map(RungRow.from_dict, rows)},
-               interrupted=bool((manifest.get("result") or {}).get("interrupted")))
+               interrupted=bool((manifest.get("result") or {}).get("interrupted")),
+               code=manifest.get("code"), host=manifest.get("host"))
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:

@@ -20,6 +20,7 @@ from ladder import datasets, engine_info, prompts
 from ladder.client import Messages, request_body
 from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, SetupError
 from ladder.endpoint import Endpoint
+from ladder.lengths import LengthDist
 from ladder.records import RequestRecord, probe_failure
 
 # Probes that might not fit the server's max_model_len are fitted from one short probe of this many words,
@@ -124,7 +125,8 @@ class Builder:
     def body(self, req: Request) -> bytes:
         return request_body(with_nonce(req.messages, self.nonce), model=self.model, chat=self.config.chat,
                             max_tokens=req.max_tokens, temperature=self.config.temperature,
-                            continuous_usage=self.continuous, ignore_eos=self.config.eos_ignored)
+                            continuous_usage=self.continuous, ignore_eos=self.config.eos_ignored,
+                            stream=self.config.stream, extra=self.config.body_extra)
 
 
 async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
@@ -212,6 +214,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
                 await _check_tokenizer(tok, config.tokenizer, probe, rng, words, first)
                 raise SetupError(f"--input-len {input_len} is below the server's prompt overhead of {overhead} tokens")
             sizer = prompts.tokenizer_sizer(tok, input_len - overhead)
+            size_for = lambda n: prompts.tokenizer_sizer(tok, max(1, n - overhead))  # noqa: E731
             sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer), "overhead_tokens": overhead}
         else:
             if first.prompt_tokens is None:
@@ -221,14 +224,24 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             cal = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
             num_words = cal.words_for(input_len)
             sizer = prompts.calibrated_sizer(num_words)
+            size_for = lambda n: prompts.calibrated_sizer(max(1, cal.words_for(n)))  # noqa: E731
             sizing = {"method": "probe", "words": num_words, **asdict(cal)}
         if probe_fit is not None:
             sizing["probe_fit"] = probe_fit  # the probes were shrunk to fit the server's max_model_len
         output_len = config.output_len or DEFAULT_OUTPUT_LEN
 
-        phases = {(load, phase): [Request((("user", t),), output_len)
-                                  for t in prompts.rung_prompts(config.seed, load, phase, count, sizer)]
-                  for load, phase, count in plan}
+        dist = LengthDist(config.length_dist, config.range_ratio)
+
+        def requests(load: int | float, phase: str, count: int) -> list[Request]:
+            if not config.range_ratio:
+                texts = prompts.rung_prompts(config.seed, load, phase, count, sizer)
+                return [Request((("user", t),), output_len) for t in texts]
+            rng = random.Random(f"ladder-lengths:{config.seed}:{load}:{phase}")
+            lengths = [(dist.draw(rng, input_len, 1), dist.draw(rng, output_len, 2)) for _ in range(count)]
+            text_rng = random.Random(f"ladder:{config.seed}:{load}:{phase}")
+            return [Request((("user", size_for(n_in)(text_rng)),), n_out) for n_in, n_out in lengths]
+
+        phases = {(load, phase): requests(load, phase, count) for load, phase, count in plan}
     else:
         hands, dataset_info["num_reused"] = deal(pool, config.seed, [count for _, _, count in plan])
         phases = {(load, phase): [Request(r.messages, r.output_len) for r in hand]

@@ -41,6 +41,15 @@ Script keys (all optional):
                     "the server is shutting down"
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
+  slow_above        once more than this many load requests are in flight at once, every load request waits
+                    slow_ttft for its first chunk until none is in flight: a capacity cliff at a known c
+  preempt_at        load serials that count one vLLM preemption when they complete
+  require           {field: value} every load request must carry, else 400 (checks what the client sends)
+
+A request with "stream": false gets one JSON answer with usage.
+
+/metrics always exposes vllm:num_requests_running (the load requests in flight), vllm:num_requests_waiting
+(0) and the counter vllm:num_preemptions_total.
 """
 
 import argparse
@@ -64,6 +73,9 @@ class FakeServer:
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted = 0
+        self.running = 0  # load requests in flight
+        self.overloaded = False  # slow_above: past the cliff until the server drains
+        self.preemptions = 0
         self.iterations = 0
         self.draining = False
         self.tokenizer = None
@@ -124,13 +136,18 @@ class FakeServer:
         return True
 
     def metrics_text(self) -> str:
+        text = ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="m"}} {self.running}\n'
+                f'vllm:num_requests_waiting{{model_name="m"}} 0\n'
+                "# TYPE vllm:num_preemptions counter\n"
+                f'vllm:num_preemptions_total{{model_name="m"}} {self.preemptions}\n')
         if self.s.get("busy_metrics"):  # the engine iterates (time-based), until a stall freezes it
             if not self.stalled.is_set():
                 self.iterations = int(time.monotonic() * 100)
-            return f"vllm:iteration_tokens_total_count {self.iterations}\n"
+            text += f"vllm:iteration_tokens_total_count {self.iterations}\n"
         if not self.s.get("spec_k"):
-            return "# HELP vllm:num_requests_running x\nvllm:num_requests_running 0\n"
-        return (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
+            return text
+        return text + (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
                 f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {self.draft_tokens}\n'
                 f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {self.accepted}\n')
 
@@ -150,6 +167,23 @@ class FakeServer:
         if max_tokens > 1:
             serial = self.num_load
             self.num_load += 1
+            self.running += 1
+            if s.get("slow_above") is not None and self.running > s["slow_above"]:
+                self.overloaded = True
+            try:
+                return await self.complete_load(req, chat, writer, serial)
+            finally:
+                self.running -= 1
+                self.overloaded = self.overloaded and self.running > 0
+                if serial in s.get("preempt_at", ()):
+                    self.preemptions += 1
+        return await self.complete_load(req, chat, writer, serial)
+
+    async def complete_load(self, req: dict, chat: bool, writer, serial: int | None) -> bool:
+        s = self.s
+        max_tokens = req.get("max_tokens") or req.get("max_completion_tokens") or 16
+        opts = req.get("stream_options") or {}
+        if serial is not None:
             if s.get("die_after") is not None and serial >= s["die_after"]:
                 mode = s.get("die_mode", "exit")
                 if mode == "exit":
@@ -168,6 +202,17 @@ class FakeServer:
             return True
         if serial in s.get("overload_at", ()):
             self.send_json(writer, 429, {"error": {"message": "too many requests", "type": "overloaded"}})
+            return True
+        missing = {k: v for k, v in s.get("require", {}).items() if req.get(k) != v}
+        if serial is not None and missing:
+            self.send_json(writer, 400, {"error": {"message": f"expected {missing}"}})
+            return True
+        if req.get("stream") is False:
+            await asyncio.sleep(s.get("ttft", 0.0))
+            content = "".join(TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p in range(max_tokens))
+            choice = {"message": {"role": "assistant", "content": content}} if chat else {"text": content}
+            self.send_json(writer, 200, {"choices": [{"index": 0, **choice, "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": max_tokens}})
             return True
         if s.get("plain_json"):
             self.send_json(writer, 200, {"choices": [{"message": {"content": "hi"}}]})
@@ -216,7 +261,8 @@ class FakeServer:
 
         if chat and s.get("role_prelude", True):
             await emit(chunk("", 0, role=True))
-        await asyncio.sleep(s.get("slow_ttft", 0.0) if serial in s.get("slow_at", ()) else s.get("ttft", 0.0))
+        slow = serial in s.get("slow_at", ()) or (serial is not None and self.overloaded)
+        await asyncio.sleep(s.get("slow_ttft", 0.0) if slow else s.get("ttft", 0.0))
         k = s.get("tokens_per_chunk", 1)
         done = 0
         while done < max_tokens:

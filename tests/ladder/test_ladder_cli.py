@@ -110,11 +110,12 @@ def test_version_from_a_source_tree_without_the_distribution(capsys, monkeypatch
 
     from ladder import own_version
     from ladder.cli import main
+    from refengine import version as build
 
     def missing(name):  # the one behaviour the real install cannot give
         raise PackageNotFoundError(name)
 
-    monkeypatch.setattr(own_version, "version", missing)
+    monkeypatch.setattr(build, "version", missing)
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out == f"ladder {own_version.NOT_INSTALLED}\n"
