@@ -1,0 +1,112 @@
+"""Seeds end to end, over the two public surfaces (`LLM.generate` and HTTP to `refengine serve`):
+seed 0 is a seed like any other; a seeded request's tokens depend on its seed alone (not on a restart,
+the batch it shares, or speculative decoding); an unseeded request's tokens follow the server's
+`--seed` (invariant: a request's randomness key is its own seed if it has one, else a mix of the
+engine seed and its arrival index; see refengine/request.py)."""
+
+import asyncio
+
+import httpx
+import pytest
+from server_process import REAL_SERVE, ServerProcess
+
+from refengine.engine.llm import LLM
+from refengine.sampling_params import SamplingParams
+
+MODEL = "tiny-qwen3"
+POOL = ["--max-model-len", "256", "--num-blocks", "256", "--block-size", "16", "--threads", "1"]
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
+# Temperature 1 over a random model: two keys give different tokens at once. A repetitive prompt makes
+# ngram propose drafts that get accepted, so the spec-on server really takes multi-token steps.
+PROMPT = "one two three one two three one two three one two three"
+SAMPLED = {"temperature": 1.0, "max_tokens": 24, "ignore_eos": True}
+
+
+def test_seed_zero_is_a_seed_in_llm_generate():
+    llm = LLM(MODEL, max_model_len=256, num_blocks=128, block_size=16)
+    params = {s: SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=s) for s in (0, 1)}
+    first, again, other = llm.generate([PROMPT] * 3, [params[0], params[0], params[1]])
+    (later,) = llm.generate([PROMPT], params[0])
+    assert first.token_ids == again.token_ids == later.token_ids, "seed 0 twice gave two samples"
+    assert other.token_ids != first.token_ids, "seed 0 and seed 1 gave the same sample"
+
+
+def metric(text: str, name: str) -> float:
+    (line,) = [line for line in text.splitlines() if line.startswith(name + "{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def start(*args: str) -> ServerProcess:
+    return ServerProcess(REAL_SERVE, "--model", MODEL, *POOL, *args, wait=False)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Three real servers, started together: `--seed 5` spec off, `--seed 5` with ngram drafting (a
+    restart of the first, spec on), and `--seed 6`."""
+    procs = {
+        "seed5": start("--seed", "5"),
+        "seed5-ngram": start("--seed", "5", "--speculative-config", NGRAM),
+        "seed6": start("--seed", "6"),
+    }
+    try:
+        for proc in procs.values():
+            proc.wait_ready()
+        yield {name: proc.url for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()
+
+
+async def tokens(client: httpx.AsyncClient, url: str, **fields) -> list[int]:
+    body = {"model": MODEL, "prompt": PROMPT, **SAMPLED, "return_token_ids": True, **fields}
+    response = await client.post(f"{url}/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["token_ids"]
+
+
+async def session(url: str) -> dict[str, list]:
+    """What every server is asked, in the same order (an unseeded request's key depends on its arrival
+    index): one unseeded request first, then seeded ones alone, then seed 7 inside a batch."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        unseeded = await tokens(client, url)
+        seeds = {s: await tokens(client, url, seed=s) for s in (0, 1, 7)}
+        zero_again = await tokens(client, url, seed=0)
+        batch = await asyncio.gather(
+            tokens(client, url, seed=7),
+            tokens(client, url, prompt="a different prompt", seed=3),
+            tokens(client, url, prompt="another one", max_tokens=40),
+            tokens(client, url, seed=7, temperature=0.0),
+        )
+    return {"unseeded": unseeded, "seeds": seeds, "zero_again": zero_again, "batched_7": batch[0]}
+
+
+@pytest.fixture(scope="module")
+def answers(servers):
+    async def all_sessions():
+        return await asyncio.gather(*(session(url) for url in servers.values()))
+
+    return dict(zip(servers, asyncio.run(all_sessions()), strict=True))
+
+
+def test_seed_zero_is_a_seed_over_http(answers):
+    seeds = answers["seed5"]["seeds"]
+    assert answers["seed5"]["zero_again"] == seeds[0], "seed 0 twice gave two samples"
+    assert seeds[0] != seeds[1]
+
+
+def test_a_seeded_request_gives_the_same_tokens_across_restarts_batches_and_spec_decoding(servers, answers):
+    accepted = httpx.get(f"{servers['seed5-ngram']}/metrics").text
+    assert "vllm:spec_decode_num_accepted_tokens_total" in accepted
+    # The spec-on server verified drafts and accepted some: its steps were not all one token.
+    assert metric(accepted, "vllm:spec_decode_num_accepted_tokens_total") > 0
+    reference = answers["seed5"]["seeds"]
+    for name, answer in answers.items():
+        # A different --seed changes nothing for seeded requests.
+        assert answer["seeds"] == reference, name
+        assert answer["batched_7"] == reference[7], f"{name}: seed 7 in a batch differs from seed 7 alone"
+
+
+def test_serve_seed_sets_unseeded_requests_randomness(answers):
+    assert answers["seed5-ngram"]["unseeded"] == answers["seed5"]["unseeded"], "two servers with --seed 5 disagree"
+    assert answers["seed6"]["unseeded"] != answers["seed5"]["unseeded"], "--seed 6 and --seed 5 agree"
