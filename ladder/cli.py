@@ -142,7 +142,7 @@ def cli() -> None:
 @click.option("--input-len", type=click.IntRange(1),
               help=f"Random prompts: the server's prompt_tokens per request. [default: {cfg.DEFAULT_INPUT_LEN}]")
 @click.option("--output-len", type=click.IntRange(2),
-              help="max_tokens per request. [default: random: "
+              help="max_tokens per request; given, the flag beats every record's output_len or reply length. [default: random: "
                    f"{cfg.DEFAULT_OUTPUT_LEN}; datasets: the data's, or the reply's length with --tokenizer]")
 @click.option("--ignore-eos/--no-ignore-eos", default=None,
               help="Ask for all max_tokens (on) or let requests stop naturally (off). "
