@@ -2,9 +2,14 @@
 seed 0 is a seed like any other; a seeded request's tokens depend on its seed alone (not on a restart,
 the batch it shares, or speculative decoding); an unseeded request's tokens follow the server's
 `--seed` (invariant: a request's randomness key is its own seed if it has one, else a mix of the
-engine seed and its arrival index; see refengine/request.py)."""
+engine seed and its arrival index; see refengine/request.py).
+
+One of the servers also shows two `refengine serve` zeros end to end (the table of limits is
+tests/cli/test_zero_and_limits.py): `--port 0` listens on a free port the banner names, and
+`--shutdown-grace 0` aborts requests in flight at once."""
 
 import asyncio
+import signal
 
 import httpx
 import pytest
@@ -36,6 +41,14 @@ def metric(text: str, name: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+def banner_url(server: ServerProcess) -> str:
+    """The address the banner line names (the server's one line on stderr before it serves)."""
+    for line in server.proc.stderr:
+        if line.startswith("refengine serve: "):
+            return line.split()[-1]
+    raise AssertionError(f"no banner; the server exited with {server.proc.wait()}")
+
+
 def start(*args: str) -> ServerProcess:
     return ServerProcess(REAL_SERVE, "--model", MODEL, *POOL, *args, wait=False)
 
@@ -47,12 +60,14 @@ def servers():
     procs = {
         "seed5": start("--seed", "5"),
         "seed5-ngram": start("--seed", "5", "--speculative-config", NGRAM),
-        "seed6": start("--seed", "6"),
+        # The last --port wins: 0 asks the OS for a free port.
+        "seed6": start("--seed", "6", "--port", "0", "--shutdown-grace", "0"),
     }
     try:
+        procs["seed6"].url = banner_url(procs["seed6"])
         for proc in procs.values():
             proc.wait_ready()
-        yield {name: proc.url for name, proc in procs.items()}
+        yield procs
     finally:
         for proc in procs.values():
             proc.kill()
@@ -83,10 +98,12 @@ async def session(url: str) -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def answers(servers):
-    async def all_sessions():
-        return await asyncio.gather(*(session(url) for url in servers.values()))
+    urls = {name: proc.url for name, proc in servers.items()}
 
-    return dict(zip(servers, asyncio.run(all_sessions()), strict=True))
+    async def all_sessions():
+        return await asyncio.gather(*(session(url) for url in urls.values()))
+
+    return dict(zip(urls, asyncio.run(all_sessions()), strict=True))
 
 
 def test_seed_zero_is_a_seed_over_http(answers):
@@ -96,7 +113,7 @@ def test_seed_zero_is_a_seed_over_http(answers):
 
 
 def test_a_seeded_request_gives_the_same_tokens_across_restarts_batches_and_spec_decoding(servers, answers):
-    accepted = httpx.get(f"{servers['seed5-ngram']}/metrics").text
+    accepted = httpx.get(f"{servers['seed5-ngram'].url}/metrics").text
     assert "vllm:spec_decode_num_accepted_tokens_total" in accepted
     # The spec-on server verified drafts and accepted some: its steps were not all one token.
     assert metric(accepted, "vllm:spec_decode_num_accepted_tokens_total") > 0
@@ -110,3 +127,31 @@ def test_a_seeded_request_gives_the_same_tokens_across_restarts_batches_and_spec
 def test_serve_seed_sets_unseeded_requests_randomness(answers):
     assert answers["seed5-ngram"]["unseeded"] == answers["seed5"]["unseeded"], "two servers with --seed 5 disagree"
     assert answers["seed6"]["unseeded"] != answers["seed5"]["unseeded"], "--seed 6 and --seed 5 agree"
+
+
+def test_serve_port_0_listens_on_the_port_its_banner_names(servers, answers):
+    server = servers["seed6"]
+    port = int(server.url.rsplit(":", 1)[1])
+    assert port not in (0, server.port), "--port 0 did not get a port of the OS's choosing"
+    assert answers["seed6"]["seeds"][0], "the server on that port answered"
+
+
+def test_shutdown_grace_0_aborts_requests_in_flight_at_once(servers, answers):
+    server = servers["seed6"]
+
+    async def cut_off() -> list[str]:
+        body = {"model": MODEL, "prompt": "long", "max_tokens": 240, "ignore_eos": True, "stream": True}
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                lines = response.aiter_lines()
+                first = await anext(lines)
+                server.proc.send_signal(signal.SIGTERM)
+                return [first, *[line async for line in lines]]
+
+    lines = asyncio.run(cut_off())
+    returncode, stderr = server.proc.wait(timeout=60), server.proc.stderr.read()
+    events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert '"code":"shutting_down"' in events[-2].replace(" ", ""), events[-3:]
+    assert "grace period" in events[-2]
+    assert returncode == 0, stderr

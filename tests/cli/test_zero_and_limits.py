@@ -1,0 +1,187 @@
+"""Every limit that `refengine serve`, `refengine generate` and `ladder run` accept, at 0, 1, its
+documented maximum and one past it (where it has one), and a negative value, checked where the command
+line parses it; and what 0 means, written beside the wording of the flag's `--help`, which the test
+reads so that the two cannot drift. Each meaning of 0 has an end-to-end test, named in the table.
+
+The HTTP request fields' limits (max_tokens, top_k, logprobs, ...) are the table in
+tests/server/test_zero_and_limits_http.py."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ladder.cli import cli as ladder_cli
+from refengine.entrypoints.cli_generate import generate_command
+from refengine.entrypoints.cli_serve import make_serve_command
+
+
+class Refused:
+    def __repr__(self) -> str:
+        return "REFUSED"
+
+
+REFUSED = Refused()
+# What each meaning of 0 is, and the test that shows it end to end.
+E2E = {
+    "refused": "tests/cli/test_zero_and_limits.py::test_a_refused_zero_is_a_one_line_usage_error",
+    "a free port the OS picks": "tests/server/test_seeds.py::test_serve_port_0_listens_on_the_port_its_banner_names",
+    "a seed like any other": "tests/server/test_seeds.py::test_seed_zero_is_a_seed_over_http",
+    "no queue": "tests/server/test_zero_and_limits_http.py::test_max_waiting_requests_0_means_no_queue",
+    "the first step raises": "tests/server/test_zero_and_limits_http.py::test_fault_after_steps_0_fails_the_first_step",
+    "requests in flight are aborted at once": "tests/server/test_seeds.py::test_shutdown_grace_0_aborts_requests_in_flight_at_once",
+    "greedy": "tests/server/test_zero_and_limits_http.py::test_temperature_0_is_greedy_and_top_k_0_is_off",
+    "no warmup": "tests/ladder/test_ladder_zero_values.py::test_zero_warmup_and_zero_audit_thresholds",
+    "any client CPU": "tests/ladder/test_ladder_zero_values.py::test_zero_warmup_and_zero_audit_thresholds",
+    "any lag": "tests/ladder/test_ladder_zero_values.py::test_zero_warmup_and_zero_audit_thresholds",
+}
+
+
+@dataclass(frozen=True)
+class Limit:
+    flag: str
+    zero: str  # what 0 means: a key of E2E
+    help: str  # the words of the flag's --help line (click's range included) that say it
+    cases: dict[str, object] = field(default_factory=dict)  # argument -> the parsed value, or REFUSED
+
+
+def positive(flag: str, low: int = 1, value=int, more: dict | None = None) -> Limit:
+    """A limit whose least value is `low` (an integer range x>=low, or a float one x>0 when low is 0)."""
+    if value is float:
+        return Limit(flag, "refused", "x>0", {"0": REFUSED, "1": 1.0, "-1": REFUSED, **(more or {})})
+    cases = {str(v): (v if v >= low else REFUSED) for v in range(min(0, low - 1), low + 1)} | {"-1": REFUSED}
+    return Limit(flag, "refused", f"x>={low}", {**cases, **(more or {})})
+
+
+SERVE = [
+    Limit("--port", "a free port the OS picks", "0 = a free port the OS picks",
+          {"0": 0, "1": 1, "65535": 65535, "65536": REFUSED, "-1": REFUSED}),
+    positive("--max-num-seqs"),
+    positive("--max-model-len", low=2),
+    positive("--max-num-batched-tokens"),
+    positive("--num-blocks"),
+    positive("--kv-cache-memory-gib", value=float),
+    positive("--block-size"),
+    Limit("--seed", "a seed like any other", "0 is a seed like any other", {"0": 0, "1": 1, "-1": -1}),
+    positive("--max-request-bytes"),
+    Limit("--fault-after-steps", "the first step raises", "0 = the first step raises", {"0": 0, "1": 1, "-1": REFUSED}),
+    positive("--threads"),
+    Limit("--max-waiting-requests", "no queue", "0 = no queue", {"0": 0, "1": 1, "-1": REFUSED}),
+    positive("--request-timeout", value=float),
+    Limit("--shutdown-grace", "requests in flight are aborted at once", "0 = requests in flight are aborted at once",
+          {"0": 0.0, "1": 1.0, "-1": REFUSED}),
+]
+GENERATE = [
+    positive("--max-tokens"),
+    Limit("--temperature", "greedy", "0 is greedy", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
+    Limit("--seed", "a seed like any other", "0 is a seed like any other", {"0": 0, "1": 1, "-1": -1}),
+    positive("--kv-cache-memory-gib", value=float),
+]
+LADDER_RUN = [
+    positive("--serve-timeout", value=float),
+    Limit("--c", "refused", "each >= 1", {"0": REFUSED, "1": (1,), "-1": REFUSED, "1,0": REFUSED}),
+    Limit("--request-rate", "refused", "each > 0", {"0": REFUSED, "1": (1.0,), "inf": (float("inf"),), "-1": REFUSED}),
+    positive("--burstiness", value=float),
+    positive("--max-concurrency"),
+    positive("--max-duration", value=float),
+    positive("--max-input-len"),
+    positive("--input-len"),
+    positive("--output-len", low=2),
+    positive("--prompts-per-rung"),
+    positive("--prompts-per-concurrency"),
+    Limit("--warmup", "no warmup", "0 = no warmup", {"0": 0, "1": 1, "-1": REFUSED}),
+    positive("--timeout", value=float),
+    positive("--stall-timeout", value=float),
+    Limit("--metric-percentiles", "refused", "in (0, 100]",
+          {"0": REFUSED, "1": (1.0,), "100": (100.0,), "100.5": REFUSED, "-1": REFUSED}),
+    Limit("--goodput", "refused", "each > 0",
+          {"ttft:0": REFUSED, "ttft:1": {"ttft": 1.0}, "ttft:-1": REFUSED}),
+    Limit("--seed", "a seed like any other", "0 is a seed like any other", {"0": 0, "1": 1, "-1": -1}),
+    Limit("--temperature", "greedy", "0 = greedy", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
+    Limit("--client-bound-cpu-pct", "any client CPU", "0 = any client CPU", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
+    Limit("--client-bound-lag-ms", "any lag", "0 = any lag", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
+]
+
+
+def _no_engine(*_):
+    raise AssertionError("parsing must not build an engine")
+
+
+COMMANDS = {
+    "refengine serve": (make_serve_command(_no_engine), SERVE),
+    "refengine generate": (generate_command, GENERATE),
+    "ladder run": (ladder_cli.commands["run"], LADDER_RUN),
+}
+# Options that take a list of limits parsed by a callback, not by a click number type.
+LIST_LIMITS = {"--c", "--request-rate", "--metric-percentiles", "--goodput"}
+ROWS = [(name, limit) for name, (_, table) in COMMANDS.items() for limit in table]
+
+
+def option(command: click.Command, flag: str) -> click.Option:
+    (found,) = [p for p in command.params if flag in p.opts]
+    return found
+
+
+def help_line(command: click.Command, flag: str) -> str:
+    """The flag's --help text as a user reads it (click's default and range included), on one line."""
+    ctx = click.Context(command, info_name=command.name)
+    return " ".join(option(command, flag).get_help_record(ctx)[1].split())
+
+
+def parse(command: click.Command, flag: str, value: str) -> object:
+    """The value the command line hands on for `flag value`, or REFUSED; nothing runs."""
+    try:
+        ctx = command.make_context(command.name, [flag, value, *required(command)])
+    except click.UsageError:
+        return REFUSED
+    return ctx.params[option(command, flag).name]
+
+
+def required(command: click.Command) -> list[str]:
+    return ["--prompt", "x"] if command is generate_command else []
+
+
+@pytest.mark.parametrize(("command", "table"), COMMANDS.values(), ids=COMMANDS.keys())
+def test_every_number_a_command_takes_is_in_the_table(command, table):
+    numbers = {
+        p.opts[0] for p in command.params
+        if isinstance(p, click.Option) and isinstance(p.type, click.types._NumberParamTypeBase)
+    }
+    listed = {limit.flag for limit in table}
+    assert numbers <= listed, f"limits without a row: {sorted(numbers - listed)}"
+    assert listed - numbers <= LIST_LIMITS
+
+
+@pytest.mark.parametrize(("name", "limit"), ROWS, ids=[f"{n} {limit.flag}" for n, limit in ROWS])
+def test_help_says_what_0_means(name, limit):
+    command, _ = COMMANDS[name]
+    assert limit.help in help_line(command, limit.flag)
+    assert limit.zero in E2E
+
+
+@pytest.mark.parametrize(
+    ("name", "limit", "arg"),
+    [(n, limit, arg) for n, limit in ROWS for arg in limit.cases],
+    ids=[f"{n} {limit.flag} {arg}" for n, limit in ROWS for arg in limit.cases],
+)
+def test_each_value_parses_as_the_table_says(name, limit, arg):
+    command, _ = COMMANDS[name]
+    assert parse(command, limit.flag, arg) == limit.cases[arg]
+
+
+def test_every_meaning_of_0_has_its_end_to_end_test():
+    root = Path(__file__).parents[2]
+    for nodeid in E2E.values():
+        path, function = nodeid.split("::")
+        assert f"def {function}(" in (root / path).read_text(), nodeid
+
+
+def test_a_refused_zero_is_a_one_line_usage_error():
+    from refengine.cli import main as refengine_main
+
+    result = CliRunner().invoke(refengine_main, ["serve", "--max-num-seqs", "0"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Invalid value for '--max-num-seqs': 0 is not in the range x>=1." in result.output
+
