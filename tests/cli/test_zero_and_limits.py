@@ -185,3 +185,47 @@ def test_a_refused_zero_is_a_one_line_usage_error():
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "Invalid value for '--max-num-seqs': 0 is not in the range x>=1." in result.output
 
+
+
+# The config layer: the engine arguments behind `refengine serve`'s flags, as `LLM(...)` and `EngineArgs`
+# take them from Python, refuse exactly the values the command line refuses (0 is never "not given").
+ENGINE_ARGS = {
+    "--max-num-seqs": ("max_num_seqs", [0, 1, -1]),
+    "--max-model-len": ("max_model_len", [0, 1, 2, -1]),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", [0, 1, -1]),
+    "--num-blocks": ("num_blocks", [0, 1, -1]),
+    "--kv-cache-memory-gib": ("kv_cache_memory_gib", [0, -1]),
+    "--block-size": ("block_size", [0, 1, -1]),
+    "--seed": ("seed", [0, 1, -1]),
+}
+ENGINE_CASES = [(flag, value) for flag, (_, values) in ENGINE_ARGS.items() for value in values]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from refengine.model.loader import load_model
+
+    return load_model("tiny-qwen3")
+
+
+@pytest.mark.parametrize(("flag", "value"), ENGINE_CASES, ids=[f"{f}={v}" for f, v in ENGINE_CASES])
+def test_engine_args_refuse_what_the_command_line_refuses(tiny_model, flag, value):
+    from refengine.engine.arg_utils import EngineArgs
+    from refengine.engine.engine_args import build_engine
+
+    name, _ = ENGINE_ARGS[flag]
+    (limit,) = [limit for limit in SERVE if limit.flag == flag]
+    # A pool of 4 blocks of 16 for sequences of 16 tokens: every accepted value builds in milliseconds.
+    base = {"max_model_len": 16, "block_size": 16, "num_blocks": 4, "max_num_batched_tokens": 64}
+    if name == "kv_cache_memory_gib":
+        base["num_blocks"] = None
+    if name in ("block_size", "max_model_len"):
+        # Room for a sequence in blocks of 1 token, and for the model's whole context (2048 tokens) were
+        # max_model_len 0 taken for "not given".
+        base["num_blocks"] = 2048
+    args = EngineArgs(model=tiny_model, **{**base, name: value})
+    if limit.cases[str(value)] is REFUSED:
+        with pytest.raises(ValueError, match=name):
+            build_engine(args)
+    else:
+        build_engine(args).core.shutdown()
