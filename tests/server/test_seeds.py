@@ -10,10 +10,14 @@ tests/cli/test_zero_and_limits.py): `--port 0` listens on a free port the banner
 
 import asyncio
 import signal
+from collections import Counter
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from real_server import metric_values
 from server_process import REAL_SERVE, ServerProcess
+from sse_client import parse_events, streamed_token_ids
 
 from refengine.engine.llm import LLM
 from refengine.sampling_params import SamplingParams
@@ -73,27 +77,58 @@ def servers():
             proc.kill()
 
 
-async def tokens(client: httpx.AsyncClient, url: str, **fields) -> list[int]:
-    body = {"model": MODEL, "prompt": PROMPT, **SAMPLED, "return_token_ids": True, **fields}
-    response = await client.post(f"{url}/v1/completions", json=body)
-    assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["token_ids"]
+@dataclass
+class Client:
+    """Asks one server for completions and keeps what it saw of each: tokens, usage, finish reason, and
+    the most tokens one streamed chunk carried."""
+
+    url: str
+    http: httpx.AsyncClient
+    seen: list[dict] = field(default_factory=list)
+
+    async def tokens(self, stream: bool = False, **fields) -> list[int]:
+        body = {"model": MODEL, "prompt": PROMPT, **SAMPLED, "return_token_ids": True, **fields}
+        if not stream:
+            response = await self.http.post(f"{self.url}/v1/completions", json=body)
+            assert response.status_code == 200, response.text
+            (choice,), usage = response.json()["choices"], response.json()["usage"]
+            self.seen.append({**usage, "finish_reason": choice["finish_reason"], "largest_delta": 0})
+            return choice["token_ids"]
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        async with self.http.stream("POST", f"{self.url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            events, done = parse_events((await response.aread()).decode())
+        assert done
+        choices = [c for e in events for c in e["choices"]]
+        self.seen.append({
+            **events[-1]["usage"],
+            "finish_reason": choices[-1]["finish_reason"],
+            "largest_delta": max(len(c["token_ids"]) for c in choices),
+        })
+        return streamed_token_ids(events)
 
 
-async def session(url: str) -> dict[str, list]:
+async def session(url: str) -> dict:
     """What every server is asked, in the same order (an unseeded request's key depends on its arrival
-    index): one unseeded request first, then seeded ones alone, then seed 7 inside a batch."""
-    async with httpx.AsyncClient(timeout=120) as client:
-        unseeded = await tokens(client, url)
-        seeds = {s: await tokens(client, url, seed=s) for s in (0, 1, 7)}
-        zero_again = await tokens(client, url, seed=0)
+    index): one unseeded request first, then seeded ones alone (seed 7 also streamed), then seed 7 inside
+    a batch."""
+    async with httpx.AsyncClient(timeout=120) as http:
+        client = Client(url, http)
+        unseeded = await client.tokens()
+        seeds = {s: await client.tokens(seed=s) for s in (0, 1, 7)}
+        zero_again = await client.tokens(seed=0)
+        streamed_7 = await client.tokens(stream=True, seed=7)
+        greedy = await client.tokens(temperature=0.0)
         batch = await asyncio.gather(
-            tokens(client, url, seed=7),
-            tokens(client, url, prompt="a different prompt", seed=3),
-            tokens(client, url, prompt="another one", max_tokens=40),
-            tokens(client, url, seed=7, temperature=0.0),
+            client.tokens(seed=7),
+            client.tokens(prompt="a different prompt", seed=3),
+            client.tokens(stream=True, temperature=0.0, max_tokens=40),
+            client.tokens(temperature=0.0, stop_token_ids=[greedy[5]]),
         )
-    return {"unseeded": unseeded, "seeds": seeds, "zero_again": zero_again, "batched_7": batch[0]}
+    return {
+        "unseeded": unseeded, "seeds": seeds, "zero_again": zero_again, "streamed_7": streamed_7,
+        "batched_7": batch[0], "seen": client.seen,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -122,11 +157,25 @@ def test_a_seeded_request_gives_the_same_tokens_across_restarts_batches_and_spec
         # A different --seed changes nothing for seeded requests.
         assert answer["seeds"] == reference, name
         assert answer["batched_7"] == reference[7], f"{name}: seed 7 in a batch differs from seed 7 alone"
+        assert answer["streamed_7"] == reference[7], f"{name}: seed 7 streamed differs from seed 7 whole"
 
 
 def test_serve_seed_sets_unseeded_requests_randomness(answers):
     assert answers["seed5-ngram"]["unseeded"] == answers["seed5"]["unseeded"], "two servers with --seed 5 disagree"
     assert answers["seed6"]["unseeded"] != answers["seed5"]["unseeded"], "--seed 6 and --seed 5 agree"
+
+
+def test_a_serve_process_counts_what_its_clients_saw_with_multi_token_steps(servers, answers):
+    """/metrics of the `refengine serve` process that drafts with ngram, against its clients' view."""
+    seen = answers["seed5-ngram"]["seen"]
+    m = metric_values(httpx.get(f"{servers['seed5-ngram'].url}/metrics").text)
+    assert max(s["largest_delta"] for s in seen) > 1, "no streamed chunk carried an accepted draft"
+    assert m["vllm:generation_tokens_total"] == sum(s["completion_tokens"] for s in seen)
+    assert m["vllm:prompt_tokens_total"] == sum(s["prompt_tokens"] for s in seen)
+    reasons = Counter(s["finish_reason"] for s in seen)
+    assert set(reasons) == {"length", "stop"}
+    for reason, count in reasons.items():
+        assert m[f"vllm:request_success_total[finished_reason={reason}]"] == count
 
 
 def test_serve_port_0_listens_on_the_port_its_banner_names(servers, answers):
