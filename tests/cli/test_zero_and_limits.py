@@ -229,3 +229,28 @@ def test_engine_args_refuse_what_the_command_line_refuses(tiny_model, flag, valu
             build_engine(args)
     else:
         build_engine(args).core.shutdown()
+
+
+def served(args: list[str]) -> tuple:
+    """What `refengine serve ARGS` hands its engine factory: (EngineArgs, ServeOptions)."""
+    seen = []
+
+    def capture(engine_args, options):
+        seen.append((engine_args, options))
+        raise ValueError("captured")
+
+    CliRunner().invoke(make_serve_command(capture), ["--port", "0", *args])
+    (given,) = seen
+    return given
+
+
+SERVE_ACCEPTED = [(limit, arg) for limit in SERVE if limit.flag != "--port" for arg in limit.cases
+                  if limit.cases[arg] is not REFUSED]
+
+
+@pytest.mark.parametrize(("limit", "arg"), SERVE_ACCEPTED, ids=[f"{limit.flag}={a}" for limit, a in SERVE_ACCEPTED])
+def test_each_accepted_serve_value_reaches_the_engine_or_the_server_unchanged(limit, arg):
+    name = option(make_serve_command(_no_engine), limit.flag).name
+    engine_args, options = served([limit.flag, arg])
+    (value,) = [getattr(o, name) for o in (engine_args, options) if hasattr(o, name)]
+    assert value == limit.cases[arg]

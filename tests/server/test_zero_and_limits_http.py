@@ -2,7 +2,7 @@
 has one), and a negative value, checked where the server validates it (the app over the fake engine:
 no model needed); what 0 means, written beside README.md's wording, which the test reads so that the
 two cannot drift; and one end-to-end case per meaning of 0 on the real engine (tiny-qwen3), where
-`--max-waiting-requests 0` means no queue. The command-line flags' table is
+`refengine serve --max-waiting-requests 0` means no queue. The command-line flags' table is
 tests/cli/test_zero_and_limits.py."""
 
 import asyncio
@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from real_server import metrics, serve_real, tiny_engine, wait_for_idle_pool
+from server_process import REAL_SERVE, ServerProcess
 
 from refengine.entrypoints.protocol import INT32_MAX, INT64_MAX, MAX_LOGPROBS
 
@@ -84,9 +85,15 @@ async def test_each_value_is_taken_or_refused_as_the_table_says(client, field, v
 
 @pytest.fixture(scope="module")
 def one_seat():
-    """tiny-qwen3 with one seat and --max-waiting-requests 0."""
-    with serve_real(tiny_engine(max_num_seqs=1), max_waiting_requests=0) as url:
-        yield url
+    """`refengine serve` on tiny-qwen3 with one seat and --max-waiting-requests 0."""
+    server = ServerProcess(
+        REAL_SERVE, "--model", "tiny-qwen3", "--max-model-len", "256", "--num-blocks", "64", "--threads", "1",
+        "--max-num-seqs", "1", "--max-waiting-requests", "0",
+    )
+    try:
+        yield server.url
+    finally:
+        server.kill()
 
 
 async def test_max_waiting_requests_0_means_no_queue(one_seat):
