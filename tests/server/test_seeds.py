@@ -40,6 +40,27 @@ def test_seed_zero_is_a_seed_in_llm_generate():
     assert other.token_ids != first.token_ids, "seed 0 and seed 1 gave the same sample"
 
 
+def test_the_engine_seed_sets_unseeded_requests_randomness_in_async_llm():
+    """The server's engine, in process: the first unseeded request of an engine made with seed 5 samples
+    the same tokens in another engine with seed 5, and others with seed 6."""
+    from server_helpers import tiny_engine
+
+    from refengine.engine.outputs import GenerationRequest
+
+    async def first_unseeded(seed: int) -> list[int]:
+        engine = tiny_engine(seed=seed)
+        try:
+            params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+            deltas = [d async for d in engine.generate(GenerationRequest("r", engine.tokenizer.encode(PROMPT), params))]
+        finally:
+            engine.shutdown()
+        return [t for d in deltas for t in d.token_ids]
+
+    five = asyncio.run(first_unseeded(5))
+    assert asyncio.run(first_unseeded(5)) == five, "two engines with seed 5 disagree"
+    assert asyncio.run(first_unseeded(6)) != five, "seed 6 and seed 5 agree"
+
+
 def metric(text: str, name: str) -> float:
     (line,) = [line for line in text.splitlines() if line.startswith(name + "{")]
     return float(line.rsplit(" ", 1)[1])
