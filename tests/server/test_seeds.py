@@ -61,11 +61,6 @@ def test_the_engine_seed_sets_unseeded_requests_randomness_in_async_llm():
     assert asyncio.run(first_unseeded(6)) != five, "seed 6 and seed 5 agree"
 
 
-def metric(text: str, name: str) -> float:
-    (line,) = [line for line in text.splitlines() if line.startswith(name + "{")]
-    return float(line.rsplit(" ", 1)[1])
-
-
 def banner_url(server: ServerProcess) -> str:
     """The address the banner line names (the server's one line on stderr before it serves)."""
     for line in server.proc.stderr:
@@ -169,10 +164,9 @@ def test_seed_zero_is_a_seed_over_http(answers):
 
 
 def test_a_seeded_request_gives_the_same_tokens_across_restarts_batches_and_spec_decoding(servers, answers):
-    accepted = httpx.get(f"{servers['seed5-ngram'].url}/metrics").text
-    assert "vllm:spec_decode_num_accepted_tokens_total" in accepted
+    accepted = metric_values(httpx.get(f"{servers['seed5-ngram'].url}/metrics").text)
     # The spec-on server verified drafts and accepted some: its steps were not all one token.
-    assert metric(accepted, "vllm:spec_decode_num_accepted_tokens_total") > 0
+    assert accepted["vllm:spec_decode_num_accepted_tokens_total"] > 0
     reference = answers["seed5"]["seeds"]
     for name, answer in answers.items():
         # A different --seed changes nothing for seeded requests.
