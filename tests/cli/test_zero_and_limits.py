@@ -178,12 +178,26 @@ def test_every_meaning_of_0_has_its_end_to_end_test():
         assert f"def {function}(" in (root / path).read_text(), nodeid
 
 
-def test_a_refused_zero_is_a_one_line_usage_error():
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--max-num-seqs", "0"], "Invalid value for '--max-num-seqs': 0 is not in the range x>=1."),
+    (["generate", "--prompt", "x", "--max-tokens", "0"], "Invalid value for '--max-tokens': 0 is not in the range x>=1."),
+], ids=["serve", "generate"])
+def test_a_refused_zero_is_a_one_line_usage_error(argv, message):
     from refengine.cli import main as refengine_main
 
-    result = CliRunner().invoke(refengine_main, ["serve", "--max-num-seqs", "0"])
+    result = CliRunner().invoke(refengine_main, argv)
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "Invalid value for '--max-num-seqs': 0 is not in the range x>=1." in result.output
+    assert message in result.output
+
+
+def test_a_refused_zero_is_a_one_line_usage_error_in_ladder_run(capsys):
+    from ladder.cli import main as ladder_main
+
+    with pytest.raises(SystemExit) as exit_:
+        ladder_main(["run", "--c", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("ladder: error: Invalid value for '--c': expected positive integers"), err
 
 
 
