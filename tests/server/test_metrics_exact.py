@@ -94,7 +94,7 @@ def workload():
                 busy = []
                 while not all(t.done() for t in tasks):
                     busy.append((await client.get("/metrics")).text)
-                    await asyncio.sleep(0.005)
+                    await asyncio.sleep(0.02)
                 return [probe, *[t.result() for t in tasks]], busy
 
         seen, scrapes = asyncio.run(run())
