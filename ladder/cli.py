@@ -139,10 +139,10 @@ def cli() -> None:
 @click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default="openai-chat", show_default=True,
               help="openai-chat: /v1/chat/completions; openai: /v1/completions.")
 @click.option("--c", "concurrencies", default=None, callback=lambda c, p, v: None if v is None else _ints(c, p, v),
-              help="Concurrency of each rung, in order (closed loop). "
+              help="Concurrency of each rung, in order (closed loop), each >= 1. "
                    f"[default: {','.join(map(str, cfg.DEFAULT_CONCURRENCIES))}]")
 @click.option("--request-rate", "request_rates", callback=_rates, metavar="RATES",
-              help="Open loop instead of --c: one rung per rate in req/s, e.g. 1,2,4,8 (inf = all at once).")
+              help="Open loop instead of --c: one rung per rate in req/s, each > 0, e.g. 1,2,4,8 (inf = all at once).")
 @click.option("--burstiness", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
               help="Gamma shape of the arrival intervals with --request-rate: 1 = Poisson, <1 burstier.")
 @click.option("--max-concurrency", type=click.IntRange(1), help="With --request-rate: at most this many in flight.")
@@ -156,7 +156,7 @@ def cli() -> None:
 @click.option("--input-len", type=click.IntRange(1),
               help=f"Random prompts: the server's prompt_tokens per request. [default: {cfg.DEFAULT_INPUT_LEN}]")
 @click.option("--output-len", type=click.IntRange(2),
-              help="max_tokens per request. [default: random: "
+              help="max_tokens per request; given, the flag beats every record's output_len or reply length. [default: random: "
                    f"{cfg.DEFAULT_OUTPUT_LEN}; datasets: the data's, or the reply's length with --tokenizer]")
 @click.option("--ignore-eos/--no-ignore-eos", default=None,
               help="Ask for all max_tokens (on) or let requests stop naturally (off). "
@@ -168,7 +168,7 @@ def cli() -> None:
 @click.option("--prompts-per-concurrency", type=click.IntRange(1), help="Measured requests per rung = K·c "
               f"(K·ceil(rate) with --request-rate). [default: {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}]")
 @click.option("--warmup", type=click.IntRange(0),
-              help="Warmup requests per rung, excluded from numbers. [default: c; 0 with --request-rate]")
+              help="Warmup requests per rung, excluded from numbers; 0 = no warmup. [default: c; 0 with --request-rate]")
 @click.option("--label", default="run", show_default=True, callback=_label,
               help="Name of the run (manifest, out dir).")
 @click.option("--metadata", multiple=True, callback=_pairs, metavar="K=V",
@@ -184,14 +184,15 @@ def cli() -> None:
               show_default=True, help="No chunk from any in-flight request for this long = a stall (longer while "
                                       "long prompts await their first chunk); dead unless /metrics shows progress.")
 @click.option("--metric-percentiles", "percentiles", default="50,90,99", show_default=True,
-              callback=_percentiles, help="Percentiles reported beside the mean.")
+              callback=_percentiles, help="Percentiles in (0, 100] reported beside the mean.")
 @click.option("--goodput", multiple=True, callback=_slos, metavar="SLOS",
-              help="SLOs in ms as vLLM spells them, e.g. \"ttft:500 tpot:50 e2el:10000\": goodput is the rate of "
+              help="SLOs in ms (each > 0) as vLLM spells them, e.g. \"ttft:500 tpot:50 e2el:10000\": goodput is the rate of "
                    "requests meeting all of them.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Result directory (must be empty).")
 @click.option("--overwrite", is_flag=True, help="Empty a non-empty --out that holds an earlier ladder run.")
-@click.option("--seed", type=int, default=cfg.DEFAULT_SEED, show_default=True, help="Prompt and arrival seed.")
-@click.option("--temperature", type=click.FloatRange(0), default=cfg.DEFAULT_TEMPERATURE, show_default=True)
+@click.option("--seed", type=int, default=cfg.DEFAULT_SEED, show_default=True, help="Prompt and arrival seed; 0 is a seed like any other.")
+@click.option("--temperature", type=click.FloatRange(0), default=cfg.DEFAULT_TEMPERATURE, show_default=True,
+              help="0 = greedy.")
 @click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
               help="Local tokenizer.json (or its folder): sizes random prompts, counts dataset prompts and replies.")
 @click.option("--allow-chunk-count", is_flag=True,
@@ -199,9 +200,10 @@ def cli() -> None:
 @click.option("--save-text", is_flag=True, help="Keep every request's prompt and output text in requests.jsonl.")
 @click.option("--explain", is_flag=True, help="Print the metric definitions after the run.")
 @click.option("--client-bound-cpu-pct", type=click.FloatRange(0), default=DEFAULT_MAX_CPU_PCT, show_default=True,
-              help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION.")
+              help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION; "
+                   "0 = any client CPU.")
 @click.option("--client-bound-lag-ms", type=click.FloatRange(0), default=DEFAULT_MAX_LOOP_LAG_MS,
-              show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all.")
+              show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all; 0 = any lag.")
 @click.option("--metrics-interval", "metrics_interval_s", type=click.FloatRange(0),
               default=cfg.DEFAULT_METRICS_INTERVAL_S, show_default=True,
               help="Scrape the server's /metrics every this many seconds during each rung (0: never).")
