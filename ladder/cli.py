@@ -206,17 +206,17 @@ def cli() -> None:
               show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all; 0 = any lag.")
 @click.option("--metrics-interval", "metrics_interval_s", type=click.FloatRange(0),
               default=cfg.DEFAULT_METRICS_INTERVAL_S, show_default=True,
-              help="Scrape the server's /metrics every this many seconds during each rung (0: never).")
+              help="Scrape the server's /metrics every this many seconds during each rung; 0 = never.")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
               help="Run each rung this many times: mean, 95% CI and CV per metric; a VOID repeat voids the rung.")
 @click.option("--range-ratio", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="Random prompts: spread input and output lengths over L·(1±R), as vllm bench serve's "
-                   "--random-range-ratio.")
+                   "--random-range-ratio; 0 = every request exactly --input-len and --output-len.")
 @click.option("--length-dist", type=click.Choice(["uniform", "normal"]), default="uniform", show_default=True,
               help="With --range-ratio: uniform over the range, or normal with sd R·L clipped to it.")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="top_p on every request.")
-@click.option("--top-k", type=click.IntRange(-1), help="top_k on every request (-1: off, as vLLM).")
-@click.option("--request-seed", type=int, help="The sampling seed on every request (--seed seeds the prompts).")
+@click.option("--top-k", type=click.IntRange(-1), help="top_k on every request; 0 or -1 = off, as in vLLM.")
+@click.option("--request-seed", type=int, help="The sampling seed on every request (--seed seeds the prompts); 0 is a seed like any other.")
 @click.option("--extra-body", callback=_json_object, metavar="JSON",
               help="A JSON object merged into every request body, last, e.g. '{\"min_p\": 0.1}'.")
 @click.option("--stream/--no-stream", default=True, show_default=True,

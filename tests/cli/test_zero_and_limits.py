@@ -1,4 +1,4 @@
-"""Every limit that `refengine serve`, `refengine generate` and `ladder run` accept, at 0, 1, its
+"""Every limit that `refengine serve`, `refengine generate`, `ladder run` and `ladder sweep` accept, at 0, 1, its
 documented maximum and one past it (where it has one), and a negative value, checked where the command
 line parses it; and what 0 means, written beside the wording of the flag's `--help`, which the test
 reads so that the two cannot drift. Each meaning of 0 has an end-to-end test, named in the table.
@@ -36,6 +36,9 @@ E2E = {
     "no warmup": "tests/ladder/test_ladder_zero_values.py::test_zero_warmup_and_zero_audit_thresholds",
     "any client CPU": "tests/ladder/test_ladder_zero_values.py::test_zero_warmup_and_zero_audit_thresholds",
     "any lag": "tests/ladder/test_ladder_zero_values.py::test_zero_warmup_and_zero_audit_thresholds",
+    "never scraped": "tests/ladder/test_ladder_zero_values.py::test_zero_series_spread_top_k_and_request_seed",
+    "exact lengths": "tests/ladder/test_ladder_zero_values.py::test_zero_series_spread_top_k_and_request_seed",
+    "sent as top_k 0: off": "tests/ladder/test_ladder_zero_values.py::test_zero_series_spread_top_k_and_request_seed",
 }
 
 
@@ -102,6 +105,19 @@ LADDER_RUN = [
     Limit("--temperature", "greedy", "0 = greedy", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
     Limit("--client-bound-cpu-pct", "any client CPU", "0 = any client CPU", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
     Limit("--client-bound-lag-ms", "any lag", "0 = any lag", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
+    Limit("--metrics-interval", "never scraped", "0 = never", {"0": 0.0, "0.5": 0.5, "-1": REFUSED}),
+    positive("--repeats"),
+    Limit("--range-ratio", "exact lengths", "0 = every request exactly --input-len and --output-len",
+          {"0": 0.0, "0.5": 0.5, "1": REFUSED, "-1": REFUSED}),
+    Limit("--top-p", "refused", "0<x<=1", {"0": REFUSED, "1": 1.0, "1.5": REFUSED, "-1": REFUSED}),
+    Limit("--top-k", "sent as top_k 0: off", "0 or -1 = off, as in vLLM", {"0": 0, "1": 1, "-1": -1, "-2": REFUSED}),
+    Limit("--request-seed", "a seed like any other", "0 is a seed like any other", {"0": 0, "1": 1, "-1": -1}),
+]
+# `ladder sweep` takes `ladder run`'s flags but the loads, which its search sets, and its own limits.
+LADDER_SWEEP = [limit for limit in LADDER_RUN if limit.flag not in ("--c", "--request-rate")] + [
+    positive("--max-c"),
+    positive("--max-rate", value=float),
+    Limit("--slo-attainment", "refused", "0<x<=1", {"0": REFUSED, "0.9": 0.9, "1": 1.0, "1.5": REFUSED, "-1": REFUSED}),
 ]
 
 
@@ -113,6 +129,7 @@ COMMANDS = {
     "refengine serve": (make_serve_command(_no_engine), SERVE),
     "refengine generate": (generate_command, GENERATE),
     "ladder run": (ladder_cli.commands["run"], LADDER_RUN),
+    "ladder sweep": (ladder_cli.commands["sweep"], LADDER_SWEEP),
 }
 # Options that take a list of limits parsed by a callback, not by a click number type.
 LIST_LIMITS = {"--c", "--request-rate", "--metric-percentiles", "--goodput"}
