@@ -174,9 +174,9 @@ FAMILIES = {
     "refengine:spec_decode_num_grammar_cut_tokens": Family("counter"),
     "refengine:drafter_random_init": Family("gauge", high=1.0),
     "refengine:engine_dead": Family("gauge", high=1.0),
-    # How the engine was configured: one series of value 1, labelled with EngineInfo's fields (the text
-    # format spells an info family as a gauge named *_info).
-    "refengine:engine_info": Family("gauge", tuple(f.name for f in fields(EngineInfo)), low=1.0, high=1.0),
+    # How the engine was configured: one series of value 1, labelled with EngineInfo's fields and the build
+    # (refengine.version) (the text format spells an info family as a gauge named *_info).
+    "refengine:engine_info": Family("gauge", (*(f.name for f in fields(EngineInfo)), "version"), low=1.0, high=1.0),
     "refengine:request_failure": Family("counter"),
     "refengine:request_rejected": Family("counter", ("reason",)),
     "refengine:request_aborted": Family("counter", ("reason",)),
