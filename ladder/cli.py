@@ -1,5 +1,6 @@
 """`ladder` command line: parses flags into a RunConfig and hands it to the runner."""
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from ladder.own_version import own_version
 EPILOG = f"""\b
 Defaults: --dataset random, c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
 {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}·c measured requests per rung after c warmup requests (--warmup N sets it);
-ignore_eos on for random, off for datasets; a per-run nonce starts every prompt; temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
+ignore_eos and a per-run cache-bust tag on for random, off for datasets; temperature 0, seed 0; --timeout {cfg.DEFAULT_TIMEOUT_S:g} s per request; \
 --stall-timeout {cfg.DEFAULT_STALL_TIMEOUT_S:g} s; results in runs/<UTC time>-<label>/.
 
 \b
@@ -31,8 +32,8 @@ Exit codes:
      stayed alive
   {cfg.EXIT_USAGE}  usage error, or the endpoint is unusable (unreachable, refused the key, not OpenAI,
      server command died before it answered); nothing measured
-  {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall);
-     its rung is VOID(engine_dead), later rungs NOT_RUN
+  {cfg.EXIT_ENGINE_DEAD}  the engine died (process exit, closed port, failed /health or canary, stall without
+     progress in /metrics) or the server shut down; its rung is VOID(engine_dead or shutting_down), later NOT_RUN
 """
 
 
@@ -59,7 +60,8 @@ def _rates(ctx, param, value: str | None) -> tuple[float, ...] | None:
         out = tuple(float(v) for v in value.split(","))
     except ValueError:
         out = ()
-    if not out or min(out) <= 0:
+    # NOTE: `not v > 0` rather than `v <= 0`: nan compares false with everything and is no rate.
+    if not out or not all(v > 0 for v in out):
         raise click.BadParameter(f"expected positive request rates (req/s) like 1,2,4,8 or inf, got {value!r}")
     return _unique(out, value)
 
@@ -96,6 +98,18 @@ def _percentiles(ctx, param, value: str) -> tuple[float, ...]:
     return out
 
 
+def _json_object(ctx, param, value: str | None) -> dict:
+    if value is None:
+        return {}
+    try:
+        out = json.loads(value)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON ({e}): {value!r}") from None
+    if not isinstance(out, dict):
+        raise click.BadParameter(f"expected a JSON object like '{{\"min_p\": 0.1}}', got {value!r}")
+    return out
+
+
 def _version(ctx, param, value: bool) -> None:
     if value and not ctx.resilient_parsing:
         click.echo(f"ladder {own_version()}")
@@ -125,10 +139,10 @@ def cli() -> None:
 @click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default="openai-chat", show_default=True,
               help="openai-chat: /v1/chat/completions; openai: /v1/completions.")
 @click.option("--c", "concurrencies", default=None, callback=lambda c, p, v: None if v is None else _ints(c, p, v),
-              help="Concurrency of each rung, in order (closed loop). "
+              help="Concurrency of each rung, in order (closed loop), each >= 1. "
                    f"[default: {','.join(map(str, cfg.DEFAULT_CONCURRENCIES))}]")
 @click.option("--request-rate", "request_rates", callback=_rates, metavar="RATES",
-              help="Open loop instead of --c: one rung per rate in req/s, e.g. 1,2,4,8 (inf = all at once).")
+              help="Open loop instead of --c: one rung per rate in req/s, each > 0, e.g. 1,2,4,8 (inf = all at once).")
 @click.option("--burstiness", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
               help="Gamma shape of the arrival intervals with --request-rate: 1 = Poisson, <1 burstier.")
 @click.option("--max-concurrency", type=click.IntRange(1), help="With --request-rate: at most this many in flight.")
@@ -147,18 +161,19 @@ def cli() -> None:
 @click.option("--num-prefixes", type=click.IntRange(1), default=1, show_default=True,
               help="With --prefix-len: how many distinct shared prefixes.")
 @click.option("--output-len", type=click.IntRange(2),
-              help="max_tokens per request. [default: random: "
+              help="max_tokens per request; given, the flag beats every record's output_len or reply length. [default: random: "
                    f"{cfg.DEFAULT_OUTPUT_LEN}; datasets: the data's, or the reply's length with --tokenizer]")
 @click.option("--ignore-eos/--no-ignore-eos", default=None,
               help="Ask for all max_tokens (on) or let requests stop naturally (off). "
                    "[default: on for random, off for datasets]")
-@click.option("--cache-bust/--no-cache-bust", default=True, show_default=True,
-              help="Start every prompt with a per-run nonce, so no prefix cache serves an earlier run's prompt.")
+@click.option("--cache-bust/--no-cache-bust", default=None,
+              help="Start every prompt with a per-run tag, so no prefix cache serves an earlier run's prompt. "
+                   "[default: on for random, off for datasets]")
 @click.option("--prompts-per-rung", type=click.IntRange(1), help="Measured requests per rung (fixed).")
 @click.option("--prompts-per-concurrency", type=click.IntRange(1), help="Measured requests per rung = K·c "
               f"(K·ceil(rate) with --request-rate). [default: {cfg.DEFAULT_PROMPTS_PER_CONCURRENCY}]")
 @click.option("--warmup", type=click.IntRange(0),
-              help="Warmup requests per rung, excluded from numbers. [default: c; 0 with --request-rate]")
+              help="Warmup requests per rung, excluded from numbers; 0 = no warmup. [default: c; 0 with --request-rate]")
 @click.option("--label", default="run", show_default=True, callback=_label,
               help="Name of the run (manifest, out dir).")
 @click.option("--metadata", multiple=True, callback=_pairs, metavar="K=V",
@@ -171,16 +186,18 @@ def cli() -> None:
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_TIMEOUT_S,
               show_default=True, help="Seconds per request, send to stream end.")
 @click.option("--stall-timeout", type=click.FloatRange(0, min_open=True), default=cfg.DEFAULT_STALL_TIMEOUT_S,
-              show_default=True, help="No chunk from any in-flight request for this long = engine dead.")
+              show_default=True, help="No chunk from any in-flight request for this long = a stall (longer while "
+                                      "long prompts await their first chunk); dead unless /metrics shows progress.")
 @click.option("--metric-percentiles", "percentiles", default="50,90,99", show_default=True,
-              callback=_percentiles, help="Percentiles reported beside the mean.")
+              callback=_percentiles, help="Percentiles in (0, 100] reported beside the mean.")
 @click.option("--goodput", multiple=True, callback=_slos, metavar="SLOS",
-              help="SLOs in ms as vLLM spells them, e.g. \"ttft:500 tpot:50 e2el:10000\": goodput is the rate of "
+              help="SLOs in ms (each > 0) as vLLM spells them, e.g. \"ttft:500 tpot:50 e2el:10000\": goodput is the rate of "
                    "requests meeting all of them.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Result directory (must be empty).")
 @click.option("--overwrite", is_flag=True, help="Empty a non-empty --out that holds an earlier ladder run.")
-@click.option("--seed", type=int, default=cfg.DEFAULT_SEED, show_default=True, help="Prompt and arrival seed.")
-@click.option("--temperature", type=click.FloatRange(0), default=cfg.DEFAULT_TEMPERATURE, show_default=True)
+@click.option("--seed", type=int, default=cfg.DEFAULT_SEED, show_default=True, help="Prompt and arrival seed; 0 is a seed like any other.")
+@click.option("--temperature", type=click.FloatRange(0), default=cfg.DEFAULT_TEMPERATURE, show_default=True,
+              help="0 = greedy.")
 @click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
               help="Local tokenizer.json (or its folder): sizes random prompts, counts dataset prompts and replies.")
 @click.option("--allow-chunk-count", is_flag=True,
@@ -188,12 +205,39 @@ def cli() -> None:
 @click.option("--save-text", is_flag=True, help="Keep every request's prompt and output text in requests.jsonl.")
 @click.option("--explain", is_flag=True, help="Print the metric definitions after the run.")
 @click.option("--client-bound-cpu-pct", type=click.FloatRange(0), default=DEFAULT_MAX_CPU_PCT, show_default=True,
-              help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION.")
+              help="Client CPU (% of a core) above which event-loop lag means CLIENT_BOUND, not HOST_CONTENTION; "
+                   "0 = any client CPU.")
 @click.option("--client-bound-lag-ms", type=click.FloatRange(0), default=DEFAULT_MAX_LOOP_LAG_MS,
-              show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all.")
-def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
-        client_bound_lag_ms: float, **kw) -> int:
+              show_default=True, help="Event-loop lag p99 (ms) above which a rung is flagged at all; 0 = any lag.")
+@click.option("--metrics-interval", "metrics_interval_s", type=click.FloatRange(0),
+              default=cfg.DEFAULT_METRICS_INTERVAL_S, show_default=True,
+              help="Scrape the server's /metrics every this many seconds during each rung; 0 = never.")
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
+              help="Run each rung this many times: mean, 95% CI and CV per metric; a VOID repeat voids the rung.")
+@click.option("--range-ratio", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Random prompts: spread input and output lengths over L·(1±R), as vllm bench serve's "
+                   "--random-range-ratio; 0 = every request exactly --input-len and --output-len.")
+@click.option("--length-dist", type=click.Choice(["uniform", "normal"]), default="uniform", show_default=True,
+              help="With --range-ratio: uniform over the range, or normal with sd R·L clipped to it.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="top_p on every request.")
+@click.option("--top-k", type=click.IntRange(-1), help="top_k on every request; 0 or -1 = off, as in vLLM.")
+@click.option("--request-seed", type=int, help="The sampling seed on every request (--seed seeds the prompts); 0 is a seed like any other.")
+@click.option("--extra-body", callback=_json_object, metavar="JSON",
+              help="A JSON object merged into every request body, last, e.g. '{\"min_p\": 0.1}'.")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="Stream the answers (SSE); --no-stream asks for one JSON answer: TTFT and TPOT are n/a.")
+def run(**kw) -> int:
     """Run the ladder: one rung per concurrency; a rung with any failed request is VOID."""
+    from ladder.display import Display
+    from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
+
+    config, explain = _run_config(**kw)
+    return run_ladder(config, Display(explain=explain, percentiles=config.percentiles))
+
+
+def _run_config(prompts_per_rung: int | None, prompts_per_concurrency: int | None, client_bound_cpu_pct: float,
+                client_bound_lag_ms: float, **kw) -> tuple[RunConfig, bool]:
+    """The RunConfig of `ladder run`'s flags (and `ladder sweep`'s), and whether --explain was given."""
     if prompts_per_rung is not None and prompts_per_concurrency is not None:
         raise click.UsageError("give --prompts-per-rung or --prompts-per-concurrency, not both")
     if kw["concurrencies"] is not None and kw["request_rates"] is not None:
@@ -207,17 +251,47 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
                                    f"that rung could never have c requests in flight")
     else:
         del kw["concurrencies"]
+    if kw["api_key"]:
+        source = click.get_current_context().get_parameter_source("api_key")
+        kw["api_key_source"] = "OPENAI_API_KEY" if source is click.core.ParameterSource.ENVIRONMENT else "--api-key"
     explain = kw.pop("explain")
-    from ladder.display import Display
-    from ladder.runner import run_ladder  # deferred: keeps --help and flag errors fast
-
+    if not kw["stream"] and {"ttft", "tpot"} & set(kw["goodput"]):
+        raise click.UsageError("--no-stream has no TTFT or TPOT to hold to an SLO: use e2el")
     config = RunConfig(
         prompts_per_rung=prompts_per_rung,
         prompts_per_concurrency=prompts_per_concurrency or cfg.DEFAULT_PROMPTS_PER_CONCURRENCY,
         timeout_s=kw.pop("timeout"), stall_timeout_s=kw.pop("stall_timeout"),
         serve_timeout_s=kw.pop("serve_timeout"), out_dir=kw.pop("out"),
         audit=AuditThresholds(max_cpu_pct=client_bound_cpu_pct, max_loop_lag_ms=client_bound_lag_ms), **kw)
-    return run_ladder(config, Display(explain=explain))
+    return config, explain
+
+
+def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, **kw) -> int:
+    from ladder.display import Display
+    from ladder.runner import run_ladder
+    from ladder.sweep import SweepSpec, check
+
+    spec = SweepSpec(max_c, max_rate, slo_attainment)
+    kw["request_rates"] = (1.0,) if spec.open_loop else None  # the search sets each point's load
+    config, explain = _run_config(concurrencies=None if spec.open_loop else (1,), **kw)
+    check(config, spec)
+    return run_ladder(config, Display(explain=explain, percentiles=config.percentiles), sweep=spec)
+
+
+sweep = click.Command(
+    "sweep", callback=_sweep,
+    help="Find the highest concurrency (--max-c) or request rate (--max-rate) meeting the --goodput SLOs: "
+         "double from 1 until a point fails, then bisect. Each point is a rung of `ladder run` (warmup, VOID "
+         "rules, --repeats); it passes when OK and at least --slo-attainment of its requests meet every SLO. "
+         "Exit 0 with an answer, 1 when even the first point failed, 3 when the engine died.",
+    params=[p for p in run.params if p.name not in ("concurrencies", "request_rates")] + [
+        click.Option(["--max-c"], type=click.IntRange(1), help="Closed loop: the highest concurrency tried."),
+        click.Option(["--max-rate"], type=click.FloatRange(0, min_open=True),
+                     help="Open loop: the highest request rate (req/s) tried."),
+        click.Option(["--slo-attainment"], type=click.FloatRange(0, 1, min_open=True), default=0.9,
+                     show_default=True, help="The share of a point's requests that must meet every SLO."),
+    ])
+cli.add_command(sweep)
 
 
 @cli.command()
@@ -232,8 +306,10 @@ def run(prompts_per_rung: int | None, prompts_per_concurrency: int | None, clien
 @click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=50.0, show_default=True,
               help="The latency percentile the tables and plots show (one the runs recorded).")
 @click.option("--note", "notes", multiple=True, help="A paragraph for the top of the report; repeatable.")
+@click.option("--same-build", is_flag=True,
+              help="Treat runs whose engine_version (build and commit) differs as like-for-like.")
 def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, baseline: str | None,
-            allow_mismatch: bool, percentile: float, notes: tuple[str, ...]) -> int:
+            allow_mismatch: bool, percentile: float, notes: tuple[str, ...], same_build: bool) -> int:
     """Put runs side by side: one table per metric group, rows = rungs, columns = runs.
 
     \b
@@ -243,7 +319,7 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
     from ladder import compare as cmp
     from ladder.runs import load_runs
 
-    comparison = cmp.prepare(load_runs(run_dirs), baseline, percentile, allow_mismatch)
+    comparison = cmp.prepare(load_runs(run_dirs), baseline, percentile, allow_mismatch, same_build)
     links = []
     if plots is not None:
         from ladder.plots import write_plots

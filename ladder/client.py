@@ -26,6 +26,9 @@ class Progress:
     in_flight: int = 0
     peak_in_flight: int = 0  # the most requests in flight at once: proof a rung reached its concurrency
     num_failed: int = 0
+    # request bytes (prompt text, mostly) of the requests in flight still waiting for their first chunk:
+    # a long prompt's prefill may keep every stream silent for long (ladder.runner scales the stall limit)
+    waiting_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,20 +42,24 @@ Messages = Sequence[tuple[str, str]]  # (role, content)
 
 
 def request_body(prompt: str | Messages, *, model: str, chat: bool, max_tokens: int, temperature: float,
-                 continuous_usage: bool, ignore_eos: bool = True) -> bytes:
+                 continuous_usage: bool, ignore_eos: bool = True, stream: bool = True,
+                 extra: dict | None = None) -> bytes:
     """The JSON body, serialised once before any clock starts. A str prompt is one user message; the
-    completions endpoint gets the messages' contents joined by newlines."""
+    completions endpoint gets the messages' contents joined by newlines. `extra` (sampling fields,
+    --extra-body) is merged in last, so it can override any field."""
     messages = [("user", prompt)] if isinstance(prompt, str) else list(prompt)
-    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-                  "stream_options": {"include_usage": True}}
+    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+        if continuous_usage:
+            body["stream_options"]["continuous_usage_stats"] = True
     if ignore_eos:
         body["ignore_eos"] = True
-    if continuous_usage:
-        body["stream_options"]["continuous_usage_stats"] = True
     if chat:
         body["messages"] = [{"role": role, "content": content} for role, content in messages]
     else:
         body["prompt"] = "\n".join(content for _, content in messages)
+    body.update(extra or {})
     return json.dumps(body).encode()
 
 
@@ -97,6 +104,8 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         choice = choices[0]
         rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
         if rec.token_ids is not None and (ids := token_ids(choice)) is not None:
+            if rec.silent_positions is not None and not _carries_output(choice, chat):  # special tokens
+                rec.silent_positions += range(len(rec.token_ids), len(rec.token_ids) + len(ids))
             rec.token_ids += ids
         if _carries_output(choice, chat):
             rec.chunk_times.append(now)
@@ -110,12 +119,28 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
         rec.error = rec.error or f"stream_error: {err.get('message', err) if isinstance(err, dict) else err}"
 
 
+def _on_answer(rec: RequestRecord, obj: dict, now: float, chat: bool) -> None:
+    """A non-streaming answer: one JSON body, taken as one chunk arriving when it was read."""
+    usage = obj.get("usage") or {}
+    rec.completion_tokens, rec.prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    choice = (obj.get("choices") or [{}])[0]
+    text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+    rec.finish_reason = choice.get("finish_reason")
+    rec.done = True
+    if text or rec.completion_tokens:
+        rec.chunk_times.append(now)
+    if rec.output_text is not None:
+        rec.output_text += text or ""
+
+
 async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Progress, timeout_s: float) -> None:
     """Send one request and record what comes back. Never raises except on cancellation."""
     chat = target.chat
     progress.in_flight += 1
     progress.peak_in_flight = max(progress.peak_in_flight, progress.in_flight)
     rec.t_send = progress.last_activity = perf_counter()
+    waiting = len(body)
+    progress.waiting_bytes += waiting
     try:
         async with asyncio.timeout(timeout_s):
             async with target.session.post(target.url, data=body) as resp:
@@ -125,6 +150,9 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
                     rec.error = f"{kind}: HTTP {resp.status}: {text[:160]}"
                     return
                 ctype = resp.headers.get("Content-Type", "")
+                if not rec.streamed:
+                    _on_answer(rec, await resp.json(content_type=None), perf_counter(), chat)
+                    return
                 if not ctype.startswith("text/event-stream"):
                     body = (await resp.text(errors="replace")).strip().replace("\n", " ")
                     rec.error = (f"not_streaming: the server answered stream: true with {ctype or 'no content type'}, "
@@ -138,6 +166,9 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
                         progress.last_activity = now
                         for event in events:
                             _on_event(rec, event, now, chat)
+                        if waiting and rec.chunk_times:
+                            progress.waiting_bytes -= waiting
+                            waiting = 0
     except TimeoutError:
         rec.error = f"timeout: no complete response within {timeout_s:g} s"
     except aiohttp.ClientPayloadError as e:
@@ -149,6 +180,7 @@ async def stream(target: Target, body: bytes, rec: RequestRecord, progress: Prog
     finally:
         rec.t_end = progress.last_activity = perf_counter()
         progress.in_flight -= 1
+        progress.waiting_bytes -= waiting
 
 
 async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[RequestRecord], concurrency: int,

@@ -13,6 +13,7 @@ from pathlib import Path
 from ladder import guard
 from ladder.config import ENGINE_KEYS, SetupError
 from ladder.metrics import DEFINITIONS
+from ladder.own_version import Build, build
 from ladder.runs import Run, concurrencies
 from ladder.table import GROUPS, Footnotes, Group, cell
 
@@ -31,7 +32,8 @@ class Comparison:
         return self.baseline or self.runs[0]
 
 
-def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mismatch: bool) -> Comparison:
+def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mismatch: bool,
+            same_build: bool = False) -> Comparison:
     """Resolve the baseline, check the percentile exists, and apply the guard."""
     base = None
     if baseline is not None:
@@ -41,7 +43,7 @@ def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mism
                              f"{', '.join(r.label for r in runs)}")
     pct = f"p{percentile:g}"
     for run in runs:
-        shown = {k for row in run.rungs.values() if row.stats for k in row.stats["ttft_ms"]["percentiles"]}
+        shown = {k for row in run.rungs.values() if row.stats for k in row.stats["e2e_ms"]["percentiles"]}
         if shown and pct not in shown:
             raise SetupError(f"run {run.label} has no {pct} (it recorded {', '.join(sorted(shown))}); "
                              f"pick one with --percentile")
@@ -49,7 +51,7 @@ def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mism
     if workload and not allow_mismatch:
         raise SetupError("the workloads differ, so these runs are not comparable (--allow-mismatch shows them "
                          "anyway): " + "; ".join(d.line() for d in workload))
-    return Comparison(runs, base, pct, guard.engine_differences(runs), workload)
+    return Comparison(runs, base, pct, guard.engine_differences(runs, same_build), workload)
 
 
 def workload_caption(run: Run) -> str:
@@ -64,9 +66,10 @@ def workload_caption(run: Run) -> str:
         limit = f" of ≤ {data['max_input_len']} tokens" if data.get("max_input_len") else ""
         prompts = f"{data['kind']} prompts{limit} ({data.get('num_usable', '?')} of {data.get('num_records', '?')} records)"
     out_len = w.get("output_len") or "dataset lengths"
+    slos = f", goodput SLOs (ms) {run.slos}" if run.slos != "none" else ""
     return (f"{w.get('endpoint_kind', '?')}, {prompts} / {out_len} out"
             f"{' (ignore_eos)' if sampling.get('ignore_eos') else ''}, {per_rung}, "
-            f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}")
+            f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}{slos}")
 
 
 def _row(cells: Sequence[str]) -> str:
@@ -85,6 +88,10 @@ def _banner(cmp: Comparison) -> list[str]:
                 "measure the same requests:", ">"]
         out += [f"> - {d.line()}" for d in cmp.workload_differences]
         out.append("")
+    interrupted = [r.label for r in cmp.runs if r.interrupted]
+    if interrupted:
+        out += [f"> **interrupted:** {', '.join(interrupted)} stopped (SIGINT or SIGTERM) before the last rung; "
+                "the rungs it did not finish are missing.", ""]
     unverified = guard.unverified_engine_keys(cmp.runs)
     if unverified:
         out += [f"Engine keys no run reports, so unverified: {', '.join(unverified)}.", ""]
@@ -117,10 +124,56 @@ def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
     out = [f"### {title}" + (f" ({group.direction})" if group.direction else ""), "",
            _row(["metric", load_column(cmp.reference), *heads]), _row(["---", "---:", *(["---:"] * len(runs))])]
     for metric in group.metrics:
+        if metric.key == "goodput" and all(r.slos == "none" for r in runs):
+            continue  # no run set --goodput: the row would be n/a everywhere
         formula = cmp.reference.definitions.get(metric.key) or DEFINITIONS.get(metric.key, "")
         name = f"{metric.name} ({metric.unit}){notes.ref(f'{metric.name}: {formula}')}"
         for c in concurrencies(runs):
             out.append(_row([name, f"{c:g}", *(cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs)]))
+    return out + [""]
+
+
+# series -> (name, unit, decimals, scale) as the report shows them
+SERVER_SERIES = {"running": ("running requests", "", 1, 1), "waiting": ("waiting requests", "", 1, 1),
+                 "kv_usage": ("KV cache usage", "%", 2, 100), "preemptions": ("preemptions", "per interval", 1, 1),
+                 "spec_acceptance_rate": ("spec acceptance rate", "per interval", 2, 1),
+                 "spec_accept_length": ("spec acceptance length", "SGLang", 2, 1),
+                 "prefix_cache_hit_rate": ("prefix-cache hit rate", "per interval", 2, 1),
+                 "gpu_util_pct": ("GPU utilisation", "%", 0, 1), "gpu_mem_used_mib": ("GPU memory used", "MiB", 0, 1)}
+
+
+def _server_cell(run: Run, c: float) -> dict[str, str]:
+    row = run.rungs.get(c)
+    if row is None or row.server_metrics is None:
+        return {}
+    out = {}
+    for name, s in row.server_metrics["series"].items():
+        if name in SERVER_SERIES:
+            _, _, decimals, scale = SERVER_SERIES[name]
+            out[name] = "n/a" if s is None else f"{scale * s['mean']:,.{decimals}f} / {scale * s['peak']:,.{decimals}f}"
+    return out
+
+
+def _server_table(cmp: Comparison) -> list[str]:
+    """The server's /metrics series per rung: mean / peak over the measured phase; n/a where the server
+    does not expose the series."""
+    runs = cmp.runs
+    cells = {(r.label, c): _server_cell(r, c) for r in runs for c in concurrencies(runs)}
+    if not any(cells.values()):
+        return []
+    intervals = sorted({row.server_metrics["interval_s"] for r in runs for row in r.rungs.values()
+                        if row.server_metrics})
+    out = ["### Server metrics over the measured phase (mean / peak)", "",
+           f"Scraped from each server's /metrics every {', '.join(f'{i:g}' for i in intervals)} s; counters as "
+           "their increase per interval. n/a: the server does not expose it; - : not scraped.", "",
+           _row(["series", load_column(cmp.reference), *(r.label for r in runs)]),
+           _row(["---", "---:", *(["---:"] * len(runs))])]
+    for name, (title, unit, _, _) in SERVER_SERIES.items():
+        shown = [(c, [cells[(r.label, c)].get(name, "-") for r in runs]) for c in concurrencies(runs)]
+        if all(v in ("-", "n/a") for _, vs in shown for v in vs) and name.startswith("gpu_"):
+            continue  # no GPU series anywhere: not a row per rung of "-"
+        label = f"{title} ({unit})" if unit else title
+        out += [_row([label, f"{c:g}", *vs]) for c, vs in shown]
     return out + [""]
 
 
@@ -133,8 +186,10 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
         lines += [paragraph, ""]
     lines += [f"Workload: {workload_caption(cmp.reference)}.", ""]
     lines += _banner(cmp)
-    lines += ["## Runs", "", _row(["run", "result directory"]), _row(["---", "---"])]
-    lines += [_row([r.label, f"`{r.path}`"]) for r in runs]
+    lines += [f"Report by ladder, {build().describe()}.", ""]
+    lines += ["## Runs", "", _row(["run", "result directory", "ladder build", "host"]), _row(["---"] * 4)]
+    lines += [_row([r.label + (" (interrupted)" if r.interrupted else ""), f"`{r.path}`", code_name(r.code),
+                    host_name(r.host)]) for r in runs]
     lines += ["", "## Engine keys", "",
               "Each value with its source: `metadata` (asserted with --metadata), `server` (reported by the "
               "server) or `flags` (read from --serve-cmd).", ""]
@@ -147,11 +202,27 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
               "with their reasons.", ""]
     for group in GROUPS:
         lines += _group_table(cmp, group, notes)
+    lines += _server_table(cmp)
     if plot_links:
         lines += ["## Plots", "", f"Workload: {workload_caption(cmp.reference)}.", ""]
         lines += [f"![{caption}]({path})" for caption, path in plot_links] + [""]
     lines += notes.render()
     return "\n".join(lines) + "\n"
+
+
+def code_name(code: dict | None) -> str:
+    """The build a run's ladder came from, as a report names it."""
+    if not code:
+        return "unknown (manifest without a build)"
+    return Build(**code).describe()
+
+
+def host_name(host: dict | None) -> str:
+    if not host or "cpu_model" not in host:
+        return "unknown"
+    gpus = ", ".join(f"{g['name']} (driver {g['driver']})" for g in host.get("gpus") or ()) or "no GPU seen"
+    busy = " OVERLOADED (load average above the core count)" if host.get("overloaded") else ""
+    return f"{host.get('cpu_model') or '?'} x{host.get('cpu_count')}, {gpus}{busy}"
 
 
 def link(path: Path, report: Path | None) -> str:

@@ -21,7 +21,9 @@ DEFAULT_STALL_TIMEOUT_S = 60.0  # no new chunk from any in-flight request for th
 DEFAULT_SERVE_TIMEOUT_S = 600.0  # --serve-cmd: time allowed for loading weights before /v1/models answers
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 DEFAULT_SEED = 0  # vllm bench serve --seed
+DEFAULT_METRICS_INTERVAL_S = 1.0  # /metrics scrape interval while a rung runs
 DEFAULT_TEMPERATURE = 0.0  # greedy: the acceptance rate of a speculator is then a property of the engine
+INF_RATE_LOAD = max(DEFAULT_CONCURRENCIES)  # --request-rate inf counts as this load when sizing its rung
 EMBEDDED_SERVE_CMD = "{refengine} serve --model smollm2 --port {port}"
 
 # The engine keys: `ladder compare` puts runs that differ in any of them under a "not like-for-like"
@@ -53,13 +55,14 @@ class RunConfig:
     num_prefixes: int = 1  # distinct shared prefixes
     output_len: int | None = None  # None = the dataset's lengths (random: DEFAULT_OUTPUT_LEN)
     ignore_eos: bool | None = None  # None = on for random, off for the other datasets
-    cache_bust: bool = True  # a per-run nonce at the start of every prompt
+    cache_bust: bool | None = None  # a per-run tag at the start of every prompt; None = on for random only
     prompts_per_rung: int | None = None
     prompts_per_concurrency: int = DEFAULT_PROMPTS_PER_CONCURRENCY
     warmup: int | None = None  # None = c (closed loop) or 0 (open loop)
     label: str = "run"
     metadata: dict[str, str] = field(default_factory=dict)
     api_key: str | None = None
+    api_key_source: str | None = None  # "--api-key" or "OPENAI_API_KEY": named when the server refuses the key
     headers: dict[str, str] = field(default_factory=dict)  # --header K=V, redacted in files
     insecure: bool = False  # skip TLS certificate checks
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -75,6 +78,21 @@ class RunConfig:
     allow_chunk_count: bool = False
     save_text: bool = False  # prompt and output of every request in requests.jsonl
     audit: AuditThresholds = AuditThresholds()
+    metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S  # 0: no /metrics series
+    repeats: int = 1  # each rung run this many times
+    length_dist: str = "uniform"  # random prompts: how input and output lengths spread (ladder.lengths)
+    range_ratio: float = 0.0  # 0: every random request has exactly --input-len / --output-len
+    top_p: float | None = None  # sampling fields sent on every request (None: not sent)
+    top_k: int | None = None
+    request_seed: int | None = None
+    extra_body: dict = field(default_factory=dict)  # merged into every request body, last
+    stream: bool = True  # False: one JSON answer per request, TTFT n/a
+
+    @property
+    def body_extra(self) -> dict:
+        """The fields every request carries beyond the ladder's own: sampling, then --extra-body."""
+        sampling = {"top_p": self.top_p, "top_k": self.top_k, "seed": self.request_seed}
+        return {**{k: v for k, v in sampling.items() if v is not None}, **self.extra_body}
 
     @property
     def open_loop(self) -> bool:
@@ -88,7 +106,10 @@ class RunConfig:
     def num_prompts(self, load: int | float) -> int:
         if self.prompts_per_rung is not None:
             return self.prompts_per_rung
-        return self.prompts_per_concurrency * max(1, math.ceil(load))
+        # NOTE: rate inf ("all at once") has no ceil: it sends as many as its in-flight cap would hold, or as
+        # many as the largest default rung (ceil(inf) raises OverflowError).
+        size = math.ceil(load) if math.isfinite(load) else self.max_concurrency or INF_RATE_LOAD
+        return self.prompts_per_concurrency * max(1, size)
 
     def num_warmup(self, load: int | float) -> int:
         if self.warmup is not None:
@@ -109,6 +130,11 @@ class RunConfig:
     @property
     def eos_ignored(self) -> bool:
         return self.ignore_eos if self.ignore_eos is not None else self.dataset_kind == "random"
+
+    @property
+    def busts_cache(self) -> bool:
+        # NOTE: off for datasets by default: a model echoes a tag in real text, and ngram drafting copies it.
+        return self.cache_bust if self.cache_bust is not None else self.dataset_kind == "random"
 
     @property
     def chat(self) -> bool:

@@ -1,5 +1,5 @@
 """Console output: a rich live line per phase on a terminal, a plain progress line every PLAIN_EVERY_S
-elsewhere, one line per finished rung, and a p50/p90/p99 table at the end."""
+elsewhere, one line per finished rung, and a table of the --metric-percentiles at the end."""
 
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -7,16 +7,17 @@ from time import perf_counter
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ladder.config import DEFAULT_PERCENTILES
 from ladder.metrics import DEFINITIONS, Summary
 from ladder.records import RequestRecord, output_tokens
 from ladder.rung import RungOk, RungResult, RungVoid
 
 PLAIN_EVERY_S = 10.0
 PLAIN_WIDTH = 160  # columns of the console off a terminal
-END_PERCENTILES = ("p50", "p90", "p99")
 
 
 def _mid(s: Summary | None) -> str:
@@ -50,6 +51,14 @@ def rung_line(rung: RungResult) -> str:
         parts.append(f"cache hits {'n/a' if cache is None or cache.hit_rate is None else f'{100 * cache.hit_rate:.0f}%'}")
         if rung.num_unsent:
             parts.append(f"{rung.num_unsent} unsent (--max-duration)")
+        running = ((rung.server_metrics or {}).get("series") or {}).get("running")
+        if running:
+            parts.append(f"server running mean {running['mean']:.1f} peak {running['peak']:g}")
+        if rung.repeats:
+            out = rung.repeats["metrics"].get("output_throughput") or {}
+            spread = f" ± {out['half_width']:.1f}" if out.get("half_width") is not None else ""
+            cv = f", CV {100 * out['cv']:.1f}%" if out.get("cv") is not None else ""
+            parts.append(f"{rung.repeats['n']} repeats: out {out.get('mean', 0):.1f}{spread} tok/s (95% CI{cv})")
         notes = {rung.audit.flag: f"({rung.audit.criterion})",
                  "BELOW_C": f"(peak {rung.peak_in_flight} in flight < c={rung.concurrency})"}
         if rung.lateness is not None:
@@ -66,11 +75,12 @@ def rung_line(rung: RungResult) -> str:
 
 class Display:
     def __init__(self, console: Console | None = None, explain: bool = False,
-                 clock: Callable[[], float] = perf_counter):
+                 clock: Callable[[], float] = perf_counter, percentiles: Sequence[float] = DEFAULT_PERCENTILES):
         self.console = console or Console(highlight=False, soft_wrap=True)
         if console is None and not self.console.is_terminal:
             self.console.width = PLAIN_WIDTH  # a log is read later: nothing limits its width, keep tables whole
         self.explain = explain
+        self.percentiles = tuple(f"p{p:g}" for p in percentiles)
         self.clock = clock
         self._progress: Progress | None = None
         self._task = None
@@ -118,7 +128,8 @@ class Display:
         self._failed += failed
         if not failed:
             self._tokens += output_tokens(rec)
-            self._ttfts.append(rec.chunk_times[0] - rec.t_send)
+            if rec.streamed:
+                self._ttfts.append(rec.chunk_times[0] - rec.t_send)
         if self._progress is not None:
             self._progress.update(self._task, advance=1, live=self.live())
         elif self.clock() - self._last_plain >= PLAIN_EVERY_S:
@@ -137,16 +148,24 @@ class Display:
 
     def finish(self) -> None:
         """The end table, then the metric definitions when --explain asked for them."""
-        self.console.print(end_table(self._rungs))
+        table = end_table(self._rungs, self.percentiles)
+        # NOTE: as wide as the table needs: rich would otherwise cut the numbers ("12345.6 / 2…") to fit
+        # an 80-column terminal; a terminal wraps a long line, which loses no digit.
+        width = self.console.width
+        self.console.width = max(width, Measurement.get(self.console, self.console.options.update_width(1 << 16),
+                                                        table).maximum)
+        self.console.print(table)
+        self.console.width = width
         if self.explain:
             self.console.print("Definitions:")
             for name, formula in DEFINITIONS.items():
                 self.console.print(escape(f"  {name:<19} {formula}"), highlight=False)
 
 
-def end_table(rungs: Sequence[RungResult]) -> Table:
-    """One row per rung; each latency cell is p50 / p90 / p99 in ms ("-" where not recorded)."""
-    table = Table(title="latency per rung, ms: " + " / ".join(END_PERCENTILES), box=box.ASCII)
+def end_table(rungs: Sequence[RungResult], percentiles: Sequence[str] = ("p50", "p90", "p99")) -> Table:
+    """One row per rung; each latency cell is the percentiles in ms, e.g. p50 / p90 / p99 ("-" where not
+    recorded)."""
+    table = Table(title="latency per rung, ms: " + " / ".join(percentiles), box=box.ASCII)
     for name in ("rung", "status", "TTFT", "TPOT", "E2E"):
         table.add_column(name, no_wrap=True)
     for rung in rungs:
@@ -154,6 +173,6 @@ def end_table(rungs: Sequence[RungResult]) -> Table:
         if isinstance(rung, RungOk):
             st = rung.stats
             cells = [" / ".join(f"{s.percentiles[p]:.1f}" if s is not None and p in s.percentiles else "-"
-                                for p in END_PERCENTILES) for s in (st.ttft_ms, st.tpot_ms, st.e2e_ms)]
+                                for p in percentiles) for s in (st.ttft_ms, st.tpot_ms, st.e2e_ms)]
         table.add_row(load_label(rung), rung.status, *cells)
     return table

@@ -1,15 +1,17 @@
 """The server as the ladder sees it over HTTP: model list, health, canary, probes and /metrics counters."""
 
 import json
+import re
 from time import perf_counter
 
 import aiohttp
 
 from ladder.client import Progress, Target, request_body, stream
 from ladder.config import SetupError
-from ladder.metrics import SPEC_COUNTERS, parse_counters
+from ladder.metrics import SPEC_COUNTERS, parse_counters, progress_counters
 from ladder.prefix_cache import PREFIX_CACHE_COUNTERS
 from ladder.records import RequestRecord, probe_failure
+from ladder.rung import SHUTTING_DOWN
 
 CANARY_TRIES, CANARY_FAILS = 3, 2  # 2 of 3 failed canaries mean the engine is dead
 
@@ -22,10 +24,14 @@ class Endpoint:
     """One OpenAI-compatible server and the HTTP session every request to it shares."""
 
     def __init__(self, base_url: str, api_key: str | None, chat: bool, headers: dict[str, str] | None = None,
-                 insecure: bool = False):
+                 insecure: bool = False, key_source: str | None = None):
         url = base_url.rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise SetupError(f"base URL {base_url!r} has no scheme: write http://{url} or https://{url}")
+        if (path := re.search(r"(/v1)?/(chat/completions|completions|models)$", url)) is not None:
+            base = url[:path.start()]
+            raise SetupError(f"base URL {base_url!r} names an endpoint, not the server: write {base} "
+                             f"(--backend picks /v1/chat/completions or /v1/completions)")
         self.base_url = url[:-3] if url.endswith("/v1") else url  # accept either spelling of the base
         self.chat = chat
         self.path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -33,8 +39,20 @@ class Endpoint:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._headers.update(headers or {})
+        self._key = self._describe_key(headers or {}, api_key, key_source)
         self._insecure = insecure
         self.session: aiohttp.ClientSession | None = None
+
+    @staticmethod
+    def _describe_key(headers: dict[str, str], api_key: str | None, source: str | None) -> tuple[str, str]:
+        """(the credential the server may refuse, named by where it came from; what to do instead)."""
+        if any(k.lower() == "authorization" for k in headers):
+            return "the Authorization header given with --header", "check its value"
+        if not api_key:
+            return "a request without an API key", "pass --api-key or set OPENAI_API_KEY"
+        if source == "OPENAI_API_KEY":
+            return "the API key from $OPENAI_API_KEY", "fix the variable, or pass --api-key"
+        return f"the API key given with {source or '--api-key'}", "check it"
 
     async def __aenter__(self) -> "Endpoint":
         # NOTE: no connection cap (the phase semaphore is the cap) so probes never queue behind load;
@@ -64,7 +82,8 @@ class Endpoint:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 text = await resp.text(errors="replace")
                 if resp.status in (401, 403):
-                    raise SetupError(f"{url} refused the API key (HTTP {resp.status}); pass --api-key")
+                    what, advice = self._key
+                    raise SetupError(f"{url} refused {what} (HTTP {resp.status}); {advice}")
                 if resp.status >= 500:
                     raise NotReadyError(f"{url} answered HTTP {resp.status}: {text[:100]}")
                 if resp.status != 200:
@@ -81,11 +100,17 @@ class Endpoint:
             raise NotReadyError(f"cannot reach {url}: {type(e).__name__}: {e}") from e
 
     async def health(self) -> str | None:
-        """Why /health says the engine is dead, or None. A server without /health (404) is not dead."""
+        """Why /health says the engine is gone, or None. A server without /health (404) is not dead; one
+        that answers 503 "shutting down" is draining, and said so."""
         try:
             async with self.session.get(self.base_url + "/health",
                                         timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                return f"/health answered HTTP {resp.status}" if resp.status >= 500 else None
+                if resp.status < 500:
+                    return None
+                text = (await resp.text(errors="replace")).strip().replace("\n", " ")
+                if resp.status == 503 and re.search(r"shutting[ _]down", text, re.IGNORECASE):
+                    return f"{SHUTTING_DOWN} (/health answered HTTP 503: {text[:100]})"
+                return f"/health answered HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as e:
             return f"/health unreachable: {type(e).__name__}: {e}"
 
@@ -108,6 +133,10 @@ class Endpoint:
     async def counters(self) -> dict[str, float]:
         """The spec-decode and prefix-cache counters from /metrics; empty when the server exposes none."""
         return parse_counters(await self.optional_text("/metrics"), SPEC_COUNTERS + PREFIX_CACHE_COUNTERS)
+
+    async def progress_counters(self) -> dict[str, float]:
+        """Every counter of /metrics (ladder.metrics.progress_counters); empty without /metrics."""
+        return progress_counters(await self.optional_text("/metrics"))
 
     async def probe(self, body: bytes, timeout_s: float) -> RequestRecord:
         rec = RequestRecord(concurrency=0, phase="probe", index=0)

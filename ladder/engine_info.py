@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ladder.config import ENGINE_KEYS
-from ladder.own_version import NOT_INSTALLED, own_version
+from ladder.own_version import NOT_INSTALLED, build, own_version
 
 _DTYPES = {
     "float32": "float32", "fp32": "float32", "f32": "float32", "float": "float32", "torch.float32": "float32",
@@ -83,7 +83,8 @@ def from_server(model_entry: Mapping, metrics_text: str, props: Mapping) -> dict
             method += " (random-init head)"  # no trained weights: a different drafter, not a detail
         out.update(device=ref.get("device"), numerics=ref.get("numerics"), dtype=ref.get("dtype"), weight_format=ref.get("weight_format"),
                    spec_method=method, spec_k=int(ref.get("num_speculative_tokens") or 0),
-                   async_scheduling=ref.get("async_scheduling"), max_num_seqs=ref.get("max_num_seqs"))
+                   async_scheduling=ref.get("async_scheduling"), max_num_seqs=ref.get("max_num_seqs"),
+                   engine_version=ref.get("version") or out["engine_version"])
     vllm_cache = _info_labels(metrics_text, "vllm:cache_config_info")
     if vllm_cache:
         out["kv_dtype"] = vllm_cache.get("cache_dtype")
@@ -135,8 +136,7 @@ def _own_version(program: str) -> str | None:
     """specladder's version when `program` is this interpreter's own refengine: then it is this install."""
     if Path(program).absolute().parent != Path(sys.executable).absolute().parent:
         return None
-    own = own_version()
-    return None if own == NOT_INSTALLED else f"specladder {own}"
+    return None if own_version() == NOT_INSTALLED else build().describe()
 
 
 def from_serve_cmd(serve_cmd: str | None) -> dict[str, object]:

@@ -41,11 +41,14 @@ def _differs(key: str, runs: Sequence[Run], get: Callable[[Run], object], note: 
     return [Difference(key, tuple((r.label, _show(v)) for r, v in zip(runs, values)), note)]
 
 
-def engine_differences(runs: Sequence[Run]) -> list[Difference]:
+def engine_differences(runs: Sequence[Run], same_build: bool = False) -> list[Difference]:
     """Every engine key on which the runs disagree. An unknown value never counts as equal to a known one,
-    and a key no run knows is reported by `unverified_engine_keys` instead."""
+    and a key no run knows is reported by `unverified_engine_keys` instead. Two builds of one engine differ
+    in engine_version (its commit included) unless the caller asserts they run alike (same_build)."""
     out: list[Difference] = []
     for key in ENGINE_KEYS:
+        if same_build and key == "engine_version":
+            continue
         out += _differs(key, runs, lambda r, k=key: r.engine.get(k))
     return out
 
@@ -85,14 +88,19 @@ def _dataset(run: Run) -> str | None:
 
 def workload_differences(runs: Sequence[Run]) -> list[Difference]:
     out: list[Difference] = []
-    for key in ("seed", "input_len", "output_len", "sampling", "endpoint_kind"):
+    for key in ("seed", "input_len", "output_len", "length_dist", "sampling", "endpoint_kind"):
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
     out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
+    out += _differs("goodput SLOs", runs, lambda r: r.slos, "goodput counts the requests meeting them")
     out += _differs("load", runs, lambda r: "request rate" if "request_rate" in (r.workload.get("load") or {})
                     else "concurrency", "a rate rung and a concurrency rung do not measure the same thing")
     common = sorted(set.intersection(*(set(r.rungs) for r in runs)))
     for c in common:
-        out += _differs(f"prompt texts at c={c}", runs,
+        counted = [r for r in runs if r.rungs[c].num_measured is not None]  # OK rows say how many they sent
+        counts = _differs(f"measured requests at c={c}", counted, lambda r, c=c: r.rungs[c].num_measured,
+                          "different prompt counts (--prompts-per-rung, --prompts-per-concurrency)")
+        out += counts
+        out += [] if counts else _differs(f"prompt texts at c={c}", runs,
                         lambda r, c=c: (r.workload.get("rung_prompt_hashes") or {}).get(str(c), "")[:12] or None,
                         "sha256 of the measured requests, nonce excluded; random prompts sized by probing "
                         "differ between servers, --tokenizer sizes them alike")

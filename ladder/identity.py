@@ -56,6 +56,7 @@ class Completion:
     token_ids: list[int] | None = None
     error: str | None = None
     finish_reason: str | None = None
+    silent_positions: list[int] = field(default_factory=list)  # ids that came without text: special tokens
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,15 @@ def eos_note(seq_a: Sequence, seq_b: Sequence, pos: int, a: Completion, b: Compl
         if pos == len(seq) and done.finish_reason == "stop":
             return (f"; the divergence falls on an end-of-sequence token: {name} stopped there "
                     f"(finish_reason stop) and {other} went on")
+    # With ignore_eos, an engine that emits EOS and goes on (vLLM, refengine) sends a token without text
+    # where one that bans EOS (llama.cpp) sends another token.
+    silent = [name for name, done in (("A", a), ("B", b)) if pos in done.silent_positions]
+    if len(silent) == 1 and seq_a is not a.text:
+        name, other = silent[0], "B" if silent[0] == "A" else "A"
+        return (f"; {name}'s token {pos} ({seq_a[pos] if name == 'A' else seq_b[pos]}) came without text: a special "
+                f"token, with --ignore-eos most likely end-of-sequence, which {name} emitted and went on past while "
+                f"{other} sampled another token (engines honour ignore_eos differently: vLLM and refengine emit EOS "
+                f"and go on, llama.cpp bans it)")
     return ""
 
 
@@ -130,11 +140,11 @@ def compare(c: int, index: int, a: Completion, b: Completion) -> Verdict:
 
 async def fetch(target: Target, body: dict, timeout_s: float) -> Completion:
     """One streamed request through the ladder's client; text and token ids joined over its chunks."""
-    rec = RequestRecord(concurrency=0, phase="identity", index=0, output_text="", token_ids=[])
+    rec = RequestRecord(concurrency=0, phase="identity", index=0, output_text="", token_ids=[], silent_positions=[])
     await stream(target, json.dumps(body).encode(), rec, Progress(perf_counter()), timeout_s)
     error = rec.error or (None if rec.done else "truncated: the stream ended without [DONE]")
     return Completion(text=rec.output_text, token_ids=rec.token_ids or None, error=error,
-                      finish_reason=rec.finish_reason)
+                      finish_reason=rec.finish_reason, silent_positions=rec.silent_positions)
 
 
 @dataclass

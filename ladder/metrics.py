@@ -6,6 +6,7 @@ content, reasoning or tool calls; a role-only prelude never is.
 """
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -15,7 +16,8 @@ import numpy as np
 from ladder.records import RequestRecord, output_tokens
 
 DEFINITIONS = {
-    "ttft_ms": "t_1 - t_send; t_1 = first chunk carrying content, reasoning or tool calls, never a role-only prelude",
+    "ttft_ms": "t_1 - t_send; t_1 = first chunk carrying content, reasoning or tool calls, never a role-only prelude "
+               "(n/a without streaming: the whole answer comes at once)",
     "e2e_ms": "t_L - t_send; t_L = last token-bearing chunk (the usage chunk and [DONE] excluded)",
     "tpot_ms": "(E2E - TTFT) / (N - 1) per request; N = usage.completion_tokens",
     "chunk_gap_ms": "t_i - t_(i-1) between token-bearing chunks, pooled over requests (vLLM's 'ITL')",
@@ -53,7 +55,7 @@ class LengthStats:
 
 @dataclass(frozen=True)
 class RequestMetrics:
-    ttft: float
+    ttft: float | None  # None without streaming
     e2e: float
     tpot: float | None  # None when N < 2
     output_tokens: int
@@ -72,7 +74,7 @@ class RungStats:
     per_user_tok_s: float | None
     input_tokens: LengthStats | None
     output_tokens: LengthStats
-    ttft_ms: Summary
+    ttft_ms: Summary | None  # None without streaming
     e2e_ms: Summary
     tpot_ms: Summary | None
     chunk_gap_ms: Summary | None  # None when every request came in one chunk
@@ -108,11 +110,12 @@ def token_itls(chunk_times: Sequence[float], chunk_usage: Sequence[int]) -> list
 def request_metrics(rec: RequestRecord) -> RequestMetrics:
     times = rec.chunk_times
     n = output_tokens(rec)
-    ttft = times[0] - rec.t_send
     e2e = times[-1] - rec.t_send
     has_usage = len(rec.chunk_usage) == len(times)
+    # NOTE: without streaming the first token's arrival is not observable: TTFT and TPOT are n/a, not E2E.
+    ttft = times[0] - rec.t_send if rec.streamed else None
     return RequestMetrics(
-        ttft=ttft, e2e=e2e, tpot=(e2e - ttft) / (n - 1) if n > 1 else None, output_tokens=n,
+        ttft=ttft, e2e=e2e, tpot=(e2e - ttft) / (n - 1) if n > 1 and ttft is not None else None, output_tokens=n,
         tokens_per_chunk=n / len(times), chunk_gaps=[b - a for a, b in pairwise(times)],
         token_itls=token_itls(times, rec.chunk_usage) if has_usage else None)
 
@@ -135,7 +138,7 @@ def request_fields(rec: RequestRecord | None) -> dict:
     if rec is None:
         return {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "itl_ms": None, "output_tokens": None}
     m = request_metrics(rec)
-    return {"ttft_ms": 1e3 * m.ttft, "tpot_ms": 1e3 * m.tpot if m.tpot is not None else None,
+    return {"ttft_ms": 1e3 * m.ttft if m.ttft is not None else None, "tpot_ms": 1e3 * m.tpot if m.tpot is not None else None,
             "e2e_ms": 1e3 * m.e2e, "itl_ms": [1e3 * g for g in m.chunk_gaps], "output_tokens": m.output_tokens}
 
 
@@ -169,7 +172,7 @@ def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float],
         per_user_tok_s=_per_user(tpots),
         input_tokens=LengthStats(min(prompts), sum(prompts) / len(prompts), max(prompts)) if have_prompts else None,
         output_tokens=LengthStats(min(n_out), sum(n_out) / len(n_out), max(n_out)),
-        ttft_ms=ms([m.ttft for m in per]), e2e_ms=ms([m.e2e for m in per]), tpot_ms=ms(tpots),
+        ttft_ms=ms([m.ttft for m in per if m.ttft is not None]), e2e_ms=ms([m.e2e for m in per]), tpot_ms=ms(tpots),
         chunk_gap_ms=ms(gaps), itl_token_ms=ms(itls) if have_itls else None,
         tokens_per_chunk=summarize([m.tokens_per_chunk for m in per], percentiles),
         goodput=good / window if slos_ms else None, goodput_fraction=good / len(per) if slos_ms else None)
@@ -192,6 +195,28 @@ def parse_counters(text: str, names: Sequence[str] = SPEC_COUNTERS) -> dict[str,
         if name in names:
             rest = line.rsplit("}", 1)[1] if "}" in line else line[len(name):]
             out[name] = out.get(name, 0.0) + float(rest.split()[0])  # an optional timestamp follows
+    return out
+
+
+_WORK = re.compile(r"token|iteration|decode|prefill")
+
+
+def progress_counters(text: str) -> dict[str, float]:
+    """The engine's work counters in a Prometheus text (a _total or a histogram's _count whose name speaks of
+    tokens, iterations, decode or prefill: vllm:generation_tokens_total, vllm:iteration_tokens_total_count,
+    llamacpp:n_decode_total, ...), by name and labels: one moving means the engine still works. HTTP and
+    process counters are left out: the ladder's own requests and a spinning process move them."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, rest = line.rpartition("}") if "}" in line else line.partition(" ")
+        name = key.split("{", 1)[0]
+        if name.endswith(("_total", "_count")) and _WORK.search(name) and not name.startswith(("http", "process")):
+            try:
+                out[key] = float(rest.split()[0])
+            except (IndexError, ValueError):
+                continue
     return out
 
 

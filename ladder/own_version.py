@@ -1,14 +1,9 @@
-"""specladder's own version, for manifests and `--version`."""
+"""specladder's own version and build, for manifests, reports and `--version`."""
 
-from importlib.metadata import PackageNotFoundError, version
+from refengine.version import NOT_INSTALLED, Build, build, package_version
 
-# Run from a source tree put on PYTHONPATH (as on a GPU host with no package registry) there is no
-# installed distribution to ask; the manifest still gets written, saying so, instead of a traceback.
-NOT_INSTALLED = "not installed (source tree)"
+__all__ = ["NOT_INSTALLED", "Build", "build", "own_version"]
 
 
 def own_version() -> str:
-    try:
-        return version("specladder")
-    except PackageNotFoundError:
-        return NOT_INSTALLED
+    return package_version()

@@ -3,11 +3,15 @@
 - throughput.png: output tok/s against c
 - latency.png: TPOT and TTFT (the report's percentile) against c
 - interactivity.png: per-user tok/s (median of 1/TPOT) on x, output tok/s on y, one point per rung
+- server_metrics.png: running and waiting requests and KV usage over time from each run's metrics.jsonl,
+  one line per run, rungs shaded by their load (only when some run has a series)
 
-A VOID or NOT_RUN rung breaks its line and is marked with an X at the foot of the axes; the interactivity
-plot, which has no place for a rung without numbers, names them in a box instead.
+A VOID or NOT_RUN rung breaks its line and is marked with an X near the foot of the axes, one height per
+run so that runs VOID at the same rung do not overprint; the interactivity plot, which has no place for a
+rung without numbers, names them in a box instead.
 """
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +22,7 @@ from ladder.table import OUTPUT_TPUT, PER_USER, TPOT, TTFT, Metric, rung_name, v
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "*")
 DPI = 120
+VOID_FOOT, VOID_STEP = 0.03, 0.07  # axes fractions: the first run's X, and the rise per further run
 
 
 @dataclass(frozen=True)
@@ -52,11 +57,12 @@ def _against_c(ax, runs: Sequence[Run], metric: Metric, pct: str, ylabel: str) -
     cs = [c for c in concurrencies(runs) if math.isfinite(c)]
     for i, run in enumerate(runs):
         line, = ax.plot(cs, _series(run, cs, metric, pct), marker=MARKERS[i % len(MARKERS)], label=run.label)
+        height = VOID_FOOT + VOID_STEP * i
         for c, status in _missing(run, cs):
-            # at the foot of the axes, in the run's colour: the rung ran but has no number
-            ax.plot([c], [0.03], transform=ax.get_xaxis_transform(), marker="X", markersize=11,
+            # near the foot of the axes, in the run's colour: the rung ran but has no number
+            ax.plot([c], [height], transform=ax.get_xaxis_transform(), marker="X", markersize=11,
                     color=line.get_color(), linestyle="none")
-            ax.annotate(status, (c, 0.03), xycoords=ax.get_xaxis_transform(), xytext=(6, 4),
+            ax.annotate(status, (c, height), xycoords=ax.get_xaxis_transform(), xytext=(6, 4),
                         textcoords="offset points", fontsize=7, color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_xticks(cs, [f"{c:g}" for c in cs])
@@ -129,8 +135,49 @@ def interactivity_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) 
     return Plot("interactivity: output tok/s against per-user tok/s", path)
 
 
+def _samples(run: Run) -> list[dict]:
+    path = run.path / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+TIME_SERIES = (("running", "running requests"), ("waiting", "waiting requests"), ("kv_usage", "KV cache usage"))
+
+
+def server_metrics_plot(runs: Sequence[Run], caption: str, path: Path) -> Plot | None:
+    """The scraped series against time since each run's start; None when no run has any."""
+    samples = {run.label: _samples(run) for run in runs}
+    if not any(samples.values()):
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(TIME_SERIES), 1, figsize=(9, 7), sharex=True)
+    for i, run in enumerate(runs):
+        rows = samples[run.label]
+        for ax, (name, title) in zip(axes, TIME_SERIES):
+            # NOTE: a break between rungs (and repeats) rather than a line across the pause between them
+            xs, ys, prev = [], [], None
+            for s in rows:
+                if s.get("phase", "measured") != "measured":
+                    continue
+                key = (s.get("concurrency"), s.get("request_rate"), s.get("repeat"))
+                if prev is not None and key != prev:
+                    xs.append(math.nan)
+                    ys.append(math.nan)
+                prev = key
+                xs.append(s["t"])
+                ys.append(s["values"].get(name, math.nan))
+            ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], markersize=3, label=run.label)
+            ax.set_ylabel(title)
+            ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("seconds since the run started (samples of the measured phases only)")
+    axes[0].legend(fontsize=8)
+    _finish(plt, fig, "Server metrics over time (/metrics)", caption, path)
+    return Plot("server metrics over time", path)
+
+
 def write_plots(runs: Sequence[Run], pct: str, caption: str, out_dir: Path) -> list[Plot]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [throughput_plot(runs, pct, caption, out_dir / "throughput.png"),
-            latency_plot(runs, pct, caption, out_dir / "latency.png"),
-            interactivity_plot(runs, pct, caption, out_dir / "interactivity.png")]
+    plots = [throughput_plot(runs, pct, caption, out_dir / "throughput.png"),
+             latency_plot(runs, pct, caption, out_dir / "latency.png"),
+             interactivity_plot(runs, pct, caption, out_dir / "interactivity.png"),
+             server_metrics_plot(runs, caption, out_dir / "server_metrics.png")]
+    return [p for p in plots if p is not None]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class RequestRecord:
-    concurrency: int
+    concurrency: int | None  # the in-flight cap it ran under; None for an uncapped open-loop request
     phase: str  # "warmup" | "measured"
     index: int
     max_tokens: int = 0  # what the request asked for
@@ -27,7 +27,11 @@ class RequestRecord:
     prompt: list[tuple[str, str]] | None = None  # --save-text: the messages as sent, nonce included
     output_text: str | None = None  # --save-text: the content the stream carried
     token_ids: list[int] | None = None  # collected only when a list is given (ladder identity)
+    silent_positions: list[int] | None = None  # ladder identity: positions of ids whose chunk had no text
     finish_reason: str | None = None  # the last one the stream carried
+    request_rate: float | None = None  # the open-loop rung's rate (req/s)
+    repeat: int = 0  # --repeats: which run of its rung (0-based)
+    streamed: bool = True  # False: --no-stream, one JSON answer; its one "chunk" is the answer's arrival
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

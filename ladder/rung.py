@@ -13,6 +13,12 @@ from ladder.metrics import RungStats, SpecAcceptance
 from ladder.prefix_cache import PrefixCacheHits
 
 MAX_ERRORS = 5  # distinct error messages kept on a VOID row
+SHUTTING_DOWN = "the server is shutting down"  # how a draining server is named, never "engine dead"
+
+
+def gone_reason(dead: str) -> str:
+    """The reason of a rung the engine's end cut off: a draining server is not a dead engine."""
+    return f"{'shutting_down' if dead.startswith(SHUTTING_DOWN) else 'engine_dead'}: {dead}"
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,8 @@ class RungOk:
     peak_in_flight: int = 0  # the most measured requests in flight at once
     lateness: Lateness | None = None  # open loop: requests sent after they were due
     prefix_cache: PrefixCacheHits | None = None  # None: the server has no prefix-cache counters
+    server_metrics: dict | None = None  # /metrics over the measured phase: mean and peak per series
+    repeats: dict | None = None  # --repeats: n, and each metric's mean, 95% CI and CV over the repeats
 
     status = "OK"
 
@@ -76,7 +84,7 @@ def void_from_failures(concurrency: int, num_ok: int, failures: list[str], promp
     """reason: engine_dead (with its cause) or the failure kinds in order of first appearance."""
     distinct = list(dict.fromkeys(failures))
     kinds = list(dict.fromkeys(f.split(":", 1)[0] for f in failures))
-    reason = f"engine_dead: {engine_dead}" if engine_dead else ", ".join(kinds)
+    reason = gone_reason(engine_dead) if engine_dead else ", ".join(kinds)
     return RungVoid(concurrency=concurrency, num_ok=num_ok, num_failed=len(failures), reason=reason,
                     errors=tuple(distinct[:MAX_ERRORS]), prompt_hash=prompt_hash, request_rate=request_rate,
                     failed_phases=dict(Counter(phases)) if phases else None)

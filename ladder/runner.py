@@ -2,9 +2,11 @@
 any failed request is VOID; once the engine is dead, the rung in flight is VOID(engine_dead) and every later
 rung NOT_RUN.
 
-Engine death is any of: the --serve-cmd process exited; no chunk from any in-flight request for
---stall-timeout; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
-checked between rungs and whenever a request fails.
+Engine death is any of: the --serve-cmd process exited; a stall (no chunk from any in-flight request for
+--stall-timeout, longer while long prompts await their first chunk) with /health failing or no /metrics work
+counter moving; /health unreachable or 5xx; 2 of 3 1-token canary completions failing. The last two are
+checked between rungs and whenever a request fails. A server whose /health says it is shutting down is
+reported as such, not as dead.
 
 A rung's warmup always runs closed loop (at c, or at --max-concurrency in open loop): it only has to warm
 the engine; the measured phase follows the rung's load.
@@ -12,32 +14,42 @@ the engine; the measured phase follows the rung's load.
 
 import asyncio
 import hashlib
-import os
-import platform
+import json
 import signal
-import socket
-import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info
+from ladder import arrivals, engine_info, gpu, host, repeats, scrape
 from ladder.audit import AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
 from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
-from ladder.own_version import own_version
+from ladder.own_version import build, own_version
 from ladder.prefix_cache import prefix_cache_hits
 from ladder.records import RequestRecord, failure
-from ladder.rung import RungNotRun, RungOk, RungResult, RungVoid, void_from_failures
+from ladder.redact import redact_cmd
+from ladder.rung import (
+    SHUTTING_DOWN,
+    RungNotRun,
+    RungOk,
+    RungResult,
+    RungVoid,
+    gone_reason,
+    void_from_failures,
+)
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
 from ladder.workload import Workload, prepare, with_nonce
 
 WATCH_INTERVAL_S = 0.1
+# While requests wait for their first chunk, the stall limit is --stall-timeout per this many request bytes
+# waiting (about 700 tokens of English prompt), never less than one --stall-timeout: prefill takes longer
+# the more prompt there is, and no chunk flows meanwhile.
+FIRST_CHUNK_BYTES = 4096
 INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
 
 
@@ -55,10 +67,12 @@ def resolve_target(config: RunConfig) -> tuple[str, str | None]:
 
 
 def redacted_flags(config: RunConfig) -> dict:
-    """The flags as recorded: secrets (the API key, header values) never reach a file."""
+    """The flags as recorded: secrets (the API key, header values, keys and tokens in --serve-cmd) never
+    reach a file."""
     flags = {k: v for k, v in asdict(config).items() if k != "metadata"}
     flags["api_key"] = "<set>" if config.api_key else None
     flags["headers"] = {k: "<set>" for k in config.headers}
+    flags["serve_cmd"] = redact_cmd(config.serve_cmd)
     return flags
 
 
@@ -71,7 +85,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
         "tool": "ladder", "version": own_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
         "epoch": {"unix_time": time() - (perf_counter() - epoch), "perf_counter": epoch},
-        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": serve_cmd,
+        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": redact_cmd(serve_cmd),
                      "path": "/v1/chat/completions" if config.chat else "/v1/completions"},
         "model": work.model, "server_model_info": work.model_info, "engine": engine,
         "engine_sources": sources,
@@ -81,7 +95,10 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
             "seed": config.seed, "input_len": config.input_len if work.dataset["kind"] == "random" else None,
             "output_len": config.output_len,
             "sampling": {"temperature": config.temperature, "ignore_eos": config.eos_ignored,
-                         "max_tokens": config.output_len},
+                         "max_tokens": config.output_len, **config.body_extra,
+                         **({} if config.stream else {"stream": False})},
+            "length_dist": ({"kind": config.length_dist, "range_ratio": config.range_ratio}
+                            if config.range_ratio else None),
             "load": ({"request_rate": list(config.request_rates), "burstiness": config.burstiness,
                       "max_concurrency": config.max_concurrency} if config.open_loop
                      else {"concurrency": list(config.concurrencies)}),
@@ -92,19 +109,22 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
             "continuous_usage_stats": None,  # what the server sent; set once requests came back
             "output_count": "usage, else chunks" if config.allow_chunk_count else "usage"},
         "flags": redacted_flags(config), "metadata": config.metadata,
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                 "python": sys.version.split()[0], "cpu_count": os.cpu_count()},
+        "code": asdict(build()), "host": host.describe(),
         "definitions": DEFINITIONS,
     }
 
 
 class Ladder:
     def __init__(self, config: RunConfig, ep: Endpoint, server: ServerProcess | None, work: Workload,
-                 store: RunStore, display: Display, epoch: float):
+                 store: RunStore, display: Display, epoch: float, spec_method: str | None = None):
         self.config, self.ep, self.server, self.work = config, ep, server, work
+        self.spec_method = spec_method  # the engine key: "none" (or unknown) makes tok/chunk > 1 worth a word
         self.store, self.display, self.epoch = store, display, epoch
         self.usage_seen = False  # did any chunk carry continuous usage?
+        self._counters: dict[str, float] = {}  # /metrics counters at the last look (stall checks)
         self.warnings: list[str] = []
+        # NOTE: GPU readings only for a server on this host; a remote server's GPUs are not ours.
+        self.gpu = gpu.sampler() if server is not None and config.metrics_interval_s else None
 
     def _failure(self, rec: RequestRecord) -> str | None:
         return failure(rec, rec.max_tokens, ignore_eos=self.config.eos_ignored,
@@ -115,12 +135,26 @@ class Ladder:
             return f"the server process exited with code {rc}"
         return None
 
-    def _dead_now(self, progress: Progress) -> str | None:
-        """The checks cheap enough to run every WATCH_INTERVAL_S: process liveness and stall."""
+    def _stall(self, progress: Progress) -> str | None:
+        """A stall suspected: no chunk for longer than the stall limit, which grows with the prompt bytes
+        still waiting for their first chunk (FIRST_CHUNK_BYTES)."""
         idle = perf_counter() - progress.last_activity
-        if progress.in_flight and idle > self.config.stall_timeout_s:
+        limit = self.config.stall_timeout_s * max(1.0, progress.waiting_bytes / FIRST_CHUNK_BYTES)
+        if progress.in_flight and idle > limit:
             return f"stall: no chunk for {idle:.0f} s with {progress.in_flight} requests in flight"
-        return self._server_exited()
+        return None
+
+    async def _confirm_stall(self, stall: str, progress: Progress) -> str | None:
+        """A silent engine is dead only when it makes no progress: /health must answer and some /metrics
+        counter must have moved since the last look. Progress restarts the stall clock."""
+        if (health := await self.ep.health()) is not None:
+            return health if health.startswith(SHUTTING_DOWN) else f"{stall}; {health}"
+        counters = await self.ep.progress_counters()
+        if counters and counters != self._counters:
+            self._counters = counters
+            progress.last_activity = perf_counter()
+            return None
+        return f"{stall}; /metrics shows no progress" if counters else stall
 
     async def check_alive(self) -> str | None:
         return self._server_exited() or await self.ep.check_alive(self.work.model, self.config.stall_timeout_s)
@@ -129,10 +163,11 @@ class Ladder:
         """Wait for the phase; on engine death cancel it and return why."""
         probe: asyncio.Task | None = None
         probed = 0
+        self._counters = await self.ep.progress_counters()
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=WATCH_INTERVAL_S)
-                dead = self._dead_now(progress)
+                dead = self._server_exited()
                 if probe is not None and probe.done():
                     dead, probe = dead or probe.result(), None
                 if dead:
@@ -142,11 +177,23 @@ class Ladder:
                 if probe is None and progress.num_failed > probed:
                     probed = progress.num_failed
                     probe = asyncio.create_task(self.check_alive())
+                elif probe is None and (stall := self._stall(progress)) is not None:
+                    probe = asyncio.create_task(self._confirm_stall(stall, progress))
             task.result()  # a bug in the client surfaces here rather than as a silent VOID
             return None
         finally:
             if probe is not None:
                 probe.cancel()
+
+    def _record(self, load: int | float, phase: str, index: int, max_tokens: int, repeat: int) -> RequestRecord:
+        """A record that says how it was sent: under which in-flight cap (an open-loop measured request
+        has --max-concurrency or none; its warmup runs closed loop at concurrency_of), at which rate, in
+        which --repeats run, streamed or not."""
+        cfg = self.config
+        open_measured = cfg.open_loop and phase == "measured"
+        cap = cfg.max_concurrency if open_measured else cfg.concurrency_of(load)
+        return RequestRecord(cap, phase, index, max_tokens=max_tokens,
+                             request_rate=load if cfg.open_loop else None, repeat=repeat, streamed=cfg.stream)
 
     def _launch(self, load: int | float, phase: str, bodies: list[bytes], records: list[RequestRecord],
                 progress: Progress, on_done) -> asyncio.Task:
@@ -160,10 +207,12 @@ class Ladder:
         return asyncio.create_task(run_phase(self.ep.target, bodies, records, cfg.concurrency_of(load), progress,
                                              cfg.timeout_s, on_done, stop_after_s))
 
-    async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes]
-                     ) -> tuple[list[RequestRecord], str | None, Progress]:
+    async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes], repeat: int = 0
+                     ) -> tuple[list[RequestRecord], str | None, Progress, scrape.Series | None]:
+        """Run one phase; its /metrics series (tick 0 before its first request, the closing sample after
+        its last) goes to metrics.jsonl under the phase's rung, repeat and name."""
         c = self.config.concurrency_of(load)
-        records = [RequestRecord(c, phase, i, max_tokens=r.max_tokens) for i, r in enumerate(requests)]
+        records = [self._record(load, phase, i, r.max_tokens, repeat) for i, r in enumerate(requests)]
         if self.config.save_text:
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
@@ -176,28 +225,46 @@ class Ladder:
             return failed
 
         self.display.phase_start(f"rate={load:g}" if self.config.open_loop else f"c={load}", phase, len(bodies))
+        scraper = await self._start_scraper()
         task = self._launch(load, phase, bodies, records, progress, on_done)
         try:
             dead = await self._watch(task, progress)
         finally:
             self.display.phase_end()
+        series = None
+        if scraper is not None:
+            series = await scraper.stop()
+            rate = load if self.config.open_loop else None
+            self.store.append_metrics(series, {"concurrency": c, "request_rate": rate, "repeat": repeat,
+                                               "phase": phase}, self.epoch)
         if dead:
             for rec in records:
                 if not rec.done and rec.error is None:
-                    rec.error = f"engine_dead: {dead}"  # never sent, or cut off: failed either way
-        return records, dead, progress
+                    rec.error = gone_reason(dead)  # never sent, or cut off: failed either way
+        return records, dead, progress, series
 
-    async def run_rung(self, load: int | float) -> tuple[RungResult, list[RequestRecord], str | None]:
+    async def _start_scraper(self) -> scrape.Scraper | None:
+        if not self.config.metrics_interval_s:
+            return None
+        scraper = scrape.Scraper(lambda: self.ep.optional_text("/metrics"), self.config.metrics_interval_s, self.gpu)
+        await scraper.start()
+        return scraper
+
+    async def run_rung(self, load: int | float, repeat: int = 0) -> tuple[RungResult, list[RequestRecord], str | None]:
         cfg, work = self.config, self.work.rungs[load]
         c = cfg.concurrency_of(load)
         rate = load if cfg.open_loop else None
-        records, dead, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies)
-        measured = [RequestRecord(c, "measured", i, max_tokens=r.max_tokens) for i, r in enumerate(work.measured)]
+        records, dead, _, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies, repeat)
+        measured = [self._record(load, "measured", i, r.max_tokens, repeat) for i, r in enumerate(work.measured)]
         progress = Progress(0.0)
+        server_metrics = None
         if dead is None:
             before = await self.ep.counters()
             audit_probe = AuditProbe(cfg.audit)
-            measured, dead, progress = await self._phase(load, "measured", work.measured, work.measured_bodies)
+            measured, dead, progress, series = await self._phase(load, "measured", work.measured,
+                                                                 work.measured_bodies, repeat)
+            # NOTE: the rung's server metrics are its measured phase's, as its other numbers are
+            server_metrics = scrape.summary(series) if series is not None else None
             audit = audit_probe.stop(measured)
             after = await self.ep.counters()
             spec, cache = spec_acceptance(before, after), prefix_cache_hits(before, after)
@@ -218,7 +285,7 @@ class Ladder:
                 if cfg.open_loop else None)
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
-                      lateness=late, prefix_cache=cache), records, None
+                      lateness=late, prefix_cache=cache, server_metrics=server_metrics), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []
@@ -229,17 +296,41 @@ class Ladder:
             if dead is None and i > 0:
                 dead = await self.check_alive()
             if dead is not None:
-                rungs.append(RungNotRun(c, f"engine_dead: {dead}", request_rate=rate))
+                rungs.append(RungNotRun(c, gone_reason(dead), request_rate=rate))
             else:
-                rung, records, dead = await self.run_rung(load)
+                rung, dead = await self.run_repeats(load)
                 rungs.append(rung)
-                self.store.append_records(records, self.epoch, self._failure)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
-            if (warning := self._input_len_warning(rungs[-1])) is not None:
-                self.warnings.append(warning)
-                self.display.note(f"warning: {warning}")
+            for warning in (self._input_len_warning(rungs[-1]), self._chunk_warning(rungs[-1])):
+                if warning is not None:
+                    self.warnings.append(warning)
+                    self.display.note(f"warning: {warning}")
         return rungs, dead
+
+    def _chunk_warning(self, rung: RungResult) -> str | None:
+        """Without speculation every chunk carries one token, unless tokens without text (special ones, which
+        random weights sample) were counted in usage but sent in no chunk of their own: say so, so that a
+        tok/chunk above 1 is not read as accepted drafts."""
+        if not isinstance(rung, RungOk) or rung.spec is not None or self.spec_method not in (None, "none"):
+            return None
+        per_chunk = rung.stats.tokens_per_chunk.mean
+        if per_chunk <= 1:
+            return None
+        return (f"{load_label(rung)}: {per_chunk:.2f} tokens per chunk with no speculation reported: tokens without "
+                f"text (special tokens, as random weights sample) count in usage but come in no chunk of their own "
+                f"(or the server batches its chunks); it is not an acceptance")
+
+    async def run_repeats(self, load: int | float) -> tuple[RungResult, str | None]:
+        """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
+        done: list[RungOk] = []
+        for repeat in range(self.config.repeats):
+            rung, records, dead = await self.run_rung(load, repeat)
+            self.store.append_records(records, self.epoch, self._failure)
+            if not isinstance(rung, RungOk):
+                return rung, dead
+            done.append(rung)
+        return (repeats.combine(done) if len(done) > 1 else done[0]), None
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
@@ -269,49 +360,122 @@ def default_out_dir(label: str) -> Path:
     return Path("runs") / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{label}"
 
 
+class Session:
+    """One command's target: the server (started when the ladder runs it), the endpoint every request
+    shares, the result store and the manifest, which the first point's workload fills."""
+
+    def __init__(self, config: RunConfig, store: RunStore, display: Display):
+        self.config, self.store, self.display = config, store, display
+        self.epoch = perf_counter()
+        self.base_url, self.serve_cmd = resolve_target(config)
+        self.server: ServerProcess | None = None
+        self.ep: Endpoint | None = None
+        self.info: dict | None = None
+        self.dead: str | None = None
+
+    async def __aenter__(self) -> "Session":
+        cfg = self.config
+        self.ep = await Endpoint(self.base_url, cfg.api_key, cfg.chat, cfg.headers, cfg.insecure,
+                                 cfg.api_key_source).__aenter__()
+        try:
+            if self.serve_cmd:
+                self.display.note(f"starting: {redact_cmd(self.serve_cmd)}")
+                self.server = ServerProcess(self.serve_cmd, self.store.path("server.log"))
+                await self.server.wait_ready(self.ep, cfg.serve_timeout_s)
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            await self.ep.__aexit__()
+        finally:
+            if self.server is not None:
+                self.server.stop()
+
+    async def ladder(self, config: RunConfig) -> "Ladder":
+        """A Ladder over `config`'s loads, its workload prepared; the first one writes the manifest."""
+        work = await prepare(config, self.ep)
+        if self.info is None:
+            self.info = manifest(config, self.base_url, self.serve_cmd, work, self.epoch)
+        else:  # a sweep's later points add their rungs' prompt hashes
+            self.info["workload"]["rung_prompt_hashes"].update((str(k), w.prompt_hash) for k, w in work.rungs.items())
+        self.store.write_manifest(self.info)
+        return Ladder(config, self.ep, self.server, work, self.store, self.display, self.epoch,
+                      self.info["engine"]["spec_method"])
+
+    def interrupted(self, warnings: list[str]) -> None:
+        """SIGINT or SIGTERM stopped the command: the manifest says so, so that neither a reader nor `ladder
+        compare` takes the rungs it has for a finished ladder."""
+        if self.info is None:  # stopped before the first workload: no manifest to mark
+            return
+        self.info["warnings"] = warnings
+        self.info["result"] = {"exit_code": 130, "engine_dead": None, "interrupted": True}
+        self.store.write_manifest(self.info)
+
+    def finish(self, code: int, extra: dict) -> None:
+        self.info.update(extra)
+        self.info["result"] = {"exit_code": code, "engine_dead": self.dead}
+        host.finish(self.info["host"])
+        if self.info["host"]["overloaded"]:  # recorded in the manifest's host; said once here
+            load = self.info["host"]["load_average"]
+            seen = ", ".join(f"{v['1m']:.1f} at the {k}" for k, v in load.items() if v)
+            self.display.note(f"warning: host overloaded: 1-minute load average {seen}, above its "
+                              f"{self.info['host']['cpu_count']} cores (host.overloaded in the manifest)")
+        self.store.write_manifest(self.info)
+
+
 async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
-    epoch = perf_counter()
-    base_url, serve_cmd = resolve_target(config)
-    server = None
-    try:
-        async with Endpoint(base_url, config.api_key, config.chat, config.headers, config.insecure) as ep:
-            if serve_cmd:
-                display.note(f"starting: {serve_cmd}")
-                server = ServerProcess(serve_cmd, store.path("server.log"))
-                await server.wait_ready(ep, config.serve_timeout_s)
-            work = await prepare(config, ep)
-            info = manifest(config, base_url, serve_cmd, work, epoch)
-            store.write_manifest(info)
-            loads = ",".join(f"{x:g}" for x in config.loads)
-            display.note(f"ladder {base_url} model={work.model} dataset={work.dataset['kind']} "
-                         f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
-            ladder = Ladder(config, ep, server, work, store, display, epoch)
-            display.start(len(config.loads))
-            rungs, dead = await ladder.run()
-            code = exit_code(rungs, dead)
-            info["workload"]["continuous_usage_stats"] = ladder.usage_seen
-            info["warnings"] = ladder.warnings
-            info["result"] = {"exit_code": code, "engine_dead": dead}
-            store.write_manifest(info)
-            display.finish()
-            return code
-    finally:
-        if server is not None:
-            server.stop()
+    async with Session(config, store, display) as session:
+        ladder = await session.ladder(config)
+        loads = ",".join(f"{x:g}" for x in config.loads)
+        display.note(f"ladder {session.base_url} model={ladder.work.model} dataset={ladder.work.dataset['kind']} "
+                     f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
+        display.start(len(config.loads))
+        try:
+            rungs, session.dead = await ladder.run()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            session.interrupted(ladder.warnings)
+            raise
+        code = exit_code(rungs, session.dead)
+        session.info["workload"]["continuous_usage_stats"] = ladder.usage_seen
+        session.finish(code, {"warnings": ladder.warnings})
+        display.finish()
+        return code
+
+
+async def _sweep(config: RunConfig, spec, store: RunStore, display: Display) -> int:
+    from ladder.sweep import run_sweep
+
+    async with Session(config, store, display) as session:
+        display.note(f"sweep {session.base_url} -> {store.dir}")
+        try:
+            code = await run_sweep(config, spec, session, display)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            session.interrupted([])
+            raise
+        sweep = json.loads(store.path("sweep.json").read_text())
+        tried = sorted(p["load"] for p in sweep["points"])
+        session.info["workload"]["load"] = ({**session.info["workload"]["load"], "request_rate": tried}
+                                            if config.open_loop else {"concurrency": tried})
+        session.finish(code, {"sweep": sweep})
+        return code
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # unwinds through _run's finally, which stops a server the ladder started
+    raise KeyboardInterrupt  # unwinds through the Session's exit, which stops a server the ladder started
 
 
-def run_ladder(config: RunConfig, display: Display) -> int:
+def run_ladder(config: RunConfig, display: Display, sweep=None) -> int:
+    """`ladder run`, or `ladder sweep` with a SweepSpec."""
     store = RunStore(config.out_dir or default_out_dir(config.label))
     store.claim(config.overwrite)
     # NOTE: SIGTERM, and SIGINT too where a non-interactive shell started the ladder in the background
     # (it is then ignored), would otherwise end the ladder and leave its --serve-cmd server running.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return asyncio.run(_run(config, store, display))
+        return asyncio.run(_run(config, store, display) if sweep is None else _sweep(config, sweep, store, display))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

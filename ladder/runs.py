@@ -30,6 +30,9 @@ class RungRow:
     peak_in_flight: int | None = None
     lateness: dict | None = None
     prefix_cache: dict | None = None  # the server's prefix-cache counters over the rung, when it has them
+    num_measured: int | None = None  # OK rows: the measured requests sent
+    server_metrics: dict | None = None
+    repeats: dict | None = None
 
     @property
     def load(self) -> float:
@@ -42,7 +45,9 @@ class RungRow:
                    errors=tuple(row.get("errors") or ()), prompt_hash=row.get("prompt_hash"),
                    stats=row.get("stats") if row["status"] == "OK" else None,
                    audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
-                   lateness=row.get("lateness"), prefix_cache=row.get("prefix_cache"))
+                   lateness=row.get("lateness"), prefix_cache=row.get("prefix_cache"),
+                   num_measured=row.get("num_measured"), server_metrics=row.get("server_metrics"),
+                   repeats=row.get("repeats"))
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,15 @@ class Run:
     definitions: dict[str, str]
     flags: dict  # the run's RunConfig as recorded
     rungs: dict[float, RungRow]  # by load (concurrency, or request rate in open loop), in ladder order
+    code: dict | None = None  # the ladder's build: version, commit, dirty (manifests before it have none)
+    host: dict | None = None
+    interrupted: bool = False  # stopped by SIGINT or SIGTERM before its last rung
+
+    @property
+    def slos(self) -> str:
+        """The --goodput SLOs as vLLM spells them ("ttft:500 tpot:50"), or "none"."""
+        goodput = self.flags.get("goodput") or {}
+        return " ".join(f"{name}:{ms:g}" for name, ms in sorted(goodput.items())) or "none"
 
     def ok(self, c: float) -> RungRow | None:
         row = self.rungs.get(c)
@@ -75,7 +89,9 @@ def load_run(path: Path, label: str | None = None) -> Run:
                engine_sources=manifest.get("engine_sources") or {},
                workload=manifest.get("workload") or {}, definitions=manifest.get("definitions") or {},
                flags=manifest.get("flags") or {},
-               rungs={r.load: r for r in map(RungRow.from_dict, rows)})
+               rungs={r.load: r for r in map(RungRow.from_dict, rows)},
+               interrupted=bool((manifest.get("result") or {}).get("interrupted")),
+               code=manifest.get("code"), host=manifest.get("host"))
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:

@@ -12,6 +12,7 @@ from time import perf_counter
 
 from ladder.config import EMBEDDED_SERVE_CMD, SetupError
 from ladder.endpoint import Endpoint, NotReadyError
+from ladder.redact import redact, redact_cmd, secrets_in
 
 
 def free_port() -> int:
@@ -33,19 +34,20 @@ class ServerProcess:
 
     def __init__(self, cmd: str, log_path: Path):
         self.log_path = log_path
+        self.secrets = secrets_in(cmd)  # a server may echo its arguments into the log: scrubbed at stop()
         try:
             argv = shlex.split(cmd)
             with open(log_path, "ab") as log:
                 self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                              stderr=subprocess.STDOUT, start_new_session=True)
         except (ValueError, OSError) as e:  # unbalanced quotes, no such program
-            raise SetupError(f"cannot start --serve-cmd {cmd!r}: {e}") from e
+            raise SetupError(f"cannot start --serve-cmd {redact_cmd(cmd)!r}: {e}") from e
 
     def exit_code(self) -> int | None:
         return self.proc.poll()
 
     def _log_tail(self) -> str:
-        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        lines = redact(self.log_path.read_text(errors="replace"), self.secrets).strip().splitlines()
         return f"; last log line: {lines[-1][:200]!r}" if lines else ""
 
     async def wait_ready(self, endpoint: Endpoint, timeout_s: float) -> None:
@@ -77,3 +79,6 @@ class ServerProcess:
                 self.proc.wait(wait_s)
             except subprocess.TimeoutExpired:
                 pass
+        if self.secrets:
+            self.log_path.write_bytes(redact(self.log_path.read_text(errors="surrogateescape"), self.secrets)
+                                      .encode(errors="surrogateescape"))

@@ -4,6 +4,7 @@
     <out>/requests.jsonl  one record per request: raw times (seconds since manifest.epoch) and its metrics
     <out>/rungs.json      one row per rung: OK with statistics, VOID with reason and errors, or NOT_RUN
     <out>/rungs.csv       the same rows, flattened (nested keys joined with "_")
+    <out>/metrics.jsonl   the server's /metrics over each phase of each rung: one line per sample
     <out>/server.log      the --serve-cmd output, when the ladder started the server
 """
 
@@ -17,6 +18,9 @@ from ladder.config import SetupError
 from ladder.metrics import request_fields
 from ladder.records import RequestRecord
 from ladder.rung import RungResult, to_dict
+from ladder.scrape import Series
+
+FILES = ("manifest.json", "requests.jsonl", "rungs.json", "rungs.csv", "server.log")  # all a run writes
 
 
 class RunStore:
@@ -25,12 +29,14 @@ class RunStore:
 
     def claim(self, overwrite: bool) -> None:
         """Refuse a directory that holds files already (two runs would mix in it), unless overwrite, which
-        empties it first."""
+        empties it first: one with a ladder run, or with nothing but ladder files (a setup that failed after
+        the server command started leaves its server.log and no manifest)."""
         if not self.dir.exists() or not any(self.dir.iterdir()):
             return
         if not overwrite:
             raise SetupError(f"--out {self.dir} is not empty; pass --overwrite to replace what is there")
-        if not (self.dir / "manifest.json").exists():
+        ours = all(p.name in FILES for p in self.dir.iterdir())
+        if not (self.dir / "manifest.json").exists() and not ours:
             raise SetupError(f"--out {self.dir} holds files that are not a ladder run; --overwrite empties only "
                              f"a ladder result directory")
         shutil.rmtree(self.dir)
@@ -49,6 +55,14 @@ class RunStore:
         with open(self.path("requests.jsonl"), "a") as f:
             for rec in records:
                 f.write(json.dumps(request_row(rec, epoch, failure(rec))) + "\n")
+
+    def append_metrics(self, series: Series, rung: dict, epoch: float) -> None:
+        """One line per sample: its rung (and repeat), tick (null: the closing sample), time in seconds
+        since the epoch, and the readings."""
+        with open(self.path("metrics.jsonl"), "a") as f:
+            for sample in series.samples:
+                f.write(json.dumps({**rung, "tick": sample.tick, "t": round(sample.t - epoch, 6),
+                                    "values": sample.values}) + "\n")
 
     def write_rungs(self, rungs: Sequence[RungResult]) -> None:
         import pandas as pd  # deferred: only the writer needs it, and it is slow to import

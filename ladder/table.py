@@ -132,6 +132,26 @@ def value(run: Run, c: int, metric: Metric, pct: str) -> float | None:
     return metric.read(row, pct) if row is not None else None
 
 
+def ci_path(metric: Metric, pct: str) -> str:
+    """The metric's path in a --repeats row's confidence intervals (ladder.repeats)."""
+    if metric.key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        return f"{metric.key}.{pct}"
+    if metric.key == "tokens_per_chunk":
+        return "tokens_per_chunk.mean"
+    if metric.key.startswith("acceptance_"):
+        return f"spec.{metric.key}"
+    return metric.key
+
+
+def spread(row: RungRow, metric: Metric, pct: str) -> str:
+    """" ± h (CV c%)" for a --repeats row: the 95% CI's half-width and the CV over the repeats."""
+    ci = ((row.repeats or {}).get("metrics") or {}).get(ci_path(metric, pct))
+    if not ci or ci.get("half_width") is None:
+        return ""
+    cv = f", CV {100 * ci['cv']:.1f}%" if ci.get("cv") is not None else ""
+    return f" ± {fmt(ci['half_width'], metric.decimals)} (n={ci['n']}{cv})"
+
+
 def cell(run: Run, c: int, metric: Metric, pct: str, baseline: Run | None, notes: Footnotes) -> str:
     row = run.rungs.get(c)
     if row is None:
@@ -139,7 +159,7 @@ def cell(run: Run, c: int, metric: Metric, pct: str, baseline: Run | None, notes
     if row.status != "OK":
         return f"{row.status}{notes.ref(status_note(run, row))}"
     v = metric.read(row, pct)
-    text = "n/a" if v is None else fmt(v, metric.decimals)
+    text = "n/a" if v is None else fmt(v, metric.decimals) + spread(row, metric, pct)
     if v is not None and baseline is not None and baseline is not run:
         base = value(baseline, c, metric, pct)
         if base:  # no Δ against a missing, VOID or zero baseline value

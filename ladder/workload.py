@@ -1,9 +1,13 @@
 """The workload of a run: model, server capabilities and every request body, built before any clock starts.
 
-Each rung's requests come from the dataset, seeded per (seed, load, phase), so a rung's measured requests
-depend neither on the other rungs nor on the warmup count. With cache busting (the default) every prompt
-starts with a per-run nonce, so a server's prefix cache never serves a prompt from an earlier run; the
-request hash that `ladder compare` checks leaves the nonce out.
+Random prompts are seeded per (seed, load, phase). Dataset requests are dealt from one seeded shuffle of
+the usable records, rung after rung in ladder order and each rung's warmup first, so no record is sent twice
+in a run (its earlier answer would sit in a prefix cache) until the pool runs out.
+
+With cache busting (the default for random prompts, off for datasets, whose texts a model could echo) every
+prompt starts with a per-run tag, so a server's prefix cache never serves a prompt from an earlier run; it
+is the same for every prompt of the run, so prefixes the prompts share stay shared. The request hash that
+`ladder compare` checks leaves the tag out.
 """
 
 import hashlib
@@ -16,12 +20,24 @@ from ladder import datasets, engine_info, prompts, shared_prefix
 from ladder.client import Messages, request_body
 from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, SetupError
 from ladder.endpoint import Endpoint
+from ladder.lengths import LengthDist
 from ladder.records import RequestRecord, probe_failure
 
 # Probes that might not fit the server's max_model_len are fitted from one short probe of this many words,
 # to this share of it (random words vary in length, so the probes' tokens vary around the estimate).
 PROBE_FIT_WORDS = 16
 PROBE_FIT_SHARE = 0.9
+
+# The cache-bust tag: "Run" and NONCE_WORDS words drawn from these, then a newline. Each word has four
+# letters and is one token after a space in BPE vocabularies (SmolLM2's, GPT-2's, Llama's, Qwen's) and four
+# bytes in a byte-level one, so every tag costs the same tokens whatever it draws: two runs of one command
+# then have the same prompt lengths (a hex nonce cost 6 to 11 tokens, depending on its digits).
+NONCE_VOCAB = tuple("""
+able away ball bear bird body born busy camp case coat cook corn dead deep draw dust east else face fall fear
+fill fire food four game give good half hard heat high hole hour idea join keep knee land lead life line live
+loud make meal meet mind move neck next open pick poem pull rain rest ring roll rope safe same seat
+""".split())
+NONCE_WORDS = 6  # 36 bits
 
 
 @dataclass(frozen=True)
@@ -55,16 +71,49 @@ def request_hash(requests: list[Request]) -> str:
     return hashlib.sha256(json.dumps([[r.messages, r.max_tokens] for r in requests]).encode()).hexdigest()
 
 
+def new_nonce() -> str:
+    return " ".join(secrets.choice(NONCE_VOCAB) for _ in range(NONCE_WORDS))
+
+
 def with_nonce(messages: tuple[tuple[str, str], ...], nonce: str | None) -> Messages:
     if nonce is None:
         return messages
     (role, content), *rest = messages
-    return [(role, f"[{nonce}] {content}"), *rest]
+    return [(role, f"Run {nonce}\n{content}"), *rest]
 
 
-def _sample(pool: tuple, seed: int, load: int | float, phase: str, count: int) -> list:
-    rng = random.Random(f"ladder:{seed}:{load}:{phase}")
-    return rng.sample(pool, count) if count <= len(pool) else rng.choices(pool, k=count)
+def deal(pool: tuple, seed: int, counts: list[int]) -> tuple[list[list], int]:
+    """Consecutive hands of the given sizes from one seeded shuffle of the pool: no record twice in a run
+    until the pool runs out, then a fresh shuffle. Returns the hands and how many records came again."""
+    rng = random.Random(f"ladder-deal:{seed}")
+    order: list = []
+    hands = []
+    for count in counts:
+        hand = []
+        for _ in range(count):
+            if not order:
+                order = rng.sample(pool, len(pool))
+            hand.append(order.pop())
+        hands.append(hand)
+    return hands, max(0, sum(counts) - len(pool))
+
+
+TOKENIZER_TOLERANCE = 0.1  # tokens per word: the share by which --tokenizer may differ from the server
+
+
+async def _check_tokenizer(tok, path, probe, rng: random.Random, words: tuple[int, int], first: RequestRecord) -> None:
+    """Before an overhead is blamed, check that --tokenizer counts like the server: a second probe gives the
+    server's tokens per word, free of its overhead. A tokenizer that is not the server's makes any
+    "overhead" meaningless, so that is the error then, with the overhead the server really adds."""
+    second = await probe(prompts.words_text(rng, words[1]))
+    if first.prompt_tokens is None or second.prompt_tokens is None:
+        return
+    server = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
+    ours = len(tok.encode(" ".join(prompts.WORDS), add_special_tokens=False).ids) / len(prompts.WORDS)
+    if abs(ours - server.tokens_per_word) > TOKENIZER_TOLERANCE * server.tokens_per_word:
+        raise SetupError(f"--tokenizer {path} counts {ours:.2f} tokens a word where the server counts "
+                         f"{server.tokens_per_word:.2f}: is it the server's tokenizer? (the server adds about "
+                         f"{server.overhead_tokens:.0f} tokens around a prompt, from two probes)")
 
 
 class Builder:
@@ -76,7 +125,8 @@ class Builder:
     def body(self, req: Request) -> bytes:
         return request_body(with_nonce(req.messages, self.nonce), model=self.model, chat=self.config.chat,
                             max_tokens=req.max_tokens, temperature=self.config.temperature,
-                            continuous_usage=self.continuous, ignore_eos=self.config.eos_ignored)
+                            continuous_usage=self.continuous, ignore_eos=self.config.eos_ignored,
+                            stream=self.config.stream, extra=self.config.body_extra)
 
 
 async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
@@ -105,7 +155,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
     info = next((m for m in models if m.get("id") == model), {})
     server_engine = engine_info.from_server(info, await ep.optional_text("/metrics"),
                                             await ep.optional_json("/props"))
-    nonce = secrets.token_hex(4) if config.cache_bust else None
+    nonce = new_nonce() if config.busts_cache else None
 
     rng = random.Random(f"ladder-probe:{config.seed}")
     continuous = True
@@ -130,6 +180,9 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
                                  "to count one token per chunk")
             return rec
 
+    # every phase of the run in the order it is sent: each rung's warmup, then its measured requests
+    plan = [(load, phase, count) for load in config.loads
+            for phase, count in (("warmup", config.num_warmup(load)), ("measured", config.num_prompts(load)))]
     input_len = config.input_len or DEFAULT_INPUT_LEN
     words = (max(16, input_len), max(8, input_len // 2))
     first_text = prompts.words_text(rng, words[0] if kind == "random" else 8)  # a dataset's probe checks usage only
@@ -160,9 +213,11 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             if first.prompt_tokens is not None:
                 overhead = first.prompt_tokens - len(tok.encode(first_text, add_special_tokens=False).ids)
             if input_len - overhead < 1:
+                await _check_tokenizer(tok, config.tokenizer, probe, rng, words, first)
                 raise SetupError(f"--input-len {input_len} is below the server's prompt overhead of {overhead} tokens")
             sizer = prompts.tokenizer_sizer(tok, input_len - overhead)
             prefix_sizer = prompts.tokenizer_sizer(tok, config.prefix_len or 1)
+            size_for = lambda n: prompts.tokenizer_sizer(tok, max(1, n - overhead))  # noqa: E731
             sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer), "overhead_tokens": overhead}
         else:
             if first.prompt_tokens is None:
@@ -174,28 +229,39 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             sizer = prompts.calibrated_sizer(num_words)
             # The prefix adds its own tokens only: no second template overhead.
             prefix_sizer = prompts.calibrated_sizer(max(1, round((config.prefix_len or 1) / cal.tokens_per_word)))
+            size_for = lambda n: prompts.calibrated_sizer(max(1, cal.words_for(n)))  # noqa: E731
             sizing = {"method": "probe", "words": num_words, **asdict(cal)}
         if probe_fit is not None:
             sizing["probe_fit"] = probe_fit  # the probes were shrunk to fit the server's max_model_len
         output_len = config.output_len or DEFAULT_OUTPUT_LEN
 
+        shared = None
         if config.prefix_len is not None:
             shared = shared_prefix.shared_prefixes(config.seed, config.num_prefixes, prefix_sizer)
             sizing["shared_prefix"] = {"prefix_len": config.prefix_len, "num_prefixes": config.num_prefixes}
             sizer = shared.sizer(sizer)
+        dist = LengthDist(config.length_dist, config.range_ratio)
 
         def requests(load: int | float, phase: str, count: int) -> list[Request]:
-            texts = prompts.rung_prompts(config.seed, load, phase, count, sizer)
-            return [Request((("user", t),), output_len) for t in texts]
+            if not config.range_ratio:
+                texts = prompts.rung_prompts(config.seed, load, phase, count, sizer)
+                return [Request((("user", t),), output_len) for t in texts]
+            rng = random.Random(f"ladder-lengths:{config.seed}:{load}:{phase}")
+            lengths = [(dist.draw(rng, input_len, 1), dist.draw(rng, output_len, 2)) for _ in range(count)]
+            text_rng = random.Random(f"ladder:{config.seed}:{load}:{phase}")
+            sized = [(size_for(n_in) if shared is None else shared.sizer(size_for(n_in)), n_out) for n_in, n_out in lengths]
+            return [Request((("user", s(text_rng)),), n_out) for s, n_out in sized]
+
+        phases = {(load, phase): requests(load, phase, count) for load, phase, count in plan}
     else:
-        def requests(load: int | float, phase: str, count: int) -> list[Request]:
-            return [Request(r.messages, r.output_len) for r in _sample(pool, config.seed, load, phase, count)]
+        hands, dataset_info["num_reused"] = deal(pool, config.seed, [count for _, _, count in plan])
+        phases = {(load, phase): [Request(r.messages, r.output_len) for r in hand]
+                  for (load, phase, _), hand in zip(plan, hands)}
 
     build = Builder(config, model, continuous, nonce)
     rungs = {}
     for load in config.loads:
-        measured = requests(load, "measured", config.num_prompts(load))
-        warmup = requests(load, "warmup", config.num_warmup(load))
+        warmup, measured = phases[load, "warmup"], phases[load, "measured"]
         rungs[load] = RungWorkload(warmup, measured, [build.body(r) for r in warmup],
                                    [build.body(r) for r in measured], request_hash(measured))
     return Workload(model, info, server_engine, continuous, sizing, dataset_info, nonce, rungs)

@@ -97,12 +97,19 @@ def main(ctx: click.Context, root: Path, catalogue_path: Path | None) -> None:
 @main.command("list")
 @pass_context
 def list_cmd(ctx: Context) -> None:
-    """List the catalogue."""
+    """List the catalogue: a table on a terminal; piped, one tab-separated line per mutant (id, target,
+    tests, must fail, timeout s, bug), so that nothing is wrapped or cut at 80 columns."""
+    mutants = ctx.catalogue().mutants
+    if not console.is_terminal:
+        click.echo("\t".join(("id", "target", "tests", "must fail", "timeout s", "bug")))
+        for m in mutants:
+            click.echo(f"{m.id}\t{m.file}\t{len(m.tests)}\t{len(m.must_fail)}\t{m.timeout_s:g}\t{m.title}")
+        return
     table = Table(title=ctx.label(ctx.catalogue_path))
     table.add_column("id", no_wrap=True)
     for column in ("bug", "target", "tests", "must fail", "timeout s"):
         table.add_column(column)
-    for m in ctx.catalogue().mutants:
+    for m in mutants:
         table.add_row(
             escape(m.id),
             escape(m.title),

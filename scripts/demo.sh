@@ -9,8 +9,9 @@
 # c = 1, 2, 4, greedy. Real prompts matter: on seeded random words a drafter has nothing to predict, so a
 # ladder of a spec-decoding engine would measure the drafter's cost and none of its benefit. One engine at a
 # time, each on one CPU thread, so each server has the same share of the machine. Every server gets the same
-# per-sequence budget (max-model-len 256, 4 sequences). Runs go to runs/demo/ (gitignored); the report to
-# reports/demo.md and its plots to reports/demo/. A VOID rung does not stop the demo: the report shows it.
+# per-sequence budget (max-model-len 256, 4 sequences). Runs, the report and its plots go to runs/demo/
+# (gitignored), so a first `make demo` leaves the tree clean; `make demo-report` regenerates the committed
+# reports/demo.md and its plots in reports/demo/. A VOID rung does not stop the demo: the report shows it.
 # The self-draft arm (draft_model, first 8 layers) was dropped to keep the demo within 15 minutes on 2 cores.
 #
 # Overrides for a shortened smoke run: DEMO_ARMS="refengine-off refengine-ngram" (a subset of the four
@@ -22,8 +23,9 @@ VENV=${VENV:-.venv}
 PY=$VENV/bin/python
 LADDER=$VENV/bin/ladder
 RUNS=${DEMO_RUNS:-runs/demo}
-REPORT=${DEMO_REPORT:-reports/demo.md}
-PLOTS=${DEMO_PLOTS:-reports/demo}
+REPORT=${DEMO_REPORT:-$RUNS/report.md}
+PLOTS=${DEMO_PLOTS:-$RUNS/plots}
+TARGET=${DEMO_TARGET:-demo}  # the make target named in the report
 ARMS=${DEMO_ARMS:-refengine-off refengine-ngram refengine-eagle llama.cpp}
 THREADS=1
 GGUF=$($PY -c "from refengine.model.loader import embedded_smollm2_path; print(embedded_smollm2_path())") || exit 2
@@ -83,7 +85,7 @@ print("; ".join(parts))
 EOF
 )
 
-NOTES=(--note "Made by \`make demo\` (scripts/demo.sh): the ladders took ${wall} s of wall time on $(nproc) cores \
+NOTES=(--note "Made by \`make $TARGET\` (scripts/demo.sh): the ladders took ${wall} s of wall time on $(nproc) cores \
 ($(uname -m)), one server at a time; the load average was ${load} when they started and \
 $(cut -d' ' -f1 /proc/loadavg) when they ended. All serve the same file, $(basename "$GGUF"), with the same \
 per-sequence budget (256 tokens, 4 sequences), and every engine runs on ${THREADS} CPU thread \

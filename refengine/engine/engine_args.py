@@ -94,7 +94,10 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     )
     if args.tp_invariant and loaded.model.numerics is not Numerics.BATCH_INVARIANT:
         raise ValueError("tp_invariant is an option of batch_invariant numerics: drop --fast")
-    max_model_len = args.max_model_len or min(model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    # `is None`, not falsiness: 0 is a value EngineConfig refuses, never "not given".
+    max_model_len = (
+        min(model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN) if args.max_model_len is None else args.max_model_len
+    )
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's context of {model_config.max_position_embeddings}"
@@ -104,7 +107,11 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         2 * model_config.num_hidden_layers * args.block_size * model_config.num_key_value_heads
         // args.tensor_parallel_size * model_config.head_dim * DTYPES[args.dtype].itemsize
     )
-    num_blocks = args.num_blocks or int(args.kv_cache_memory_gib * 2**30 // bytes_per_block)
+    num_blocks = args.num_blocks
+    if num_blocks is None:
+        if not args.kv_cache_memory_gib > 0:
+            raise ValueError(f"kv_cache_memory_gib must be > 0, got {args.kv_cache_memory_gib!r}")
+        num_blocks = int(args.kv_cache_memory_gib * 2**30 // bytes_per_block)
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

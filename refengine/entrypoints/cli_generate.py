@@ -14,7 +14,8 @@ from refengine.sampling_params import SamplingParams
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the model's chat template.")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0.0), help="0 is greedy.")
-@click.option("--seed", default=None, type=int, help="Per-request seed for temperature > 0.")
+@click.option("--seed", default=None, type=int,
+              help="Per-request seed for temperature > 0; 0 is a seed like any other. [default: none]")
 @click.option("--batch-invariant/--fast", default=EngineArgs.numerics == "batch_invariant", show_default=True,
               help="Numerics mode.")
 @device_options

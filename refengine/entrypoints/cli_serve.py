@@ -160,7 +160,10 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         help="smollm2 (embedded), tiny-llama or tiny-qwen3 (seeded random 8-layer test models), random:SHAPE, a .gguf file or an HF folder.",
     )
     @click.option("--host", default=SERVE_DEFAULTS.host, show_default=True)
-    @click.option("--port", default=SERVE_DEFAULTS.port, show_default=True, type=click.IntRange(0, 65535))
+    @click.option(
+        "--port", default=SERVE_DEFAULTS.port, show_default=True, type=click.IntRange(0, 65535),
+        help="0 = a free port the OS picks (the banner names it).",
+    )
     @click.option("--served-model-name", default=None, help="The model id clients send (default: --model).")
     @click.option(
         "--api-key",
@@ -205,7 +208,11 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
     @device_options
     @tensor_parallel_options
     @click.option("--block-size", type=click.IntRange(min=1), default=ENGINE_DEFAULTS.block_size, show_default=True)
-    @click.option("--seed", type=int, default=ENGINE_DEFAULTS.seed, show_default=True)
+    @click.option(
+        "--seed", type=int, default=ENGINE_DEFAULTS.seed, show_default=True,
+        help="Engine seed: a request without its own seed samples from this and its arrival order. 0 is a "
+        "seed like any other.",
+    )
     @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default=ENGINE_DEFAULTS.dtype, show_default=True)
     @click.option(
         "--batch-invariant/--fast",
@@ -238,7 +245,8 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         type=click.IntRange(min=0),
         default=None,
         envvar=FAULT_ENV_VAR,
-        help=f"Testing: make the runner raise after N steps (default: {FAULT_ENV_VAR}, else off).",
+        help=f"Testing: make the runner raise after N steps; 0 = the first step raises (default: "
+        f"{FAULT_ENV_VAR}, else off).",
     )
     @click.option(
         "--threads",
@@ -253,7 +261,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         default=SERVE_DEFAULTS.max_waiting_requests,
         show_default=True,
         help="Requests that may wait behind the running batch (--max-num-seqs); past that, 429 with "
-        "Retry-After.",
+        "Retry-After. 0 = no queue: a request that finds every seat taken gets 429.",
     )
     @click.option(
         "--request-timeout",
@@ -268,7 +276,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         default=SERVE_DEFAULTS.shutdown_grace,
         show_default=True,
         help="On SIGTERM/SIGINT, seconds requests in flight get to finish (new ones get 503) before "
-        "the rest are aborted.",
+        "the rest are aborted. 0 = requests in flight are aborted at once.",
     )
     @click.option(
         "--log-level",

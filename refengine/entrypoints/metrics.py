@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from refengine.entrypoints.admission import AdmissionGate
 from refengine.entrypoints.engine_client import EngineClient, RequestDelta
+from refengine.version import build
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -43,6 +44,9 @@ class EngineCollector(Collector):
     def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
+        # NOTE: the build (version and git commit) travels with the configuration: two builds of one
+        # engine are two engines to a benchmark. Read once here, not on a scrape (it asks git).
+        self.version = build().describe()
 
     def collect(self) -> Iterator[Metric]:
         s = self.engine.stats()
@@ -104,7 +108,7 @@ class EngineCollector(Collector):
             float(self.engine.dead_reason is not None),
         )
         info = InfoMetricFamily("refengine:engine", "How the engine was configured.", labels=labels)
-        fields = asdict(self.engine.engine_info)
+        fields = {**asdict(self.engine.engine_info), "version": self.version}
         info.add_metric(values, {k: "" if v is None else str(v) for k, v in fields.items()})
         yield info
 

@@ -1,33 +1,38 @@
-"""The decoder-only transformer, its paged KV cache, and the loaders that build it from files."""
+"""The decoder-only transformer, its paged KV cache, and the loaders that build it from files.
 
-from refengine.model.attention import paged_attention
-from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.config import Arch, Llama3RopeScaling, ModelConfig, Numerics
-from refengine.model.errors import ModelInputError, ModelLoadError
-from refengine.model.kv_cache import KVCache, LayerKVCache
-from refengine.model.loader import EMBEDDED_NAME, LoadedModel, ModelSource, embedded_smollm2_path, load_model
-from refengine.model.tiny import build_tiny_model, save_hf_folder, tiny_config
-from refengine.model.transformer import ModelOutput, Transformer
+The names load on first use, so a torch-free submodule (`refengine.model.config`, whose attention backends
+`refengine serve --help` lists) can be imported without importing torch.
+"""
 
-__all__ = [
-    "EMBEDDED_NAME",
-    "Arch",
-    "AttentionMetadata",
-    "KVCache",
-    "LayerKVCache",
-    "Llama3RopeScaling",
-    "LoadedModel",
-    "ModelConfig",
-    "ModelInputError",
-    "ModelLoadError",
-    "ModelOutput",
-    "ModelSource",
-    "Numerics",
-    "Transformer",
-    "build_tiny_model",
-    "embedded_smollm2_path",
-    "load_model",
-    "paged_attention",
-    "save_hf_folder",
-    "tiny_config",
-]
+import importlib
+
+_EXPORTS = {
+    "EMBEDDED_NAME": "refengine.model.loader",
+    "Arch": "refengine.model.config",
+    "AttentionMetadata": "refengine.model.attention_metadata",
+    "KVCache": "refengine.model.kv_cache",
+    "LayerKVCache": "refengine.model.kv_cache",
+    "Llama3RopeScaling": "refengine.model.config",
+    "LoadedModel": "refengine.model.loader",
+    "ModelConfig": "refengine.model.config",
+    "ModelInputError": "refengine.model.errors",
+    "ModelLoadError": "refengine.model.errors",
+    "ModelOutput": "refengine.model.transformer",
+    "ModelSource": "refengine.model.loader",
+    "Numerics": "refengine.model.config",
+    "Transformer": "refengine.model.transformer",
+    "build_tiny_model": "refengine.model.tiny",
+    "embedded_smollm2_path": "refengine.model.loader",
+    "load_model": "refengine.model.loader",
+    "paged_attention": "refengine.model.attention",
+    "save_hf_folder": "refengine.model.tiny",
+    "tiny_config": "refengine.model.tiny",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'refengine.model' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -191,6 +191,12 @@ def _run_passes(
     """Every pass's needed arms, in waves: an arm runs alongside every arm whose output it does not read."""
     needed = [_needed(arms) for _ in workloads]
     progress = _Progress(console, sum(map(len, needed)) + len(workloads))
+    # NOTE: engine runs outnumber the judged arms: each pass also runs its baseline once without a stop
+    # token, and references outside the matrix; say so, or "[256/256]" reads as 256 arms against 252.
+    console.print(f"{len(arms)} arms x {len(workloads)} passes = {len(arms) * len(workloads)} arms to judge, in "
+                  f"{progress.total} engine runs (each pass adds its baseline without a stop token"
+                  f"{' and the references outside the matrix' if progress.total > (len(arms) + 1) * len(workloads) else ''})",
+                  markup=False, highlight=False)
     # First the baseline without a stop token, whose request 0 picks the stop every arm then uses.
     unstopped = _run_wave(runner, [[(BASELINE, w)] for w in workloads], progress)
     workloads = [with_stop(w, r[BASELINE], tokenizer) for w, r in zip(workloads, unstopped, strict=True)]
@@ -259,7 +265,7 @@ class _Progress:
 
     def __call__(self, workload: Workload, result: ArmResult) -> None:
         self.done += 1
-        self.console.print(f"[{self.done}/{self.total}] {_title(workload)}: {result.arm.name}", style="dim",
+        self.console.print(f"[run {self.done}/{self.total}] {_title(workload)}: {result.arm.name}", style="dim",
                            markup=False, highlight=False)
 
 

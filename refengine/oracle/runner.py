@@ -1,6 +1,7 @@
 """Runs batches of oracle arms, in this process or in a pool of worker processes. Arms are independent
 engine runs, so only where they run changes; results come back in the order the arms were given."""
 
+import logging
 import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -57,6 +58,27 @@ class PoolRunner:
 Runner = InProcessRunner | PoolRunner
 
 
+# The engine builder's logger (refengine.engine.engine_args logs as "refengine"): it warns at every build
+# about a drafter with random head weights, and the oracle builds an engine per arm (108 warnings on the
+# tiny matrix); the tables say "random weights" per arm.
+ENGINE_LOGGER = logging.getLogger("refengine")
+
+
+class _Once(logging.Filter):
+    """Lets each distinct message through once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
 @contextmanager
 def arm_runner(
     model_name: str, model: LoadedModel, block_size: int, jobs: int, device: str = "cpu", tensor_parallel_size: int = 1
@@ -65,7 +87,12 @@ def arm_runner(
     once onto `device`. `tensor_parallel_size` > 1: each arm's engine runs on that many ranks."""
     tensor_parallel = None if tensor_parallel_size == 1 else TensorParallel(model_name, tensor_parallel_size)
     if jobs == 1:
-        yield InProcessRunner(model, block_size, tensor_parallel)
+        once = _Once()
+        ENGINE_LOGGER.addFilter(once)
+        try:
+            yield InProcessRunner(model, block_size, tensor_parallel)
+        finally:
+            ENGINE_LOGGER.removeFilter(once)
         return
     pool = ProcessPoolExecutor(
         jobs,
@@ -86,6 +113,7 @@ _worker_model: LoadedModel | None = None
 
 def _init_worker(model_name: str, device: str) -> None:
     global _worker_model
+    ENGINE_LOGGER.addFilter(_Once())  # the worker process's own logger: gone with the worker
     # One thread per worker: the workers already fill the cores, and more would only oversubscribe them.
     torch.set_num_threads(1)
     _worker_model = resolve_model(model_name, device)

@@ -23,7 +23,8 @@ Script keys (all optional):
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
   overload_at       load serials answered 429 (the server sheds load)
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
-  stop_after        finish with finish_reason "stop" after this many tokens (an EOS), unless ignore_eos
+  stop_after        finish with finish_reason "stop" after this many tokens (an EOS); with ignore_eos the
+                    EOS is emitted there (id 2, no text) and the stream goes on, as vLLM and refengine do
   tls               [certfile, keyfile]: serve HTTPS with this certificate
   canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
   plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
@@ -33,8 +34,22 @@ Script keys (all optional):
   exit_after_done   the process exits right after completing this many load requests
   token_ids         honour return_token_ids: chunks carry choices[].token_ids           (true)
   diverge_at        from this output position on, every token differs (text "Ω", id 99)
+  tokenizer         count prompt_tokens with this tokenizer.json (the prompt text alone), as a real server
+  echo_argv         print the command line at start, as servers log their arguments
+  busy_metrics      /metrics has a work counter that moves while the engine lives (frozen once it stalls)
+  drain_after       after this many load requests the server drains: completions and /health answer 503
+                    "the server is shutting down"
   silent_one_token  1-token requests (probes, canaries) sample a special token: usage counts it, the
                     text skips it, so no chunk carries output (a random model's reserved tokens)
+  slow_above        once more than this many load requests are in flight at once, every load request waits
+                    slow_ttft for its first chunk until none is in flight: a capacity cliff at a known c
+  preempt_at        load serials that count one vLLM preemption when they complete
+  require           {field: value} every load request must carry, else 400 (checks what the client sends)
+
+A request with "stream": false gets one JSON answer with usage.
+
+/metrics always exposes vllm:num_requests_running (the load requests in flight), vllm:num_requests_waiting
+(0) and the counter vllm:num_preemptions_total.
 """
 
 import argparse
@@ -43,6 +58,7 @@ import json
 import os
 import ssl
 import sys
+import time
 
 TOKEN_TEXTS = ["é", "日本", " w", "ö", "€"]  # multi-byte UTF-8 on purpose
 
@@ -57,6 +73,16 @@ class FakeServer:
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted = 0
+        self.running = 0  # load requests in flight
+        self.overloaded = False  # slow_above: past the cliff until the server drains
+        self.preemptions = 0
+        self.iterations = 0
+        self.draining = False
+        self.tokenizer = None
+        if script.get("tokenizer"):
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(script["tokenizer"])
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -80,7 +106,7 @@ class FakeServer:
     def send_json(self, writer, status: int, obj) -> None:
         data = json.dumps(obj).encode()
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
-                  500: "Error"}[status]
+                  500: "Error", 503: "Service Unavailable"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
 
@@ -94,7 +120,10 @@ class FakeServer:
                      "max_model_len": 4096}
             self.send_json(writer, 200, {"object": "list", "data": [model]})
         elif method == "GET" and path == "/health":
-            self.send_json(writer, 200, {})
+            if self.draining:
+                self.send_json(writer, 503, {"error": {"message": "shutting down", "code": "shutting_down"}})
+            else:
+                self.send_json(writer, 200, {})
         elif method == "GET" and path == "/metrics":
             text = self.metrics_text().encode()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
@@ -107,9 +136,18 @@ class FakeServer:
         return True
 
     def metrics_text(self) -> str:
+        text = ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="m"}} {self.running}\n'
+                f'vllm:num_requests_waiting{{model_name="m"}} 0\n'
+                "# TYPE vllm:num_preemptions counter\n"
+                f'vllm:num_preemptions_total{{model_name="m"}} {self.preemptions}\n')
+        if self.s.get("busy_metrics"):  # the engine iterates (time-based), until a stall freezes it
+            if not self.stalled.is_set():
+                self.iterations = int(time.monotonic() * 100)
+            text += f"vllm:iteration_tokens_total_count {self.iterations}\n"
         if not self.s.get("spec_k"):
-            return "# HELP vllm:num_requests_running x\nvllm:num_requests_running 0\n"
-        return (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
+            return text
+        return text + (f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.drafts}\n'
                 f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {self.draft_tokens}\n'
                 f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {self.accepted}\n')
 
@@ -129,6 +167,23 @@ class FakeServer:
         if max_tokens > 1:
             serial = self.num_load
             self.num_load += 1
+            self.running += 1
+            if s.get("slow_above") is not None and self.running > s["slow_above"]:
+                self.overloaded = True
+            try:
+                return await self.complete_load(req, chat, writer, serial)
+            finally:
+                self.running -= 1
+                self.overloaded = self.overloaded and self.running > 0
+                if serial in s.get("preempt_at", ()):
+                    self.preemptions += 1
+        return await self.complete_load(req, chat, writer, serial)
+
+    async def complete_load(self, req: dict, chat: bool, writer, serial: int | None) -> bool:
+        s = self.s
+        max_tokens = req.get("max_tokens") or req.get("max_completion_tokens") or 16
+        opts = req.get("stream_options") or {}
+        if serial is not None:
             if s.get("die_after") is not None and serial >= s["die_after"]:
                 mode = s.get("die_mode", "exit")
                 if mode == "exit":
@@ -136,11 +191,28 @@ class FakeServer:
                 if mode == "stall":
                     self.stalled.set()
                 self.dead = mode == "500"
+        if serial is not None and s.get("drain_after") is not None and serial >= s["drain_after"]:
+            self.draining = True
+        if self.draining:
+            self.send_json(writer, 503, {"error": {"message": "the server is shutting down and accepts no new "
+                                                              "requests", "code": "shutting_down"}})
+            return True
         if self.dead or serial in s.get("fail_at", ()):
             self.send_json(writer, 500, {"error": {"message": "request submitted to a stopped engine"}})
             return True
         if serial in s.get("overload_at", ()):
             self.send_json(writer, 429, {"error": {"message": "too many requests", "type": "overloaded"}})
+            return True
+        missing = {k: v for k, v in s.get("require", {}).items() if req.get(k) != v}
+        if serial is not None and missing:
+            self.send_json(writer, 400, {"error": {"message": f"expected {missing}"}})
+            return True
+        if req.get("stream") is False:
+            await asyncio.sleep(s.get("ttft", 0.0))
+            content = "".join(TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p in range(max_tokens))
+            choice = {"message": {"role": "assistant", "content": content}} if chat else {"text": content}
+            self.send_json(writer, 200, {"choices": [{"index": 0, **choice, "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": max_tokens}})
             return True
         if s.get("plain_json"):
             self.send_json(writer, 200, {"choices": [{"message": {"content": "hi"}}]})
@@ -151,7 +223,10 @@ class FakeServer:
         if s.get("short_at") and serial in s["short_at"]:
             max_tokens -= 1
         prompt = (req["messages"][0]["content"] if chat else req["prompt"])
-        prompt_tokens = len(prompt.split()) * 4 // 3 + (7 if chat else 1)
+        if self.tokenizer is not None:
+            prompt_tokens = len(self.tokenizer.encode(prompt, add_special_tokens=False).ids) + (7 if chat else 1)
+        else:
+            prompt_tokens = len(prompt.split()) * 4 // 3 + (7 if chat else 1)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         continuous = s.get("continuous", True) and opts.get("continuous_usage_stats")
         usage_final = s.get("usage", "final") == "final" and opts.get("include_usage")
@@ -186,7 +261,8 @@ class FakeServer:
 
         if chat and s.get("role_prelude", True):
             await emit(chunk("", 0, role=True))
-        await asyncio.sleep(s.get("slow_ttft", 0.0) if serial in s.get("slow_at", ()) else s.get("ttft", 0.0))
+        slow = serial in s.get("slow_at", ()) or (serial is not None and self.overloaded)
+        await asyncio.sleep(s.get("slow_ttft", 0.0) if slow else s.get("ttft", 0.0))
         k = s.get("tokens_per_chunk", 1)
         done = 0
         while done < max_tokens:
@@ -202,10 +278,12 @@ class FakeServer:
                 self.accepted += n - 1
             positions = range(done - n, done)
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
-            text = "".join("Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)] for p, d in zip(positions, diverged))
+            eos = [req.get("ignore_eos") and p == s.get("stop_after") for p in positions]
+            text = "".join("" if e else "Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)]
+                           for p, d, e in zip(positions, diverged, eos))
             if max_tokens == 1 and s.get("silent_one_token"):
                 text = ""
-            ids = [99 if d else p % len(TOKEN_TEXTS) for p, d in zip(positions, diverged)]
+            ids = [2 if e else 99 if d else p % len(TOKEN_TEXTS) for p, d, e in zip(positions, diverged, eos)]
             finish = ("stop" if stopped else "length") if done == max_tokens else None
             await emit(chunk(text, done, finish=finish, ids=ids))
             if done < max_tokens:
@@ -232,6 +310,8 @@ async def emit_raw(writer, data: bytes) -> None:
 
 
 async def main(port: int, script: dict) -> None:
+    if script.get("echo_argv"):
+        print("args:", sys.argv, flush=True)
     fake = FakeServer(script)
     context = None
     if script.get("tls"):
@@ -247,7 +327,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", default="{}")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # other flags (an --api-key in a --serve-cmd test) are ignored
     if sys.platform.startswith("linux") and os.environ.get("FAKE_CPU"):
         os.sched_setaffinity(0, {int(os.environ["FAKE_CPU"])})
     asyncio.run(main(args.port, json.loads(args.script)))

@@ -46,6 +46,13 @@ def test_a_url_without_a_scheme_is_one_line(ladder):
     assert "has no scheme: write http://127.0.0.1:9" in one_line_error(*ladder("--base-url", "127.0.0.1:9")[:3])
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/v1/chat/completions", "http://127.0.0.1:9/v1/completions/",
+                                 "http://127.0.0.1:9/v1/models"])
+def test_an_endpoint_url_as_base_url_is_refused_with_the_base(ladder, url):
+    err = one_line_error(*ladder("--base-url", url)[:3])
+    assert "names an endpoint, not the server: write http://127.0.0.1:9 (--backend picks" in err
+
+
 def test_a_non_empty_out_is_refused_unless_overwrite(fake_server, ladder, tmp_path):
     url = fake_server()
     out = tmp_path / "reused"
@@ -103,11 +110,12 @@ def test_version_from_a_source_tree_without_the_distribution(capsys, monkeypatch
 
     from ladder import own_version
     from ladder.cli import main
+    from refengine import version as build
 
     def missing(name):  # the one behaviour the real install cannot give
         raise PackageNotFoundError(name)
 
-    monkeypatch.setattr(own_version, "version", missing)
+    monkeypatch.setattr(build, "version", missing)
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out == f"ladder {own_version.NOT_INSTALLED}\n"
@@ -118,10 +126,17 @@ def test_unreachable_url(ladder):
     assert "cannot reach" in err
 
 
-def test_wrong_api_key_is_refused_by_the_server(fake_server, ladder):
+def test_wrong_api_key_is_refused_by_the_server_and_named_by_its_source(fake_server, ladder, monkeypatch):
     url = fake_server(api_key="sekrit")
-    assert "refused the API key (HTTP 401)" in one_line_error(*ladder("--base-url", url)[:3])
-    assert "refused the API key" in one_line_error(*ladder("--base-url", url, "--api-key", "wrong")[:3])
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert ("refused a request without an API key (HTTP 401); pass --api-key or set OPENAI_API_KEY"
+            in one_line_error(*ladder("--base-url", url)[:3]))
+    assert ("refused the API key given with --api-key (HTTP 401)"
+            in one_line_error(*ladder("--base-url", url, "--api-key", "wrong")[:3]))
+    monkeypatch.setenv("OPENAI_API_KEY", "stale")
+    assert ("refused the API key from $OPENAI_API_KEY (HTTP 401); fix the variable, or pass --api-key"
+            in one_line_error(*ladder("--base-url", url)[:3]))
+    monkeypatch.delenv("OPENAI_API_KEY")
     code, *_ = ladder("--base-url", url, "--api-key", "sekrit", "--c", "1", "--input-len", "32",
                       "--output-len", "4", "--prompts-per-rung", "1")
     assert code == 0

@@ -72,15 +72,16 @@ def test_dataset_spec_errors(spec, message):
         datasets.parse_spec(spec)
 
 
-def test_a_rungs_dataset_requests_depend_neither_on_other_rungs_nor_on_the_warmup_count():
-    from ladder.workload import _sample
+def test_dataset_requests_are_dealt_without_replacement_across_the_run():
+    from ladder.workload import deal
 
     pool = tuple(range(100))
-    measured = _sample(pool, 0, 4, "measured", 8)
-    assert measured == _sample(pool, 0, 4, "measured", 8) and len(set(measured)) == 8  # seeded, no repeats
-    assert measured != _sample(pool, 0, 2, "measured", 8) and measured != _sample(pool, 1, 4, "measured", 8)
-    assert measured != _sample(pool, 0, 4, "warmup", 8)
-    assert len(_sample(pool[:3], 0, 4, "measured", 8)) == 8  # a small pool is sampled with replacement
+    hands, reused = deal(pool, 0, [2, 8, 4])
+    assert hands == deal(pool, 0, [2, 8, 4])[0] and reused == 0  # seeded
+    assert len({x for hand in hands for x in hand}) == 14  # no record twice in a run
+    assert hands != deal(pool, 1, [2, 8, 4])[0]
+    hands, reused = deal(pool[:3], 0, [4, 4])
+    assert reused == 5 and sorted(hands[0][:3]) == [0, 1, 2]  # a small pool is used up before any repeat
 
 
 def test_sharegpt_without_the_package_names_the_extra(monkeypatch):

@@ -52,7 +52,7 @@ def test_ok_ladder_counts_tokens_per_chunk_and_acceptance_exact(fake_server, lad
     assert manifest["engine_sources"]["max_model_len"] == "server"
     assert manifest["workload"]["continuous_usage_stats"] is True
     nonce = manifest["workload"]["cache_bust"]["nonce"]
-    assert len(nonce) == 8
+    assert len(nonce.split()) == 6  # six four-letter words: the same tokens whatever it draws
     # a second run: another nonce (no prefix cache can serve it), the same requests as far as compare goes
     _, _, _, again = ladder("--base-url", url, "--c", "1,2", *FAST)
     other = json.loads((again / "manifest.json").read_text())["workload"]
@@ -263,7 +263,7 @@ def test_tokenizer_mode_sizes_to_the_servers_prompt_tokens_and_warns_when_it_can
     manifest = json.loads((run / "manifest.json").read_text())
     sizing = manifest["workload"]["prompt_sizing"]
     assert code == 0 and sizing["method"] == "tokenizer"
-    assert sizing["overhead_tokens"] == (64 + 1) * 4 // 3 + 7 - 64  # template and nonce (one more word)
+    assert sizing["overhead_tokens"] == (64 + 7) * 4 // 3 + 7 - 64  # template and tag ("Run" and six words)
     (warning,) = manifest["warnings"]
     assert warning.startswith("c=1: the server counted") and "--input-len 64" in warning and warning in out
 
@@ -275,13 +275,13 @@ def test_save_text_keeps_prompt_and_output_and_no_cache_bust_keeps_prompts_exact
     assert code == 0 and len(records) == 4
     assert all(r["output_text"] == "é日本 wö€é日本 wö€" for r in records)  # the fake's 10 tokens, in order
     assert all(len(r["prompt"]) == 1 and r["prompt"][0][0] == "user" for r in records)
-    assert not records[0]["prompt"][0][1].startswith("[")  # no nonce
+    assert not records[0]["prompt"][0][1].startswith("Run ")  # no tag
     assert json.loads((run / "manifest.json").read_text())["workload"]["cache_bust"] is False
     code, _, _, again = ladder("--base-url", url, "--c", "1", *FAST, "--save-text", "--no-cache-bust")
     assert [r["prompt"] for r in load_records(again)] == [r["prompt"] for r in records]  # exactly reproduced
     _, _, _, busted = ladder("--base-url", url, "--c", "1", *FAST, "--save-text")
     nonce = json.loads((busted / "manifest.json").read_text())["workload"]["cache_bust"]["nonce"]
-    assert all(r["prompt"][0][1].startswith(f"[{nonce}] ") for r in load_records(busted))
+    assert all(r["prompt"][0][1].startswith(f"Run {nonce}\n") for r in load_records(busted))
     _, _, _, plain = ladder("--base-url", url, "--c", "1", *FAST)
     assert all(r["prompt"] is None and r["output_text"] is None for r in load_records(plain))
 

@@ -3,9 +3,12 @@ random 8-layer model that builds in milliseconds), a JSONL dataset and an open-l
 Every request is accounted for, with exact counts; no number here depends on the machine's speed."""
 
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
+import pytest
 from ladder_harness import load_records, load_rungs
 
 REFENGINE = Path(sys.executable).parent / "refengine"
@@ -64,3 +67,33 @@ def test_random_prompts_are_sized_by_probes_that_fit_a_small_max_model_len(ladde
     assert len(records) == 2 and all(r["error"] is None and r["done"] for r in records)
     # sized to --input-len 128 from the fitted probes: within the ladder's own tolerance of it
     assert all(abs(r["prompt_tokens"] - 128) <= 128 * 0.1 for r in records), ([r["prompt_tokens"] for r in records], sizing)
+
+
+def test_repeats_give_a_confidence_interval_per_metric(ladder):
+    """--repeats 3 against the real server: one row per rung whose every metric has a mean, a 95% CI and a
+    CV over the three repeats, the requests of all three in requests.jsonl, and refengine's build named."""
+    cmd = f"{REFENGINE} serve --model tiny-qwen3 --port {{port}} --max-num-seqs 2 --max-model-len 256"
+    code, out, err, run = ladder("--serve-cmd", cmd, "--input-len", "32", "--output-len", "4", "--c", "2",
+                                 "--prompts-per-rung", "2", "--warmup", "0", "--seed", "3", "--no-cache-bust",
+                                 "--repeats", "3", "--metrics-interval", "0.5")
+    assert code == 0, (out, err)
+    (rung,) = load_rungs(run)
+    cis = rung["repeats"]["metrics"]
+    assert rung["repeats"]["n"] == 3
+    for path in ("output_throughput", "request_throughput", "ttft_ms.mean", "ttft_ms.p50", "tpot_ms.p99",
+                 "e2e_ms.p90", "tokens_per_chunk.mean"):
+        ci = cis[path]
+        values = ci["values"]
+        assert len(values) == 3 and ci["mean"] == pytest.approx(statistics.fmean(values))
+        # Student's t with 2 degrees of freedom: 4.303 standard errors either side of the mean
+        half = 4.303 * statistics.stdev(values) / math.sqrt(3)
+        assert ci["ci95"] == pytest.approx([ci["mean"] - half, ci["mean"] + half])
+        assert ci["cv"] == pytest.approx(statistics.stdev(values) / ci["mean"])
+    assert rung["stats"]["output_throughput"] == cis["output_throughput"]["mean"]
+    assert rung["stats"]["num_requests"] == 6 and rung["num_measured"] == 6
+    records = load_records(run)
+    assert sorted(r["repeat"] for r in records) == [0, 0, 1, 1, 2, 2]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["engine_sources"]["engine_version"] == "server"
+    assert manifest["code"]["commit"] in manifest["engine"]["engine_version"]
+    assert rung["server_metrics"]["series"]["running"]["peak"] <= 2

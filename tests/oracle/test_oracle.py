@@ -149,6 +149,12 @@ def test_jobs_leave_the_report_unchanged(tmp_path):
                       "--max-tokens", "6", "--jobs", jobs, "--prefix-cache", "off", "--write-report", cwd=tmp_path / jobs)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         assert "0 failed arm(s)" in proc.stdout
+        # one warning per process about the random eagle head, not one per arm; runs and arms told apart
+        warned = (proc.stdout + proc.stderr).count("runs with randomly initialised head weights")
+        assert 1 <= warned <= int(jobs), proc.stderr[-2000:]
+        judged = int(proc.stdout.split("failed arm(s) of ")[1].split(" ")[0])
+        runs = int(proc.stdout.split("[run 1/")[1].split("]")[0])
+        assert f"= {judged} arms to judge, in {runs} engine runs" in proc.stdout and runs > judged
         text = (tmp_path / jobs / "reports" / "oracle.md").read_text()
         reports.append([line for line in text.splitlines() if not line.startswith(("**Result:", "- c = "))])
     assert reports[0] == reports[1]
