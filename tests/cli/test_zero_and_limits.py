@@ -75,12 +75,14 @@ SERVE = [
     positive("--request-timeout", value=float),
     Limit("--shutdown-grace", "requests in flight are aborted at once", "0 = requests in flight are aborted at once",
           {"0": 0.0, "1": 1.0, "-1": REFUSED}),
+    positive("--tensor-parallel-size"),
 ]
 GENERATE = [
     positive("--max-tokens"),
     Limit("--temperature", "greedy", "0 is greedy", {"0": 0.0, "1": 1.0, "-1": REFUSED}),
     Limit("--seed", "a seed like any other", "0 is a seed like any other", {"0": 0, "1": 1, "-1": -1}),
     positive("--kv-cache-memory-gib", value=float),
+    positive("--tensor-parallel-size"),
 ]
 LADDER_RUN = [
     positive("--serve-timeout", value=float),
@@ -112,6 +114,8 @@ LADDER_RUN = [
     Limit("--top-p", "refused", "0<x<=1", {"0": REFUSED, "1": 1.0, "1.5": REFUSED, "-1": REFUSED}),
     Limit("--top-k", "sent as top_k 0: off", "0 or -1 = off, as in vLLM", {"0": 0, "1": 1, "-1": -1, "-2": REFUSED}),
     Limit("--request-seed", "a seed like any other", "0 is a seed like any other", {"0": 0, "1": 1, "-1": -1}),
+    positive("--prefix-len"),
+    positive("--num-prefixes"),
 ]
 # `ladder sweep` takes `ladder run`'s flags but the loads, which its search sets, and its own limits.
 LADDER_SWEEP = [limit for limit in LADDER_RUN if limit.flag not in ("--c", "--request-rate")] + [
