@@ -133,11 +133,12 @@ def run_training(
     prompts: Path | None = None,
     generate_seqs: int = 64,
     max_minutes: float | None = None,
+    pause_at: int | None = None,
     log=print,
 ) -> dict | None:
     """Data (cached), training, saving, and an offline held-out acceptance check; returns the
-    training record written into config.json, or None when the run stopped at max_minutes (its
-    checkpoint, <out>.checkpoint.pt, lets the same call go on)."""
+    training record written into config.json, or None when the run stopped at max_minutes or at step
+    pause_at (its checkpoint, <out>.checkpoint.pt, lets the same call go on)."""
     start = time.monotonic()
     needed = required_features(cfg.method, loaded, cfg)
     capture = capture_layers(loaded, needed)
@@ -165,7 +166,7 @@ def run_training(
         data,
         cfg,
         log=log,
-        resume=Resume(checkpoint, deadline),
+        resume=Resume(checkpoint, deadline, pause_at),
         data_digest=data_record.get("sha256", ""),
     )
     if not summary["finished"]:

@@ -70,8 +70,11 @@ def read_prompts(path: Path, *, held_out: bool) -> list[ChatPrompt]:
 
 
 def held_out_first_turns(path: Path, num: int) -> list[ChatPrompt]:
-    """The first `num` held-out conversations' opening turns: the evaluation prompts."""
-    return [p for p in read_prompts(path, held_out=True) if p.turn == 0][:num]
+    """The opening turns of the first `num` held-out conversations: the evaluation prompts."""
+    firsts: dict[str, ChatPrompt] = {}
+    for prompt in read_prompts(path, held_out=True):
+        firsts.setdefault(prompt.conversation, prompt)
+    return list(firsts.values())[:num]
 
 
 @click.command("export-prompts")

@@ -136,6 +136,7 @@ class Resume:
 
     path: Path
     deadline: float | None = None
+    pause_at: int | None = None  # or stop at this step
     every: int = 500  # steps between checkpoints, so a killed run loses little
 
 
@@ -228,7 +229,9 @@ def train_head(
     every = max(1, cfg.steps // 40)
     step = first
     while step < cfg.steps:
-        if resume and resume.deadline is not None and time.monotonic() >= resume.deadline:
+        if resume and (
+            (resume.deadline is not None and time.monotonic() >= resume.deadline) or step == resume.pause_at
+        ):
             break
         for group in optimizer.param_groups:
             group["lr"] = _lr(cfg, step)
