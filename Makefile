@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow demo demo-report lint oracle oracle-tp bench bench-client soak mutations mutmut clean
+.PHONY: install test test-slow demo demo-report lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report
 
 install: $(STAMP)
 
@@ -98,3 +98,13 @@ mutations: install
 MUTMUT_CHILDREN ?= 2
 mutmut: install
 	$(VENV)/bin/mutations gate --run --threshold-file mutations/threshold.toml --max-children $(MUTMUT_CHILDREN) --timeout-seconds 14400
+
+# reports/acceptance.md: the shipped SmolLM2 heads, the heads shipped before them (commit 6078575) and ngram on the
+# held-out ShareGPT split (greedy, k = 4), on the CPU; about 15 minutes on two cores.
+OLD_HEADS_COMMIT ?= 6078575
+acceptance-report: install
+	$(VENV)/bin/refengine export-prompts --out runs/sharegpt-prompts.jsonl.gz
+	rm -rf runs/old-heads && mkdir -p runs/old-heads
+	git archive $(OLD_HEADS_COMMIT) refengine/heads/smollm2 | tar -x -C runs/old-heads --strip-components 3
+	$(PY) -m refengine.train.report --prompts runs/sharegpt-prompts.jsonl.gz --old-heads runs/old-heads \
+		--results runs/acceptance-heads.json --out reports/acceptance.md

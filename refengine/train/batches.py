@@ -4,6 +4,7 @@ Sequences are sorted by length and cut into batches of about `batch_tokens` padd
 little compute goes to padding; each epoch visits the batches in an order drawn from the seed.
 """
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -41,26 +42,41 @@ def plan_batches(data: DistillSet, batch_tokens: int, max_len: int) -> list[list
 
 
 def collate(data: DistillSet, members: Sequence[int], names: Sequence[str], max_len: int, pad: int) -> Batch:
-    """Pad the members to their longest length (capped at max_len); tokens get `pad` extra columns."""
-    spans = [data.sequence(b) for b in members]
-    lengths = torch.tensor([min(end - start, max_len) for start, end in spans])
+    """Pad the members to their longest length (capped at max_len); tokens get `pad` extra columns.
+    One gather per tensor, on the data's device."""
+    device = data.tokens.device
+    members_t = torch.tensor(list(members), dtype=torch.long)
+    starts = data.offsets[members_t]
+    lengths = (data.offsets[members_t + 1] - starts).clamp(max=max_len)
     width = int(lengths.max())
-    tokens = torch.zeros(len(members), width + pad, dtype=torch.long)
-    features = {n: torch.zeros(len(members), width, data.features[n].shape[1]) for n in names}
-    for row, ((start, _), n) in enumerate(zip(spans, lengths.tolist(), strict=True)):
-        tokens[row, :n] = data.tokens[start : start + n]
-        for name in names:
-            features[name][row, :n] = data.features[name][start : start + n].float()
-    prompt_lens = torch.tensor([int(data.prompt_lens[b]) for b in members]).clamp(max=lengths)
-    return Batch(tokens, lengths, prompt_lens, features)
+    columns = torch.arange(width + pad)
+    inside = columns[None, :] < lengths[:, None]
+    index = torch.where(inside, starts[:, None] + columns[None, :], 0).to(device)
+    inside = inside.to(device)
+    tokens = data.tokens[index] * inside
+    features = {n: data.features[n][index[:, :width]].float() * inside[:, :width, None] for n in names}
+    prompt_lens = data.prompt_lens[members_t].clamp(max=lengths)
+    return Batch(tokens, lengths.to(device), prompt_lens.to(device), features)
+
+
+def batch_order(num_batches: int, seed: int) -> Iterator[int]:
+    """Batch indices forever, epoch after epoch, each epoch in its own seeded order."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        yield from torch.randperm(num_batches, generator=generator).tolist()
 
 
 def batch_stream(
-    data: DistillSet, names: Sequence[str], batch_tokens: int, max_len: int, pad: int, seed: int
+    data: DistillSet,
+    names: Sequence[str],
+    batch_tokens: int,
+    max_len: int,
+    pad: int,
+    seed: int,
+    start: int = 0,
 ) -> Iterator[Batch]:
-    """Batches forever, epoch after epoch, each epoch in its own seeded order."""
+    """The batches of batch_order, from its `start`-th on: a run resumed after n steps reads the
+    batches an uninterrupted run would read from step n."""
     plan = plan_batches(data, batch_tokens, max_len)
-    generator = torch.Generator().manual_seed(seed)
-    while True:
-        for i in torch.randperm(len(plan), generator=generator).tolist():
-            yield collate(data, plan[i], names, max_len, pad)
+    for i in itertools.islice(batch_order(len(plan), seed), start, None):
+        yield collate(data, plan[i], names, max_len, pad)

@@ -21,9 +21,9 @@ class DenseTarget:
         self.batch = batch
         self.max_len = max_len
         shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
-        dtype = model.embed_tokens.weight.dtype
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in model.layers]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in model.layers]
+        weight = model.embed_tokens.weight
+        self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
+        self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
 
     @torch.no_grad()
     def forward(
@@ -38,12 +38,13 @@ class DenseTarget:
         output for i in `capture`."""
         counts = torch.bincount(seq_ids, minlength=self.batch)
         starts = torch.cumsum(counts, 0) - counts
-        slot = torch.arange(len(seq_ids)) - starts[seq_ids]  # the row's index within its sequence
+        device = seq_ids.device
+        slot = torch.arange(len(seq_ids), device=device) - starts[seq_ids]  # the row's index within its sequence
         num_rows, num_keys = int(counts.max()), int(positions.max()) + 1
-        row_positions = torch.full((self.batch, num_rows), -1, dtype=torch.long)
+        row_positions = torch.full((self.batch, num_rows), -1, dtype=torch.long, device=device)
         row_positions[seq_ids, slot] = positions
         # Query (b, s) sees keys 0..its position; padding queries (position -1) see none and are dropped.
-        visible = torch.arange(num_keys)[None, None, :] <= row_positions[:, :, None]
+        visible = torch.arange(num_keys, device=device)[None, None, :] <= row_positions[:, :, None]
         layout = (seq_ids, slot, positions, num_rows, num_keys, visible)
         hidden = self.model.embed(input_ids)
         aux = {}

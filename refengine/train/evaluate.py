@@ -55,23 +55,25 @@ def offline_acceptance(head, data: DistillSet, k: int, batch_tokens: int = 2048)
     for members in plan_batches(data, batch_tokens, max_len=10**6):
         batch = collate(data, members, names, 10**6, pad=k + 2)
         lengths, prompts = batch.lengths[:, None], batch.prompt_lens[:, None]
+        device = batch.tokens.device
         if isinstance(head, DFlashNetwork):
             # Anchor L = p + 1: the block [x[L], mask x k] drafts x[L+1..L+k].
             width = batch.max_len
-            anchors = torch.arange(width).expand(len(members), width)
+            anchors = torch.arange(width, device=device).expand(len(members), width)
             keep = (anchors >= prompts.clamp(min=1)) & (anchors + k <= lengths - 1)
             context = head.combine(head_input(head, batch))
-            block = torch.full((*anchors.shape, k + 1), head.mask_token_id, dtype=torch.long)
+            block = torch.full((*anchors.shape, k + 1), head.mask_token_id, dtype=torch.long, device=device)
             block[..., 0] = batch.tokens[:, :width]
             out = dflash_blocks(head, context, block, anchors)[keep][:, 1:]
             drafts = _greedy(head, out.reshape(-1, out.shape[-1])).reshape(out.shape[:-1])
             truth = batch.tokens[
-                torch.arange(len(members))[:, None, None], anchors[..., None] + torch.arange(1, k + 1)
+                torch.arange(len(members), device=device)[:, None, None],
+                anchors[..., None] + torch.arange(1, k + 1, device=device),
             ]
             runs.append(drafts == truth[keep])
             continue
         rows = batch.max_len - 1
-        p = torch.arange(rows)
+        p = torch.arange(rows, device=device)
         keep = (p[None] + 1 >= prompts) & (p[None] + k + 1 <= lengths - 1)
         kv = [[] for _ in range(num_kv_layers(head))]
         hidden = head.combine(head_input(head, batch))[:, :rows]

@@ -67,7 +67,7 @@ def unrolled_attention(attn: DraftAttention, q: torch.Tensor, passes: list) -> t
     qh = q.transpose(1, 2)
     k1, v1 = (_heads_first(t, group) for t in passes[0])
     scores = torch.matmul(qh, k1.transpose(-1, -2)) * scale
-    causal = torch.ones(num_rows, num_rows, dtype=torch.bool).tril()
+    causal = torch.ones(num_rows, num_rows, dtype=torch.bool, device=q.device).tril()
     scores = [scores.masked_fill(~causal, float("-inf"))]
     own = [(_heads_first(k, group), _heads_first(v, group)) for k, v in passes[1:]]
     scores += [(qh * k).sum(-1, keepdim=True) * scale for k, _ in own]
@@ -122,10 +122,11 @@ def dflash_blocks(
     [x[L], mask x K] of anchor L = anchors[b, n]). Returns the block rows' outputs `[B, N, K+1, H]`."""
     batch, num_blocks, width = block_ids.shape
     num_ctx = context.shape[1]
-    block_positions = anchors[..., None] + torch.arange(width)
-    ctx_positions = torch.arange(num_ctx).expand(batch, num_ctx)
+    device = anchors.device
+    block_positions = anchors[..., None] + torch.arange(width, device=device)
+    ctx_positions = torch.arange(num_ctx, device=device).expand(batch, num_ctx)
     # A block at anchor L sees context rows 0..L-1.
-    ctx_visible = torch.arange(num_ctx)[None, None, :] < anchors[..., None]  # [B, N, T]
+    ctx_visible = torch.arange(num_ctx, device=device)[None, None, :] < anchors[..., None]  # [B, N, T]
     h = head.target.embed(block_ids)
     for layer in head.layers:
         attn = layer.self_attn

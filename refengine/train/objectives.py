@@ -36,11 +36,11 @@ class Shortlist:
 
     @classmethod
     def of(cls, tokens: torch.Tensor, lm_head: torch.Tensor, size: int) -> "Shortlist":
-        counts = torch.bincount(tokens, minlength=lm_head.shape[0])
+        counts = torch.bincount(tokens.to(lm_head.device), minlength=lm_head.shape[0])
         # A stable sort breaks ties by token id, so the shortlist is a pure function of the data.
         top = torch.argsort(counts, descending=True, stable=True)[:size]
         ids = top[counts[top] > 0].sort().values
-        member = torch.zeros(lm_head.shape[0], dtype=torch.bool)
+        member = torch.zeros(lm_head.shape[0], dtype=torch.bool, device=lm_head.device)
         member[ids] = True
         return cls(lm_head[ids].detach(), member)
 
@@ -95,7 +95,7 @@ def hidden_head_loss(
     head: HiddenHead, batch: Batch, recipe: Recipe, shortlist: Shortlist
 ) -> tuple[torch.Tensor, dict[str, float]]:
     rows = batch.max_len - 1
-    p = torch.arange(rows)
+    p = torch.arange(rows, device=batch.tokens.device)
     positions = p.expand(len(batch.lengths), rows)
     target_final = batch.features[FINAL]
     combined = head.combine(head_input(head, batch))
@@ -105,10 +105,12 @@ def hidden_head_loss(
     for s in range(1, recipe.passes + 1):
         ids = batch.tokens[:, s : s + rows]
         hidden = hidden_head_pass(head, ids, hidden, positions + s - 1, kv)
-        # Row p's pass-s output drafts the token the target predicts from position p + s.
-        # (Rows whose next token is off the shortlist are not scored.)
+        # Row p's pass-s output drafts the token the target predicts from position p + s, x[p+s+1].
+        # Only drafts of reply tokens are scored (the prompt is context, never drafted in serving),
+        # nor those whose token is off the shortlist.
         following = shortlist.member[batch.tokens[:, s + 1 : s + 1 + rows]]
-        valid = ((p[None, :] + s <= batch.lengths[:, None] - 2) & following).float()
+        in_reply = p[None, :] + s + 1 >= batch.prompt_lens[:, None]
+        valid = ((p[None, :] + s <= batch.lengths[:, None] - 2) & following & in_reply).float()
         stands_for = _shift(target_final, s, rows)
         with torch.no_grad():
             teacher = F.linear(stands_for, shortlist.weight)
@@ -141,7 +143,7 @@ def choose_anchors(batch: Batch, num_anchors: int, width: int, generator: torch.
             continue
         pick = low + torch.randperm(high - low + 1, generator=generator)[:num_anchors]
         anchors[b, : len(pick)], real[b, : len(pick)] = pick, True
-    return anchors, real
+    return anchors.to(batch.tokens.device), real.to(batch.tokens.device)
 
 
 def dflash_loss(
@@ -154,9 +156,10 @@ def dflash_loss(
     num_drafts: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     context = head.combine(head_input(head, batch))
-    rows = torch.arange(len(batch.lengths))[:, None, None]
-    offsets = torch.arange(num_drafts + 1)
-    block_ids = torch.full((*anchors.shape, num_drafts + 1), head.mask_token_id, dtype=torch.long)
+    device = batch.tokens.device
+    rows = torch.arange(len(batch.lengths), device=device)[:, None, None]
+    offsets = torch.arange(num_drafts + 1, device=device)
+    block_ids = torch.full((*anchors.shape, num_drafts + 1), head.mask_token_id, dtype=torch.long, device=device)
     block_ids[..., 0] = batch.tokens[rows[..., 0], anchors]
     out = dflash_blocks(head, context, block_ids, anchors)[..., 1:, :]  # rows 1..K draft x[L+1..L+K]
     # Block row i is judged against the target's prediction from position L + i - 1.

@@ -1,7 +1,7 @@
-"""The acceptance report of the shipped heads: engine runs on held-out prompts, next to the
-self-draft and ngram.
+"""The acceptance report of the shipped heads: engine runs on the held-out ShareGPT split (the
+opening turns of conversations no head trained on), next to earlier heads and ngram.
 
-    python -m refengine.train.report --out reports/acceptance.md
+    make acceptance-report
 """
 
 import json
@@ -19,14 +19,12 @@ from refengine.heads import shipped_head_path
 from refengine.model.loader import LoadedModel, load_model
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.train.data import encode_prompt
 from refengine.train.evaluate import Acceptance, engine_acceptance
-from refengine.train.prompts import build_prompts
+from refengine.train.regenerate import chat_ids
+from refengine.train.sharegpt import file_sha256, held_out_first_turns
 from refengine.train.trainer import METHODS
 
-EVAL_SEED = 2
-KS = (2, 4, 8)
-SELF_DRAFT_LAYERS = 6
+KS = (4,)
 NOTES_MARKER = "<!-- notes: kept when the tables are regenerated -->"
 
 
@@ -38,20 +36,17 @@ class Row:
     seconds: float
 
 
-def drafters(target: str, heads: dict[str, Path]) -> dict[str, dict]:
+def drafters(heads: dict[str, Path], old_heads: dict[str, Path]) -> dict[str, dict]:
     configs = {m: {"method": m, "model": str(path)} for m, path in heads.items()}
-    configs[f"draft_model ({SELF_DRAFT_LAYERS} layers)"] = {
-        "method": "draft_model",
-        "num_draft_layers": SELF_DRAFT_LAYERS,
-    }
+    configs |= {f"{m} (old)": {"method": m, "model": str(path)} for m, path in old_heads.items()}
     configs["ngram"] = {"method": "ngram"}
     return configs
 
 
 def measure(
-    loaded: LoadedModel, configs: dict[str, dict], num_prompts: int, max_tokens: int, log=print
+    loaded: LoadedModel, configs: dict[str, dict], prompt_ids: list[list[int]], max_tokens: int, log=print
 ) -> list[Row]:
-    prompts = [encode_prompt(loaded, p) for p in build_prompts(num_prompts, EVAL_SEED, held_out=True)]
+    prompts = prompt_ids
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     rows = []
     for name, config in configs.items():
@@ -69,18 +64,18 @@ def measure(
     return rows
 
 
-def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_tokens: int) -> str:
+def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_tokens: int, basis: str) -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     lines = [
         "# Acceptance of the shipped SmolLM2 drafter heads",
         "",
-        f"Engine runs (greedy, fast numerics, one batch of {num_prompts}) on {num_prompts} held-out prompts "
-        f"(`build_prompts({num_prompts}, seed={EVAL_SEED}, held_out=True)`: subjects, coding tasks, modules and "
-        f"documentation topics no training prompt uses), {max_tokens} new tokens each. Acceptance at draft "
+        f"Engine runs (greedy, fast numerics, one batch of {num_prompts}) on {basis}, under the chat "
+        f"template, {max_tokens} new tokens each. Acceptance at draft "
         "position i is the share of verify steps whose i-th draft was accepted; mean accepted length is "
-        "1 + accepted drafts per verify step (vLLM's definition, the bonus token included).",
+        "1 + accepted drafts per verify step (vLLM's definition, the bonus token included). "
+        "`(old)`: the heads shipped before, trained on 48,000 positions of synthetic prompts on two CPU cores.",
         f"Commit {commit}, torch {torch.__version__}, Python {platform.python_version()}, {torch.get_num_threads()} threads.",
         "",
         "## Mean accepted length",
@@ -133,6 +128,12 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
             f"- {size:.1f} MiB fp16, {config.get('num_hidden_layers')} layer(s); trained {training.get('train_seconds')} s "
             f"on {training.get('data', {}).get('positions')} positions",
         ]
+        if "sha256" in training.get("data", {}):
+            data = training["data"]
+            lines.append(
+                f"- data: {data['sequences']} ShareGPT training-split sequences, {data['generated']} generated "
+                f"tokens, sha256 `{data['sha256'][:16]}…` (prompts file sha256 `{data['prompts']['sha256'][:16]}…`)"
+            )
         if "held_out_offline" in training:
             offline = training["held_out_offline"]
             lengths = ", ".join(f"k={k}: {v}" for k, v in offline["mean_accepted_length"].items())
@@ -181,6 +182,19 @@ def save_rows(path: Path, rows: list[Row]) -> None:
 @click.command()
 @click.option("--target", default="smollm2", show_default=True)
 @click.option(
+    "--prompts",
+    "prompts_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The file `refengine export-prompts` writes; its held-out split's opening turns are the prompts.",
+)
+@click.option(
+    "--old-heads",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A folder of earlier heads (one subfolder per method) to measure beside the shipped ones.",
+)
+@click.option(
     "--results",
     default="runs/acceptance-heads.json",
     show_default=True,
@@ -190,30 +204,47 @@ def save_rows(path: Path, rows: list[Row]) -> None:
 @click.option(
     "--out", default="reports/acceptance.md", show_default=True, type=click.Path(path_type=Path)
 )
-@click.option("--prompts", "num_prompts", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--num-prompts", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--methods", default=",".join(METHODS), show_default=True)
 @click.option("--baselines/--no-baselines", default=True, show_default=True)
 def main(
-    target: str, results: Path, out: Path, num_prompts: int, max_tokens: int, methods: str, baselines: bool
+    target: str,
+    prompts_file: Path,
+    old_heads: Path | None,
+    results: Path,
+    out: Path,
+    num_prompts: int,
+    max_tokens: int,
+    methods: str,
+    baselines: bool,
 ) -> None:
-    heads = {m: p for m in methods.split(",") if m and (p := shipped_head_path(target, m)) is not None}
+    chosen = [m for m in methods.split(",") if m]
+    heads = {m: p for m in chosen if (p := shipped_head_path(target, m)) is not None}
+    old = {m: old_heads / m for m in chosen if old_heads and (old_heads / m / "config.json").is_file()}
     loaded = load_model(target, numerics="fast")
-    configs = drafters(target, heads)
+    configs = drafters(heads, old)
     if not baselines:
-        configs = {m: c for m, c in configs.items() if m in heads}
-    fresh = measure(loaded, configs, num_prompts, max_tokens, log=click.echo)
-    order = [*METHODS, *(n for n in configs if n not in METHODS)]
+        configs = {m: c for m, c in configs.items() if c["method"] != "ngram"}
+    held = held_out_first_turns(prompts_file, num_prompts)
+    prompt_ids = [chat_ids(loaded, p) for p in held]
+    fresh = measure(loaded, configs, prompt_ids, max_tokens, log=click.echo)
+    order = [*METHODS, *(f"{m} (old)" for m in METHODS), "ngram"]
     rows = {(r.name, r.k): r for r in load_rows(results)} | {(r.name, r.k): r for r in fresh}
     rows = sorted(
         rows.values(), key=lambda r: (order.index(r.name) if r.name in order else len(order), r.name, r.k)
     )
     save_rows(results, rows)
     all_heads = {m: p for m in METHODS if (p := shipped_head_path(target, m)) is not None}
+    basis = (
+        f"the opening turns of the first {len(held)} held-out ShareGPT conversations (`{prompts_file.name}`, "
+        f"sha256 `{file_sha256(prompts_file)[:16]}…`; one conversation in ten is held out by a hash of its id, "
+        "and no head trained on any turn of those)"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     # Hand-written notes below the marker survive regeneration.
     notes = out.read_text().partition(NOTES_MARKER)[2] if out.is_file() else ""
-    out.write_text(markdown(rows, all_heads, num_prompts, max_tokens) + "\n" + NOTES_MARKER + notes)
+    out.write_text(markdown(rows, all_heads, len(held), max_tokens, basis) + "\n" + NOTES_MARKER + notes)
     click.echo(f"wrote {out}")
 
 

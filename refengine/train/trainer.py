@@ -1,4 +1,4 @@
-"""Training a drafter head on a distillation set: seeded, deterministic, on the CPU.
+"""Training a drafter head on a distillation set: seeded, deterministic, on the target's device.
 
 The target stays frozen (its embedding and lm_head are borrowed through the head's TargetView);
 only the head's own parameters train, with AdamW, a linear warmup, cosine decay and gradient
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from refengine.model.config import ModelConfig, Numerics
+from refengine.model.config import Kernels, ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
+from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel
 from refengine.spec_decode.dflash import DFlashNetwork, build_target_layer_ids
 from refengine.spec_decode.eagle import Eagle3Network, EagleNetwork, default_eagle3_aux_layer_ids
@@ -127,10 +128,59 @@ def _lr(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where a run keeps its checkpoint and when it must stop: a run that reaches `deadline` (a
+    time.monotonic value) saves its state to `path` and returns unfinished; the same call again
+    continues from there, with the same RNG and data-order state, to the same head."""
+
+    path: Path
+    deadline: float | None = None
+    pause_at: int | None = None  # or stop at this step
+    every: int = 500  # steps between checkpoints, so a killed run loses little
+
+
+def _checkpoint_state(step, head, optimizer, anchor_rng, history, cfg, data_digest) -> dict:
+    return {
+        "step": step,
+        "config": asdict(cfg),
+        "data": data_digest,
+        "head": {k: v.detach().cpu() for k, v in head.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "anchor_rng": anchor_rng.get_state(),
+        "history": history,
+    }
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def _load_checkpoint(path: Path, cfg: TrainConfig, data_digest: str) -> dict | None:
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state["config"] != asdict(cfg) or state["data"] != data_digest:
+        raise ValueError(
+            f"{path}: a checkpoint of another run (other options or data); remove it or choose another --out"
+        )
+    return state
+
+
 def train_head(
-    loaded: LoadedModel, data: DistillSet, cfg: TrainConfig, *, log: Callable[[str], None] = print
+    loaded: LoadedModel,
+    data: DistillSet,
+    cfg: TrainConfig,
+    *,
+    log: Callable[[str], None] = print,
+    resume: Resume | None = None,
+    data_digest: str = "",
 ) -> tuple[torch.nn.Module, dict, dict]:
-    """Returns the trained head (float32), its config.json and a training summary."""
+    """Returns the head (float32, on the target's device), its config.json and a training summary
+    (summary["finished"] is False when the run stopped at resume.deadline)."""
     if cfg.method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
     torch.manual_seed(cfg.seed)
@@ -140,57 +190,97 @@ def train_head(
     mask = loaded.tokenizer.eos_token_ids[0] if loaded.tokenizer.eos_token_ids else 0
     config = head_config(cfg.method, loaded.config, cfg, mask)
     head = new_head(cfg.method, loaded, config)
+    # The fused Triton ops (CUDA) have no backward: training runs the reference torch ops.
+    set_kernels(head, Kernels("reference", fused_ops=False))
     random_init(head, cfg.seed)
+    model = loaded.model
+    device = model.embed_tokens.weight.device
+    head.to(device)
     params = list(head.parameters())
     for param in params:
         param.requires_grad_(True)
-    model = loaded.model
     vocab_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     shortlist = Shortlist.of(data.tokens, vocab_weight, cfg.shortlist)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    pad = recipe.passes + 1
-    stream = batch_stream(data, feature_names(head), cfg.batch_tokens, MAX_SEQ_LEN, pad, cfg.seed)
     anchor_rng = torch.Generator().manual_seed(cfg.seed + 1)
+    history: list[dict[str, float]] = []
+    first = 0
+    state = _load_checkpoint(resume.path, cfg, data_digest) if resume else None
+    if state is not None:
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        anchor_rng.set_state(state["anchor_rng"])
+        history, first = state["history"], state["step"]
+        log(f"train: resumed {resume.path} at step {first}")
+    pad = recipe.passes + 1
+    # One batch per step: the data order resumes at the step count.
+    stream = batch_stream(
+        data, feature_names(head), cfg.batch_tokens, MAX_SEQ_LEN, pad, cfg.seed, start=first
+    )
     num_params = sum(p.numel() for p in params)
     log(
         f"train: {cfg.method} head, {num_params / 1e6:.2f}M parameters, {cfg.steps} steps, "
         f"shortlist of {len(shortlist.weight)} tokens ({shortlist.coverage(data.tokens):.1%} of the data), "
-        f"{torch.get_num_threads()} threads"
+        f"on {device}"
     )
+    # On a GPU the head's matrix products run in bfloat16 (parameters and optimizer stay float32).
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     start = time.monotonic()
-    history: list[dict[str, float]] = []
-    for step in range(cfg.steps):
+    every = max(1, cfg.steps // 40)
+    step = first
+    while step < cfg.steps:
+        if resume and (
+            (resume.deadline is not None and time.monotonic() >= resume.deadline) or step == resume.pause_at
+        ):
+            break
         for group in optimizer.param_groups:
             group["lr"] = _lr(cfg, step)
         batch = next(stream)
-        if isinstance(head, DFlashNetwork):
-            anchors, real = choose_anchors(batch, cfg.anchors, recipe.passes, anchor_rng)
-            loss, metrics = dflash_loss(head, batch, recipe, shortlist, anchors, real, recipe.passes)
-        else:
-            loss, metrics = hidden_head_loss(head, batch, recipe, shortlist)
+        with autocast:
+            if isinstance(head, DFlashNetwork):
+                anchors, real = choose_anchors(batch, cfg.anchors, recipe.passes, anchor_rng)
+                loss, metrics = dflash_loss(head, batch, recipe, shortlist, anchors, real, recipe.passes)
+            else:
+                loss, metrics = hidden_head_loss(head, batch, recipe, shortlist)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         optimizer.step()
         history.append(metrics)
-        if (step + 1) % max(1, cfg.steps // 40) == 0 or step + 1 == cfg.steps:
-            recent = history[-max(1, cfg.steps // 40) :]
+        step += 1
+        if step % every == 0 or step == cfg.steps:
+            recent = history[-every:]
             mean = {k: sum(m[k] for m in recent) / len(recent) for k in recent[0]}
             elapsed = time.monotonic() - start
             shown = "  ".join(f"{k} {v:.3f}" for k, v in mean.items())
             log(
-                f"train: step {step + 1}/{cfg.steps}  {shown}  {elapsed:.0f}s "
-                f"(eta {elapsed / (step + 1) * (cfg.steps - step - 1):.0f}s)"
+                f"train: step {step}/{cfg.steps}  {shown}  {elapsed:.0f}s "
+                f"(eta {elapsed / (step - first) * (cfg.steps - step):.0f}s)"
             )
+        if resume and step % resume.every == 0 and step < cfg.steps:
+            _save_checkpoint(
+                resume.path, _checkpoint_state(step, head, optimizer, anchor_rng, history, cfg, data_digest)
+            )
+    finished = step >= cfg.steps
+    if resume and not finished:
+        _save_checkpoint(
+            resume.path, _checkpoint_state(step, head, optimizer, anchor_rng, history, cfg, data_digest)
+        )
+        log(f"train: stopped at step {step}/{cfg.steps}; saved {resume.path} (run the same command to go on)")
     for param in params:
         param.requires_grad_(False)
-    summary = {"seconds": round(time.monotonic() - start, 1), "final": history[-1] if history else {}}
+    summary = {
+        "seconds": round(time.monotonic() - start, 1),
+        "final": history[-1] if history else {},
+        "finished": finished,
+        "step": step,
+    }
     return head, config, summary
 
 
 def save_trained_head(head: torch.nn.Module, config: dict, folder: Path, training: dict) -> Path:
     """config.json (with a "training" record) + model.safetensors in fp16 under the checkpoint names
     the spec loader reads + COMMAND, the line that made it."""
-    save_head(head, {**config, "training": training}, folder, half=True)
+    save_head(head.cpu(), {**config, "training": training}, folder, half=True)
     (folder / "COMMAND").write_text(training.get("command", "") + "\n")
     return folder

@@ -13,6 +13,9 @@ from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.head_checkpoint import head_state_dict, read_head_checkpoint
 from refengine.spec_decode.registry import KVLayout, build_network
+from refengine.train.evaluate import engine_acceptance
+from refengine.train.regenerate import chat_ids
+from refengine.train.sharegpt import ChatPrompt
 from refengine.train.trainer import METHODS
 
 MAX_BYTES = 20 * 2**20
@@ -86,3 +89,20 @@ def test_commands_are_recorded():
     for (_, method), folder in shipped_heads().items():
         training = json.loads((folder / "config.json").read_text())["training"]
         assert f"--method {method}" in training["command"] and "--seed" in training["command"]
+
+
+# The opening turn of held-out ShareGPT conversation THAybyi (reports/acceptance.md's basis): no head trained on it.
+HELD_OUT_PROMPT = "Can you explain the fourth dimension to a second grader?"
+# Accepted drafts over verify steps of the shipped eagle3 head at k = 4 on it, greedy, 24 new tokens, the
+# engine's default (batch-invariant) numerics: a pinned figure, so a changed head or drafting path shows.
+EAGLE3_PINNED = (8, 16)
+
+
+@pytest.mark.model
+def test_shipped_eagle3_accepts_its_pinned_figure_on_a_held_out_prompt(smollm2):
+    spec = SpeculativeConfig("eagle3", 4, model=str(shipped_head_path("smollm2", "eagle3")))
+    llm = LLM(smollm2, **ENGINE, max_num_seqs=1, speculative_config=spec)
+    prompt = chat_ids(smollm2, ChatPrompt("THAybyi", 0, HELD_OUT_PROMPT))
+    acceptance = engine_acceptance(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=24))
+    accepted = round((acceptance.mean_accepted_length - 1) * acceptance.num_steps)
+    assert (accepted, acceptance.num_steps) == EAGLE3_PINNED
