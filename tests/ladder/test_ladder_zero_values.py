@@ -8,7 +8,8 @@ from ladder_harness import load_records, load_rungs
 
 def test_zero_warmup_and_zero_audit_thresholds(fake_server, ladder):
     code, out, err, run = ladder(
-        "--base-url", fake_server(), "--c", "1,2", "--input-len", "40", "--output-len", "4",
+        # gap: each phase lasts several of the audit's 5 ms probe ticks, so the loop lag is sampled at all
+        "--base-url", fake_server(gap=0.02), "--c", "1,2", "--input-len", "40", "--output-len", "4",
         "--prompts-per-concurrency", "2", "--warmup", "0", "--client-bound-lag-ms", "0", "--client-bound-cpu-pct", "0",
     )
     assert code == 0, (out, err)

@@ -166,6 +166,9 @@ FAMILIES = {
     "vllm:spec_decode_num_accepted_tokens": Family("counter"),
     # One series per draft position, numbered from 0.
     "vllm:spec_decode_num_accepted_tokens_per_pos": Family("counter", ("position",)),
+    # Prefix caching, in tokens: queries are the admitted prompts' tokens, hits those found cached.
+    "vllm:prefix_cache_queries": Family("counter"),
+    "vllm:prefix_cache_hits": Family("counter"),
     # Latencies in seconds.
     "vllm:time_to_first_token_seconds": Family("histogram", integral=False),
     "vllm:e2e_request_latency_seconds": Family("histogram", integral=False),
@@ -174,6 +177,7 @@ FAMILIES = {
     "refengine:spec_decode_num_grammar_cut_tokens": Family("counter"),
     "refengine:drafter_random_init": Family("gauge", high=1.0),
     "refengine:engine_dead": Family("gauge", high=1.0),
+    "refengine:prefix_cache_evictions": Family("counter"),
     # How the engine was configured: one series of value 1, labelled with EngineInfo's fields and the build
     # (refengine.version) (the text format spells an info family as a gauge named *_info).
     "refengine:engine_info": Family("gauge", (*(f.name for f in fields(EngineInfo)), "version"), low=1.0, high=1.0),
