@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mutations.catalogue import CatalogueError, load_catalogue
+from mutations.clean_run import CleanRunError, load_clean_run
 from mutations.gate import STATS_PATH, GateError, evaluate, load_stats, load_threshold, run_mutmut
 from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
@@ -186,6 +187,15 @@ def show(ctx: Context, mutant_id: str) -> None:
     show_default=True,
     help="Run the mutants in N copies of the tree at once (one core each); the tree itself is then never mutated.",
 )
+@click.option(
+    "--clean-run",
+    "clean_run_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="JUNIT",
+    help="JUnit XML (pytest --junitxml) of a run on this same tree: a mutant whose focused tests all "
+    "passed there skips its own clean-tree run.",
+)
 @pass_context
 def run(
     ctx: Context,
@@ -194,6 +204,7 @@ def run(
     report_path: Path | None,
     write_report: bool,
     jobs: int,
+    clean_run_path: Path | None,
 ) -> None:
     """Run the named mutants: green baseline, mutate, focused tests, verified restore."""
     if write_report and only:
@@ -202,10 +213,17 @@ def run(
         raise ConfigError("--budget-seconds applies to one tree; it cannot be combined with --jobs")
     catalogue = ctx.catalogue()
     mutants = ctx.select(catalogue, only)
+    try:
+        # Read here even with --jobs, so that a bad report is refused before any copy is made.
+        clean_run = None if clean_run_path is None else load_clean_run(clean_run_path, ctx.root)
+    except CleanRunError as exc:
+        raise ConfigError(str(exc)) from exc
     if jobs > 1:
-        results = run_parallel(ctx.root, catalogue.path, mutants, jobs)
+        results = run_parallel(ctx.root, catalogue.path, mutants, jobs, clean_run_path)
     else:
-        runner = Runner(ctx.root, ctx.state_dir, budget_s=budget_seconds, on_result=_print_progress)
+        runner = Runner(
+            ctx.root, ctx.state_dir, budget_s=budget_seconds, on_result=_print_progress, clean_run=clean_run
+        )
         try:
             with _sigterm_unwinds():
                 results = runner.run(mutants)
@@ -221,7 +239,7 @@ def run(
         path.write_text(keep_marked_section(markdown, previous), encoding="utf-8")
     if not results:
         console.print("[red]no mutants: a gate without mutants proves nothing[/red]")
-    click.echo(closing_line(results))
+    click.echo(closing_line(results, clean_run=clean_run is not None))
     if any(r.status is Status.RESTORE_FAILED for r in results):
         raise SystemExit(EXIT_RESTORE_FAILED)
     if not results or not all(r.passed for r in results):

@@ -67,6 +67,7 @@ class MutantResult:
     sha256_before: str = ""
     sha256_after: str = ""
     output_tail: str = ""
+    clean_run_skipped: bool = False  # the clean-run report, not a clean-tree run, said the focused tests pass
 
     @property
     def passed(self) -> bool:

@@ -29,8 +29,14 @@ def partition(mutants: Sequence[Mutant], jobs: int) -> list[tuple[Mutant, ...]]:
     return [g for g in groups if g]
 
 
-def run_parallel(root: Path, catalogue_path: Path, mutants: Sequence[Mutant], jobs: int) -> list[MutantResult]:
-    """Runs each share in its own copy; results come back in catalogue order."""
+def run_parallel(
+    root: Path, catalogue_path: Path, mutants: Sequence[Mutant], jobs: int, clean_run: Path | None = None
+) -> list[MutantResult]:
+    """Runs each share in its own copy; results come back in catalogue order.
+
+    A clean-run report of the tree holds for each copy: a copy has the same test files, so the report's
+    testcases name the same tests there.
+    """
     with tempfile.TemporaryDirectory(prefix="named-mutations-") as scratch:
         procs = []
         for i, group in enumerate(partition(mutants, jobs)):
@@ -40,6 +46,8 @@ def run_parallel(root: Path, catalogue_path: Path, mutants: Sequence[Mutant], jo
             report = copy / "report.json"
             cmd = [sys.executable, "-c", "from mutations.cli import main; main()", "--root", str(copy), "--catalogue", str(catalogue), "run"]
             cmd += [arg for m in group for arg in ("--only", m.id)] + ["--report", str(report)]
+            if clean_run is not None:
+                cmd += ["--clean-run", str(clean_run.resolve())]
             # The copy's own packages first, for the runner itself too (its pytest runs add the copy anyway).
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)}
             log = (Path(scratch) / f"tree{i}.log").open("w")

@@ -16,10 +16,15 @@ from mutations.model import Catalogue, MutantResult, Status
 _STYLE = {Status.KILLED: "green", Status.INCOMPLETE: "yellow"}
 
 
-def closing_line(results: list[MutantResult]) -> str:
-    """The last line of every run; CI parses "N passed, M failed" summary lines."""
+def closing_line(results: list[MutantResult], clean_run: bool = False) -> str:
+    """The last line of every run; CI parses "N passed, M failed" summary lines. With a clean-run report,
+    it also counts the clean-tree runs that the report made unnecessary."""
     passed = sum(r.passed for r in results)
-    return f"named-mutations: {passed} passed, {len(results) - passed} failed"
+    line = f"named-mutations: {passed} passed, {len(results) - passed} failed"
+    if clean_run:
+        skipped = sum(r.clean_run_skipped for r in results)
+        line += f"; {skipped} of {len(results)} clean-tree runs skipped (passed in the clean-run report)"
+    return line
 
 
 def write_json(results: list[MutantResult], catalogue: Catalogue, path: Path) -> None:

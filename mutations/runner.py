@@ -1,4 +1,8 @@
-"""Run named mutants one at a time, in place: green baseline, mutate, focused tests, verified restore."""
+"""Run named mutants one at a time, in place: green baseline, mutate, focused tests, verified restore.
+
+The green baseline is a clean-tree run of the mutant's focused tests, unless a clean-run report (a JUnit
+report of a pytest run on this same tree) already has every one of them passing.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mutations.clean_run import CleanRun
 from mutations.files import RestoreWriter, purge_bytecode, restore_snapshot, take_snapshot, write_in_place
 from mutations.journal import Journal
 from mutations.model import Mutant, MutantResult, Status
@@ -63,8 +68,10 @@ class Runner:
         budget_s: float | None = None,
         restore_writer: RestoreWriter = write_in_place,
         on_result: Callable[[MutantResult], None] | None = None,
+        clean_run: CleanRun | None = None,
     ) -> None:
         self.root = root
+        self.clean_run = clean_run
         self.journal = Journal(state_dir)
         self.budget_s = budget_s
         self.restore_writer = restore_writer
@@ -116,10 +123,16 @@ class Runner:
             mutate_source(mutant, target.read_bytes())
         except MutantRejected as exc:
             return _result(mutant, exc.status, exc.detail)
-        red = self._baseline_verdict(mutant)
-        if red is not None:
-            return red
-        return self._mutate_and_test(mutant, target)
+        # must_fail is a subset of tests (the catalogue checks it), so a report with every focused test
+        # passing has the must_fail ones passing too: the clean-tree run could only agree with it.
+        from_report = self.clean_run is not None and all(self.clean_run.passed(t) for t in mutant.tests)
+        if not from_report:
+            red = self._baseline_verdict(mutant)
+            if red is not None:
+                return red
+        result = self._mutate_and_test(mutant, target)
+        result.clean_run_skipped = from_report
+        return result
 
     def _baseline_verdict(self, mutant: Mutant) -> MutantResult | None:
         key = mutant.tests
