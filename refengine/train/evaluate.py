@@ -3,9 +3,14 @@
 Both count greedy acceptance the way the engine does: from a committed position, the drafts are
 accepted up to the first that differs from the target's own greedy token. Offline, the target's
 continuation is the distillation set's, and drafts come from the batched training forward with the
-true tokens as inputs, which are the drafter's inputs whenever the earlier drafts were right; every
-position of a continuation is an anchor. In the engine, anchors are only the positions the
-speculative loop actually stops at.
+true tokens as inputs, which are the drafter's inputs whenever the earlier drafts were right.
+
+Offline, the drafts are computed at every position of a continuation, but only the positions the
+engine's speculative loop would stop at are counted: from the first sampled token, each step moves
+on by its accepted drafts plus the bonus token. Counting every position instead weights a step by
+the tokens it yields, so an easy span that the engine crosses in one step of k accepted drafts
+counts k + 1 times: on held-out ShareGPT replies that overstated eagle3's mean accepted length at
+k = 4 by about half a token.
 
 Mean accepted length follows vLLM: 1 + accepted drafts per verify step (the bonus token counts).
 """
@@ -23,17 +28,19 @@ from refengine.train.objectives import feature_names, head_input
 
 @dataclass(frozen=True)
 class Acceptance:
-    num_steps: int  # anchors (offline) or verify steps carrying drafts (engine)
+    num_steps: int  # verify steps carrying drafts (offline: the steps the engine's loop would take)
     per_position: tuple[float, ...]  # [i]: share of steps whose draft i + 1 was accepted
     mean_accepted_length: float  # 1 + accepted drafts per step, at k = len(per_position)
     # Engine only: tokens generated per target step, steps without drafts included (ngram proposes
     # only where its lookup matches, so its per-step figures cover fewer steps than a head's).
     tokens_per_step: float | None = None
 
-    def at(self, k: int) -> float:
-        """Mean accepted length had only the first k drafts been proposed (offline only: in the
-        engine, k changes which positions the loop stops at)."""
-        return 1 + sum(self.per_position[:k])
+    @classmethod
+    def of(cls, accepted: list[int], k: int) -> "Acceptance":
+        """From the accepted drafts of each verify step."""
+        steps = max(len(accepted), 1)
+        per_position = tuple(sum(a > i for a in accepted) / steps for i in range(k))
+        return cls(len(accepted), per_position, 1 + sum(accepted) / steps)
 
 
 def _greedy(head, out: torch.Tensor, chunk: int = 256) -> torch.Tensor:
@@ -43,51 +50,70 @@ def _greedy(head, out: torch.Tensor, chunk: int = 256) -> torch.Tensor:
 
 
 def _accepted_lengths(correct: torch.Tensor) -> torch.Tensor:
-    """correct `[N, K]` bool -> leading run of True per row."""
-    return correct.long().cumprod(dim=1).sum(dim=1)
+    """correct `[..., K]` bool -> leading run of True."""
+    return correct.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def _dflash_runs(head: DFlashNetwork, batch, k: int) -> torch.Tensor:
+    """Accepted drafts `[B, W]` of the block at every anchor L (x[L] the last sampled token): the
+    block [x[L], mask x k] drafts x[L+1..L+k]."""
+    device = batch.tokens.device
+    width = batch.max_len
+    anchors = torch.arange(width, device=device).expand(len(batch.lengths), width)
+    context = head.combine(head_input(head, batch))
+    block = torch.full((*anchors.shape, k + 1), head.mask_token_id, dtype=torch.long, device=device)
+    block[..., 0] = batch.tokens[:, :width]
+    out = dflash_blocks(head, context, block, anchors)[..., 1:, :]
+    drafts = _greedy(head, out.reshape(-1, out.shape[-1])).reshape(out.shape[:-1])
+    truth = batch.tokens[
+        torch.arange(len(batch.lengths), device=device)[:, None, None],
+        anchors[..., None] + torch.arange(1, k + 1, device=device),
+    ]
+    return _accepted_lengths(drafts == truth)
+
+
+def _hidden_runs(head, batch, k: int) -> torch.Tensor:
+    """Accepted drafts `[B, W]` at every anchor L = p + 1: pass 1 at row p reads x[L] and the target
+    features at p; pass s drafts x[L + s]."""
+    rows = batch.max_len - 1
+    device = batch.tokens.device
+    p = torch.arange(rows, device=device)
+    kv = [[] for _ in range(num_kv_layers(head))]
+    hidden = head.combine(head_input(head, batch))[:, :rows]
+    correct = []
+    for s in range(1, k + 1):
+        positions = (p + s - 1).expand(len(batch.lengths), rows)
+        hidden = hidden_head_pass(head, batch.tokens[:, s : s + rows], hidden, positions, kv)
+        drafts = _greedy(head, hidden.reshape(-1, hidden.shape[-1])).reshape(hidden.shape[:-1])
+        correct.append(drafts == batch.tokens[:, s + 1 : s + 1 + rows])
+    runs = _accepted_lengths(torch.stack(correct, dim=-1))
+    # Row p's run belongs to anchor p + 1; anchor 0 has none (a sequence starts with a prompt).
+    return torch.cat([runs.new_zeros(len(batch.lengths), 1), runs], dim=1)
+
+
+def loop_steps(runs: list[int], first: int, last: int) -> list[int]:
+    """The accepted drafts of the steps the engine's loop takes over anchors first..last, where
+    runs[L] is the accepted drafts at anchor L: each step moves on by its accepted drafts and the
+    bonus token."""
+    steps, anchor = [], first
+    while anchor <= last:
+        steps.append(runs[anchor])
+        anchor += runs[anchor] + 1
+    return steps
 
 
 @torch.no_grad()
 def offline_acceptance(head, data: DistillSet, k: int, batch_tokens: int = 2048) -> Acceptance:
-    """Anchors: every position p of a continuation (x[p+1] generated) with k tokens after x[p+1]."""
-    runs = []
+    """Steps from the first sampled token x[P] (P the prompt length) while k tokens follow the anchor."""
+    steps = []
     names = feature_names(head)
     for members in plan_batches(data, batch_tokens, max_len=10**6):
         batch = collate(data, members, names, 10**6, pad=k + 2)
-        lengths, prompts = batch.lengths[:, None], batch.prompt_lens[:, None]
-        device = batch.tokens.device
-        if isinstance(head, DFlashNetwork):
-            # Anchor L = p + 1: the block [x[L], mask x k] drafts x[L+1..L+k].
-            width = batch.max_len
-            anchors = torch.arange(width, device=device).expand(len(members), width)
-            keep = (anchors >= prompts.clamp(min=1)) & (anchors + k <= lengths - 1)
-            context = head.combine(head_input(head, batch))
-            block = torch.full((*anchors.shape, k + 1), head.mask_token_id, dtype=torch.long, device=device)
-            block[..., 0] = batch.tokens[:, :width]
-            out = dflash_blocks(head, context, block, anchors)[keep][:, 1:]
-            drafts = _greedy(head, out.reshape(-1, out.shape[-1])).reshape(out.shape[:-1])
-            truth = batch.tokens[
-                torch.arange(len(members), device=device)[:, None, None],
-                anchors[..., None] + torch.arange(1, k + 1, device=device),
-            ]
-            runs.append(drafts == truth[keep])
-            continue
-        rows = batch.max_len - 1
-        p = torch.arange(rows, device=device)
-        keep = (p[None] + 1 >= prompts) & (p[None] + k + 1 <= lengths - 1)
-        kv = [[] for _ in range(num_kv_layers(head))]
-        hidden = head.combine(head_input(head, batch))[:, :rows]
-        correct = []
-        for s in range(1, k + 1):
-            positions = (p + s - 1).expand(len(members), rows)
-            hidden = hidden_head_pass(head, batch.tokens[:, s : s + rows], hidden, positions, kv)
-            drafts = _greedy(head, hidden[keep])
-            correct.append(drafts == batch.tokens[:, s + 1 : s + 1 + rows][keep])
-        runs.append(torch.stack(correct, dim=1))
-    correct = torch.cat(runs)
-    accepted = _accepted_lengths(correct)
-    per_position = tuple(float((accepted > i).float().mean()) for i in range(k))
-    return Acceptance(len(correct), per_position, 1 + float(accepted.float().mean()))
+        runs = _dflash_runs(head, batch, k) if isinstance(head, DFlashNetwork) else _hidden_runs(head, batch, k)
+        bounds = zip(batch.lengths.tolist(), batch.prompt_lens.tolist(), strict=True)
+        for b, (length, prompt) in enumerate(bounds):
+            steps += loop_steps(runs[b].tolist(), max(prompt, 1), length - 1 - k)
+    return Acceptance.of(steps, k)
 
 
 def engine_acceptance(llm, prompts, params) -> Acceptance:

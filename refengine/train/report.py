@@ -137,8 +137,15 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
         if "held_out_offline" in training:
             offline = training["held_out_offline"]
             lengths = ", ".join(f"k={k}: {v}" for k, v in offline["mean_accepted_length"].items())
+            # Records written before the check walked the engine's loop counted every position of a reply
+            # as a step ("anchors"), which overstates the engine's figure (refengine/train/evaluate.py).
+            counted = (
+                f"the engine loop's steps, {offline['steps']['4']} at k=4"
+                if "steps" in offline
+                else f"every position counted as a step, {offline['anchors']} of them: an overstatement"
+            )
             lines.append(
-                f"- offline held-out check at the end of training ({offline['anchors']} anchors): per position "
+                f"- offline held-out check at the end of training ({counted}): per position "
                 + " ".join(f"{a:.2f}" for a in offline["per_position"])
                 + f"; mean accepted length {lengths}"
             )

@@ -91,7 +91,7 @@ def test_command_line_trains_and_records_itself(tmp_path):
         "--max-new-tokens",
         "8",
         "--eval-tokens",
-        "0",
+        "40",
         "--cache-dir",
         str(tmp_path / "cache"),
         "--threads",
@@ -99,6 +99,11 @@ def test_command_line_trains_and_records_itself(tmp_path):
     ]
     result = CliRunner().invoke(train_drafter_command, args)
     assert result.exit_code == 0, result.output
-    command = json.loads((out / "config.json").read_text())["training"]["command"]
+    training = json.loads((out / "config.json").read_text())["training"]
+    command = training["command"]
     assert command.startswith("refengine train-drafter --target ") and "--method mtp" in command
+    # The held-out check walks the engine's loop once per k (the steps differ with k).
+    offline = training["held_out_offline"]
+    assert set(offline["steps"]) == set(offline["mean_accepted_length"]) == {"2", "4", "8"}
+    assert offline["steps"]["2"] > 0 and len(offline["per_position"]) == 8
     assert "step 2/2" in result.output
