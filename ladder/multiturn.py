@@ -20,6 +20,10 @@ from ladder.records import RequestRecord
 from ladder.workload import Builder, Request, new_nonce, with_nonce
 
 
+class SessionOrderError(RuntimeError):
+    """A turn was built before every earlier turn of its session was answered."""
+
+
 def history(turns: Sequence[Request], replies: Sequence[str]) -> Messages:
     """The messages of turn len(replies) + 1: each earlier turn with its reply, then the new user turn."""
     messages: list[tuple[str, str]] = []
@@ -45,6 +49,11 @@ class SessionPhase:
     def body(self, session: int, turn: int) -> bytes:
         """The request of 0-based `turn` of `session`; its earlier turns have been answered."""
         turns, records = self.requests[session], self.records[session]
+        # Invariant: a turn is built only once every earlier turn of its session is answered ([DONE] came),
+        # since its history holds their replies; anything else is a bug in the sender, never a VOID rung.
+        if not all(rec.done for rec in records[:turn]):
+            raise SessionOrderError(f"turn {turn + 1} of session {session} was built before the turns before it "
+                                    f"were answered")
         replies = ([rec.output_text for rec in records[:turn]] if self.server_replies
                    else [req.reply for req in turns[:turn]])
         tag = self.tags.setdefault(session, new_nonce() if self.cache_bust else None)
