@@ -44,6 +44,7 @@ def export_tokenizer(folder: Path) -> None:
     from refengine.model.loader import embedded_smollm2_path
     from refengine.tokenizer.tokenizer import Tokenizer
 
+    folder.mkdir(parents=True, exist_ok=True)
     Tokenizer.from_gguf_vocab(read_gguf(embedded_smollm2_path()).vocab).save_hf_folder(folder)
 
 
