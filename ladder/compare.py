@@ -15,7 +15,7 @@ from ladder.config import ENGINE_KEYS, SetupError
 from ladder.metrics import DEFINITIONS
 from ladder.own_version import Build, build
 from ladder.runs import Run, concurrencies
-from ladder.table import GROUPS, Footnotes, Group, cell
+from ladder.table import GROUPS, TURN_FIELDS, Footnotes, Group, cell, turn_metric
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,12 @@ def workload_caption(run: Run) -> str:
         prompts = f"{data['kind']} prompts{limit} ({data.get('num_usable', '?')} of {data.get('num_records', '?')} records)"
     out_len = w.get("output_len") or "dataset lengths"
     slos = f", goodput SLOs (ms) {run.slos}" if run.slos != "none" else ""
+    if w.get("multi_turn"):
+        turns = w["multi_turn"]
+        per_rung = (f"sessions of {turns['turns']} turns (replies from the {turns['reply']}), "
+                    + per_rung.replace("prompts", "sessions"))
+    if w.get("trace"):
+        per_rung = f"a trace of {w['trace']['num_requests']} requests at {w['trace']['speedup']:g}x speed"
     return (f"{w.get('endpoint_kind', '?')}, {prompts} / {out_len} out"
             f"{' (ignore_eos)' if sampling.get('ignore_eos') else ''}, {per_rung}, "
             f"temperature {sampling.get('temperature', '?')}, seed {w.get('seed', '?')}{slos}")
@@ -130,6 +136,30 @@ def _group_table(cmp: Comparison, group: Group, notes: Footnotes) -> list[str]:
         name = f"{metric.name} ({metric.unit}){notes.ref(f'{metric.name}: {formula}')}"
         for c in concurrencies(runs):
             out.append(_row([name, f"{c:g}", *(cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs)]))
+    return out + [""]
+
+
+def _turn_table(cmp: Comparison, notes: Footnotes) -> list[str]:
+    """--multi-turn runs: TTFT, prompt tokens and cached tokens by turn index, rows per (rung, turn)."""
+    runs = cmp.runs
+    turns = sorted({int(t) for r in runs for row in r.rungs.values() for t in (row.turns or {})})
+    if not turns:
+        return []
+    heads = [r.label if r is cmp.baseline or cmp.baseline is None else f"{r.label} (Δ% vs {cmp.baseline.label})"
+             for r in runs]
+    out = [f"### TTFT by turn, {cmp.percentile} over each turn's requests (lower is better)", "",
+           "Turn k's prompt holds the session's k − 1 earlier turns and their replies, which a prefix cache can "
+           "serve; cached tokens are the server's own count (usage.prompt_tokens_details), n/a where it gives none.",
+           "", _row(["metric", load_column(cmp.reference), "turn", *heads]),
+           _row(["---", "---:", "---:", *(["---:"] * len(runs))])]
+    for field in TURN_FIELDS:
+        for c in concurrencies(runs):
+            for t in turns:
+                metric = turn_metric(field, str(t))
+                formula = cmp.reference.definitions.get(metric.key) or DEFINITIONS[metric.key]
+                label = f"{metric.name} ({metric.unit}){notes.ref(f'{metric.name}: {formula}')}"
+                cells = [cell(r, c, metric, cmp.percentile, cmp.baseline, notes) for r in runs]
+                out.append(_row([label, f"{c:g}", str(t), *cells]))
     return out + [""]
 
 
@@ -202,6 +232,7 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
               "with their reasons.", ""]
     for group in GROUPS:
         lines += _group_table(cmp, group, notes)
+    lines += _turn_table(cmp, notes)
     lines += _server_table(cmp)
     if plot_links:
         lines += ["## Plots", "", f"Workload: {workload_caption(cmp.reference)}.", ""]

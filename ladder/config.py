@@ -48,7 +48,7 @@ class RunConfig:
     burstiness: float = 1.0  # gamma shape of the arrival intervals; 1 = Poisson
     max_concurrency: int | None = None  # open loop: at most this many requests in flight
     max_duration_s: float | None = None  # per rung: no request is sent after this many seconds
-    dataset: str = "random"  # random | sharegpt[:PATH] | jsonl:PATH
+    dataset: str = "random"  # random | sharegpt[:PATH] | jsonl:PATH | trace:PATH
     max_input_len: int | None = None  # datasets: drop prompts longer than this (needs --tokenizer)
     input_len: int | None = None  # random only; None = DEFAULT_INPUT_LEN (with prefix_len: the suffix)
     prefix_len: int | None = None  # random only: every prompt starts with a shared prefix of this many tokens
@@ -87,6 +87,9 @@ class RunConfig:
     request_seed: int | None = None
     extra_body: dict = field(default_factory=dict)  # merged into every request body, last
     stream: bool = True  # False: one JSON answer per request, TTFT n/a
+    multi_turn: int | None = None  # sessions of this many turns, each resending its history; counts are sessions
+    multi_turn_reply: str = "server"  # the reply a session's history carries: "server" (its answer) or "dataset"
+    trace_speedup: float = 1.0  # --dataset trace: the timestamps divided by this
 
     @property
     def body_extra(self) -> dict:
@@ -128,13 +131,18 @@ class RunConfig:
         return self.dataset.partition(":")[0]
 
     @property
+    def synthetic(self) -> bool:
+        """Prompts of seeded random words: random, and a trace's blocks."""
+        return self.dataset_kind in ("random", "trace")
+
+    @property
     def eos_ignored(self) -> bool:
-        return self.ignore_eos if self.ignore_eos is not None else self.dataset_kind == "random"
+        return self.ignore_eos if self.ignore_eos is not None else self.synthetic
 
     @property
     def busts_cache(self) -> bool:
         # NOTE: off for datasets by default: a model echoes a tag in real text, and ngram drafting copies it.
-        return self.cache_bust if self.cache_bust is not None else self.dataset_kind == "random"
+        return self.cache_bust if self.cache_bust is not None else self.synthetic
 
     @property
     def chat(self) -> bool:

@@ -8,6 +8,10 @@ runner samples each rung's requests from the pool with a seeded generator.
   `datasets` extra). That file is cut off mid-record, so `json.load` fails on it: it is read record by
   record, and the complete records are kept.
 - `jsonl:PATH`: one request per line, `{"prompt": "..."}` or `{"messages": [...]}`, optional `output_len`.
+- `trace:PATH`: a timed Mooncake trace (ladder.trace reads it; its prompts are seeded words).
+
+With --multi-turn N, a ShareGPT conversation is a session as it stands: its first N human turns in order,
+each with the reply that follows it; conversations with fewer than N human -> reply pairs are skipped.
 """
 
 import json
@@ -18,7 +22,7 @@ from pathlib import Path
 from ladder.config import SetupError
 
 READ_BLOCK = 1 << 20
-DATASET_KINDS = ("random", "sharegpt", "jsonl")
+DATASET_KINDS = ("random", "sharegpt", "jsonl", "trace")
 
 
 @dataclass(frozen=True)
@@ -39,17 +43,19 @@ class Dataset:
     source: str  # the file read
     num_records: int  # complete records in the file
     requests: tuple[DatasetRequest, ...]  # the usable ones, in file order
+    turns: int | None = None  # --multi-turn: the turns per session; the sessions then replace the requests
+    sessions: tuple[tuple[DatasetRequest, ...], ...] = ()  # --multi-turn: each usable conversation's turns
 
 
 def parse_spec(spec: str) -> tuple[str, Path | None]:
-    """`random`, `sharegpt`, `sharegpt:PATH` or `jsonl:PATH` -> (kind, path)."""
+    """`random`, `sharegpt`, `sharegpt:PATH`, `jsonl:PATH` or `trace:PATH` -> (kind, path)."""
     kind, _, path = spec.partition(":")
     if kind not in DATASET_KINDS:
-        raise SetupError(f"--dataset {spec!r}: expected random, sharegpt[:PATH] or jsonl:PATH")
+        raise SetupError(f"--dataset {spec!r}: expected random, sharegpt[:PATH], jsonl:PATH or trace:PATH")
     if kind == "random" and path:
         raise SetupError("--dataset random takes no path")
-    if kind == "jsonl" and not path:
-        raise SetupError("--dataset jsonl needs a path: jsonl:PATH")
+    if kind in ("jsonl", "trace") and not path:
+        raise SetupError(f"--dataset {kind} needs a path: {kind}:PATH")
     return kind, Path(path) if path else None
 
 
@@ -94,27 +100,35 @@ def iter_json_array(path: Path) -> Iterator[object]:
             pos = end
 
 
-def _sharegpt_request(record: object) -> DatasetRequest | None:
-    """vLLM's rule: the first turn must be human and the second its reply."""
+def _sharegpt_turns(record: object, limit: int) -> list[DatasetRequest]:
+    """The conversation's leading human -> gpt pairs, at most `limit`, as requests with their replies.
+    vLLM's rule for one turn: the first entry must be human (and say something) and the second its reply."""
     turns = record.get("conversations") if isinstance(record, dict) else None
-    if not isinstance(turns, list) or len(turns) < 2:
-        return None
-    first, reply = turns[0], turns[1]
-    if first.get("from") != "human" or reply.get("from") != "gpt" or not first.get("value"):
-        return None
-    return DatasetRequest(messages=(("user", first["value"]),), output_len=None, reply=reply.get("value") or "")
+    out: list[DatasetRequest] = []
+    if not isinstance(turns, list):
+        return out
+    for human, reply in zip(turns[0:2 * limit:2], turns[1:2 * limit:2]):
+        if not (isinstance(human, dict) and isinstance(reply, dict)) or human.get("from") != "human" \
+                or reply.get("from") != "gpt" or not human.get("value"):
+            break
+        out.append(DatasetRequest(messages=(("user", human["value"]),), output_len=None,
+                                  reply=reply.get("value") or ""))
+    return out
 
 
-def load_sharegpt(path: Path) -> Dataset:
+def load_sharegpt(path: Path, turns: int | None = None) -> Dataset:
+    """Single requests (each conversation's first turn) or, with `turns`, sessions of that many turns."""
     if not path.is_file():
         raise SetupError(f"--dataset sharegpt: no such file {path}")
     records = 0
-    requests = []
+    found = []
     for record in iter_json_array(path):
         records += 1
-        if (req := _sharegpt_request(record)) is not None:
-            requests.append(req)
-    return Dataset("sharegpt", str(path), records, tuple(requests))
+        if len(pairs := _sharegpt_turns(record, turns or 1)) == (turns or 1):
+            found.append(tuple(pairs))
+    if turns is None:
+        return Dataset("sharegpt", str(path), records, tuple(first for first, in found))
+    return Dataset("sharegpt", str(path), records, (), turns, tuple(found))
 
 
 def _jsonl_request(obj: object, where: str) -> DatasetRequest:
@@ -154,29 +168,45 @@ def load_jsonl(path: Path) -> Dataset:
     return Dataset("jsonl", str(path), len(requests), tuple(requests))
 
 
-def load(kind: str, path: Path | None) -> Dataset:
+def load(kind: str, path: Path | None, turns: int | None = None) -> Dataset:
+    """The requests of a sharegpt or jsonl dataset; with `turns` (--multi-turn), ShareGPT's sessions."""
     if kind == "sharegpt":
-        return load_sharegpt(path or packaged_sharegpt())
+        return load_sharegpt(path or packaged_sharegpt(), turns)
+    if turns is not None:
+        raise SetupError("--multi-turn builds sessions from random prompts or ShareGPT conversations, not from "
+                         f"--dataset {kind}")
     return load_jsonl(path)
 
 
+def _selected(req: DatasetRequest, kind: str, count_tokens: Callable[[str], int] | None, output_len: int | None,
+              max_input_len: int | None) -> DatasetRequest | None:
+    """The request with its output length fixed, or None when a filter drops it."""
+    if max_input_len is not None and count_tokens(req.text) > max_input_len:
+        return None
+    n = output_len or req.output_len
+    if n is None and req.reply is not None and count_tokens is not None:
+        n = count_tokens(req.reply)
+    if n is None:
+        raise SetupError(f"--dataset {kind}: requests without an output length need --output-len "
+                         f"(or --tokenizer, to count the reply's tokens)")
+    if n < 2:  # vLLM prunes these too: a 1-token reply has no TPOT
+        return None
+    return DatasetRequest(req.messages, n, req.reply)
+
+
 def select(dataset: Dataset, count_tokens: Callable[[str], int] | None, output_len: int | None,
-           max_input_len: int | None) -> tuple[DatasetRequest, ...]:
-    """The requests a run may use: each with its output length fixed (--output-len, else the data's,
-    else its tokenized reply), and those whose prompt exceeds --max-input-len dropped."""
-    out = []
-    for req in dataset.requests:
-        if max_input_len is not None and count_tokens(req.text) > max_input_len:
-            continue
-        n = output_len or req.output_len
-        if n is None and req.reply is not None and count_tokens is not None:
-            n = count_tokens(req.reply)
-        if n is None:
-            raise SetupError(f"--dataset {dataset.kind}: requests without an output length need --output-len "
-                             f"(or --tokenizer, to count the reply's tokens)")
-        if n < 2:  # vLLM prunes these too: a 1-token reply has no TPOT
-            continue
-        out.append(DatasetRequest(req.messages, n))
+           max_input_len: int | None) -> tuple:
+    """What a run may use: each request with its output length fixed (--output-len, else the data's, else
+    its tokenized reply), those whose prompt exceeds --max-input-len dropped. A session (--multi-turn) is
+    kept whole or dropped whole: every turn must pass."""
+    def keep(req: DatasetRequest) -> DatasetRequest | None:
+        return _selected(req, dataset.kind, count_tokens, output_len, max_input_len)
+
+    if dataset.turns is not None:
+        out = [kept for session in dataset.sessions if None not in (kept := tuple(map(keep, session)))]
+    else:
+        out = [kept for req in dataset.requests if (kept := keep(req)) is not None]
     if not out:
-        raise SetupError(f"--dataset {dataset.kind}: no request is left after the filters")
+        what = f"conversation of {dataset.turns} turns" if dataset.turns is not None else "request"
+        raise SetupError(f"--dataset {dataset.kind}: no {what} is left after the filters")
     return tuple(out)

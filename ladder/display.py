@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ladder.config import DEFAULT_PERCENTILES
-from ladder.metrics import DEFINITIONS, Summary
+from ladder.metrics import DEFINITIONS, Summary, TurnStats
 from ladder.records import RequestRecord, output_tokens
 from ladder.rung import RungOk, RungResult, RungVoid
 
@@ -27,6 +27,15 @@ def _mid(s: Summary | None) -> str:
     if "p50" in s.percentiles:
         return f"p50 {s.percentiles['p50']:.1f}"
     return f"mean {s.mean:.1f}"
+
+
+def _by_turn(turns: dict[str, TurnStats]) -> str:
+    """Each turn's TTFT, median (or mean) first: "p50 1: 812 | 2: 240 | 3: 260"."""
+    first = next(iter(turns.values())).ttft_ms
+    which = "p50" if first is not None and "p50" in first.percentiles else "mean"
+    cells = [f"{t}: {'-' if s.ttft_ms is None else f'{s.ttft_ms.percentiles.get(which, s.ttft_ms.mean):.0f}'}"
+             for t, s in turns.items()]
+    return f"{which} " + " | ".join(cells)
 
 
 def load_label(rung: RungResult) -> str:
@@ -45,6 +54,8 @@ def rung_line(rung: RungResult) -> str:
                  f"client cpu {rung.audit.cpu_pct:.0f}%"]
         if st.goodput is not None:
             parts.append(f"goodput {st.goodput:.2f} req/s ({100 * st.goodput_fraction:.0f}%)")
+        if rung.turns:
+            parts.append(f"ttft by turn {_by_turn(rung.turns)} ms")
         if rung.spec:
             parts.append(f"accept len {rung.spec.acceptance_length:.2f}")
         cache = rung.prefix_cache

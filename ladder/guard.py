@@ -1,7 +1,8 @@
 """The like-for-like guard: checked before `ladder compare` draws any table.
 
 Workload keys decide whether the runs measured the same thing at all: the prompt texts (hash per rung), the
-seed, the sampling parameters and ignore_eos, the endpoint kind, and the realised lengths from the servers'
+seed, the sampling parameters and ignore_eos, the endpoint kind, --multi-turn's sessions, a trace's schedule
+(its due times and speedup), and the realised lengths from the servers'
 usage. Input lengths may differ by INPUT_TOLERANCE tokens, because chat templates and BOS handling differ
 between servers even for identical prompt texts; output lengths must be equal. Runs whose workloads differ
 are refused unless the caller allows the mismatch.
@@ -60,6 +61,10 @@ def unverified_engine_keys(runs: Sequence[Run]) -> list[str]:
 def _lengths(run: Run, c: int, key: str) -> tuple[int, int] | None:
     row = run.ok(c)
     stats = (row.stats or {}).get(key) if row else None
+    if row and key == "input_tokens" and ((run.workload.get("multi_turn") or {}).get("reply") == "server"):
+        # NOTE: a later turn's prompt holds the replies of the server that ran it; the first turn's are the
+        # same texts on every server.
+        stats = ((row.turns or {}).get("1") or {}).get(key)
     return (stats["min"], stats["max"]) if stats else None
 
 
@@ -88,7 +93,7 @@ def _dataset(run: Run) -> str | None:
 
 def workload_differences(runs: Sequence[Run]) -> list[Difference]:
     out: list[Difference] = []
-    for key in ("seed", "input_len", "output_len", "length_dist", "sampling", "endpoint_kind"):
+    for key in ("seed", "input_len", "output_len", "length_dist", "sampling", "endpoint_kind", "multi_turn", "trace"):
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
     out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
     out += _differs("goodput SLOs", runs, lambda r: r.slos, "goodput counts the requests meeting them")

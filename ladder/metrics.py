@@ -33,6 +33,11 @@ DEFINITIONS = {
     "acceptance_length": "1 + d accepted / d drafts",
     "prefix_cache_hit_rate": "d vllm:prefix_cache_hits / d vllm:prefix_cache_queries (tokens) over the measured "
                              "phase; n/a when the server has no such counters",
+    "ttft_by_turn": "TTFT over the measured requests of each turn index of --multi-turn sessions; turn k's prompt "
+                    "holds the k - 1 turns before it and their replies",
+    "input_tokens_by_turn": "usage.prompt_tokens, mean over the measured requests of each turn index",
+    "cached_tokens": "usage.prompt_tokens_details.cached_tokens: the prompt tokens the server says its prefix "
+                     "cache served; n/a when it does not say",
     "statistics": "mean and linear-interpolated percentiles over requests (chunk gaps and token ITL pooled)",
 }
 
@@ -82,6 +87,16 @@ class RungStats:
     tokens_per_chunk: Summary
     goodput: float | None = None  # req/s meeting every SLO; None without --goodput
     goodput_fraction: float | None = None  # the share of requests meeting every SLO
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """The measured requests of one turn index of --multi-turn sessions."""
+
+    num_requests: int
+    ttft_ms: Summary | None  # None without streaming
+    input_tokens: LengthStats | None  # None when the server reported no prompt_tokens
+    cached_tokens: LengthStats | None  # None when the server reported no cached_tokens
 
 
 @dataclass(frozen=True)
@@ -176,6 +191,25 @@ def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float],
         chunk_gap_ms=ms(gaps), itl_token_ms=ms(itls) if have_itls else None,
         tokens_per_chunk=summarize([m.tokens_per_chunk for m in per], percentiles),
         goodput=good / window if slos_ms else None, goodput_fraction=good / len(per) if slos_ms else None)
+
+
+def _lengths(values: Sequence[int | None]) -> LengthStats | None:
+    if not values or any(v is None for v in values):
+        return None
+    return LengthStats(min(values), sum(values) / len(values), max(values))
+
+
+def turn_stats(records: Sequence[RequestRecord], percentiles: Sequence[float]) -> dict[str, TurnStats]:
+    """Per turn index ("1", "2", ...), over successful measured records of sessions."""
+    by_turn: dict[int, list[RequestRecord]] = {}
+    for rec in records:
+        by_turn.setdefault(rec.turn, []).append(rec)
+    out = {}
+    for turn, recs in sorted(by_turn.items()):
+        ttfts = [m.ttft for m in map(request_metrics, recs) if m.ttft is not None]
+        out[str(turn)] = TurnStats(len(recs), summarize(ttfts, percentiles, 1e3) if ttfts else None,
+                                   _lengths([r.prompt_tokens for r in recs]), _lengths([r.cached_tokens for r in recs]))
+    return out
 
 
 def _per_user(tpots: Sequence[float]) -> float | None:

@@ -22,6 +22,7 @@ class RequestRecord:
     num_events: int = 0  # every SSE data event, including the role prelude, the usage chunk and [DONE]
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None: the server reports none
     done: bool = False  # [DONE] arrived
     error: str | None = None  # "kind: detail", set by the client
     prompt: list[tuple[str, str]] | None = None  # --save-text: the messages as sent, nonce included
@@ -32,6 +33,8 @@ class RequestRecord:
     request_rate: float | None = None  # the open-loop rung's rate (req/s)
     repeat: int = 0  # --repeats: which run of its rung (0-based)
     streamed: bool = True  # False: --no-stream, one JSON answer; its one "chunk" is the answer's arrival
+    session: int | None = None  # --multi-turn: the session within its phase (0-based); None for a single request
+    turn: int | None = None  # --multi-turn: the turn within its session (1-based)
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

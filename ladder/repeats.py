@@ -95,4 +95,5 @@ def combine(repeats: list[RungOk]) -> RungOk:
         peak_in_flight=min(r.peak_in_flight for r in repeats),
         lateness=max((r.lateness for r in repeats if r.lateness is not None), key=lambda x: x.num_late, default=None),
         server_metrics=_server_metrics([r.server_metrics for r in repeats]),
+        turns=_combine([r.turns for r in repeats], "turns"),
         repeats={"n": len(repeats), "metrics": {p: interval([leaves[p] for leaves in per_metric]) for p in paths}})

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from ladder.arrivals import Lateness
 from ladder.audit import Audit
-from ladder.metrics import RungStats, SpecAcceptance
+from ladder.metrics import RungStats, SpecAcceptance, TurnStats
 from ladder.prefix_cache import PrefixCacheHits
 
 MAX_ERRORS = 5  # distinct error messages kept on a VOID row
@@ -37,6 +37,7 @@ class RungOk:
     prefix_cache: PrefixCacheHits | None = None  # None: the server has no prefix-cache counters
     server_metrics: dict | None = None  # /metrics over the measured phase: mean and peak per series
     repeats: dict | None = None  # --repeats: n, and each metric's mean, 95% CI and CV over the repeats
+    turns: dict[str, TurnStats] | None = None  # --multi-turn: the measured requests by turn index ("1", ...)
 
     status = "OK"
 

@@ -23,11 +23,12 @@ from time import perf_counter, time
 
 from ladder import arrivals, engine_info, gpu, host, repeats, scrape
 from ladder.audit import AuditProbe
-from ladder.client import Progress, run_open_loop, run_phase
+from ladder.client import Progress, run_open_loop, run_phase, run_sessions
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
 from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
-from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance
+from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance, turn_stats
+from ladder.multiturn import SessionPhase
 from ladder.own_version import build, own_version
 from ladder.prefix_cache import prefix_cache_hits
 from ladder.records import RequestRecord, failure
@@ -43,7 +44,7 @@ from ladder.rung import (
 )
 from ladder.server import ServerProcess, embedded_serve_cmd, free_port
 from ladder.store import RunStore
-from ladder.workload import Workload, prepare, with_nonce
+from ladder.workload import Builder, Request, Workload, prepare, with_nonce
 
 WATCH_INTERVAL_S = 0.1
 # While requests wait for their first chunk, the stall limit is --stall-timeout per this many request bytes
@@ -81,6 +82,8 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
     engine, sources = engine_info.resolve(config.metadata, work.server_engine,
                                           engine_info.from_serve_cmd(serve_cmd))
     hashes = {str(load): w.prompt_hash for load, w in work.rungs.items()}
+    bust = ({"per_session": True} if config.multi_turn and config.busts_cache
+            else {"nonce": work.nonce} if work.nonce else False)
     return {
         "tool": "ladder", "version": own_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
@@ -102,8 +105,11 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
             "load": ({"request_rate": list(config.request_rates), "burstiness": config.burstiness,
                       "max_concurrency": config.max_concurrency} if config.open_loop
                      else {"concurrency": list(config.concurrencies)}),
+            "multi_turn": ({"turns": config.multi_turn, "reply": config.multi_turn_reply}
+                           if config.multi_turn else None),
+            "trace": _trace_info(config, work),
             "max_duration_s": config.max_duration_s,
-            "cache_bust": {"nonce": work.nonce} if work.nonce else False,
+            "cache_bust": bust,
             "endpoint_kind": config.backend, "prompt_sizing": work.sizing,
             "continuous_usage_requested": work.continuous_usage,
             "continuous_usage_stats": None,  # what the server sent; set once requests came back
@@ -114,12 +120,22 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
     }
 
 
+def _trace_info(config: RunConfig, work: Workload) -> dict | None:
+    """A trace's replay as the guard compares it: its schedule (due times, by hash) and speedup."""
+    if config.dataset_kind != "trace":
+        return None
+    (rung,) = work.rungs.values()
+    return {"num_requests": len(rung.due), "speedup": config.trace_speedup, "span_s": rung.due[-1],
+            "schedule_hash": hashlib.sha256(json.dumps(rung.due).encode()).hexdigest()}
+
+
 class Ladder:
     def __init__(self, config: RunConfig, ep: Endpoint, server: ServerProcess | None, work: Workload,
                  store: RunStore, display: Display, epoch: float, spec_method: str | None = None):
         self.config, self.ep, self.server, self.work = config, ep, server, work
         self.spec_method = spec_method  # the engine key: "none" (or unknown) makes tok/chunk > 1 worth a word
         self.store, self.display, self.epoch = store, display, epoch
+        self.builder = Builder(config, work.model, work.continuous_usage, work.nonce)  # --multi-turn's turn bodies
         self.usage_seen = False  # did any chunk carry continuous usage?
         self._counters: dict[str, float] = {}  # /metrics counters at the last look (stall checks)
         self.warnings: list[str] = []
@@ -185,35 +201,42 @@ class Ladder:
             if probe is not None:
                 probe.cancel()
 
-    def _record(self, load: int | float, phase: str, index: int, max_tokens: int, repeat: int) -> RequestRecord:
+    def _record(self, load: int | float, phase: str, index: int, req: Request, repeat: int) -> RequestRecord:
         """A record that says how it was sent: under which in-flight cap (an open-loop measured request
         has --max-concurrency or none; its warmup runs closed loop at concurrency_of), at which rate, in
-        which --repeats run, streamed or not."""
+        which --repeats run, streamed or not, and which turn of which session it is."""
         cfg = self.config
         open_measured = cfg.open_loop and phase == "measured"
         cap = cfg.max_concurrency if open_measured else cfg.concurrency_of(load)
-        return RequestRecord(cap, phase, index, max_tokens=max_tokens,
-                             request_rate=load if cfg.open_loop else None, repeat=repeat, streamed=cfg.stream)
+        return RequestRecord(cap, phase, index, max_tokens=req.max_tokens, request_rate=load if cfg.open_loop else None,
+                             repeat=repeat, streamed=cfg.stream, session=req.session, turn=req.turn)
 
-    def _launch(self, load: int | float, phase: str, bodies: list[bytes], records: list[RequestRecord],
-                progress: Progress, on_done) -> asyncio.Task:
+    def _launch(self, load: int | float, phase: str, requests: list[Request], bodies: list[bytes],
+                records: list[RequestRecord], progress: Progress, on_done) -> asyncio.Task:
         cfg = self.config
-        if cfg.open_loop and phase == "measured":
-            due = arrivals.due_times(len(bodies), load, cfg.burstiness, seed=hash_seed(cfg.seed, load))
-            return asyncio.create_task(run_open_loop(self.ep.target, bodies, records, due, cfg.max_concurrency,
-                                                     progress, cfg.timeout_s, on_done, cfg.max_duration_s))
         # NOTE: --max-duration bounds the measured phase only: an unsent warmup request would read as failed.
         stop_after_s = cfg.max_duration_s if phase == "measured" else None
+        if cfg.multi_turn:
+            sessions = SessionPhase(requests, records, self.builder, cfg.multi_turn_reply == "server",
+                                    cfg.busts_cache, cfg.save_text)
+            return asyncio.create_task(run_sessions(self.ep.target, sessions.records, sessions.body,
+                                                    cfg.concurrency_of(load), progress, cfg.timeout_s, on_done,
+                                                    stop_after_s))
+        if cfg.open_loop and phase == "measured":
+            due = self.work.rungs[load].due or arrivals.due_times(len(bodies), load, cfg.burstiness,
+                                                                  seed=hash_seed(cfg.seed, load))
+            return asyncio.create_task(run_open_loop(self.ep.target, bodies, records, due, cfg.max_concurrency,
+                                                     progress, cfg.timeout_s, on_done, cfg.max_duration_s))
         return asyncio.create_task(run_phase(self.ep.target, bodies, records, cfg.concurrency_of(load), progress,
                                              cfg.timeout_s, on_done, stop_after_s))
 
-    async def _phase(self, load: int | float, phase: str, requests: list, bodies: list[bytes], repeat: int = 0
-                     ) -> tuple[list[RequestRecord], str | None, Progress, scrape.Series | None]:
+    async def _phase(self, load: int | float, phase: str, requests: list[Request], bodies: list[bytes],
+                     repeat: int = 0) -> tuple[list[RequestRecord], str | None, Progress, scrape.Series | None]:
         """Run one phase; its /metrics series (tick 0 before its first request, the closing sample after
         its last) goes to metrics.jsonl under the phase's rung, repeat and name."""
         c = self.config.concurrency_of(load)
-        records = [self._record(load, phase, i, r.max_tokens, repeat) for i, r in enumerate(requests)]
-        if self.config.save_text:
+        records = [self._record(load, phase, i, r, repeat) for i, r in enumerate(requests)]
+        if self.config.save_text and not self.config.multi_turn:  # a turn's prompt is saved as it is sent
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
         progress = Progress(perf_counter())
@@ -224,9 +247,9 @@ class Ladder:
             self.display.request_done(rec, failed)
             return failed
 
-        self.display.phase_start(f"rate={load:g}" if self.config.open_loop else f"c={load}", phase, len(bodies))
+        self.display.phase_start(f"rate={load:g}" if self.config.open_loop else f"c={load}", phase, len(requests))
         scraper = await self._start_scraper()
-        task = self._launch(load, phase, bodies, records, progress, on_done)
+        task = self._launch(load, phase, requests, bodies, records, progress, on_done)
         try:
             dead = await self._watch(task, progress)
         finally:
@@ -255,7 +278,7 @@ class Ladder:
         c = cfg.concurrency_of(load)
         rate = load if cfg.open_loop else None
         records, dead, _, _ = await self._phase(load, "warmup", work.warmup, work.warmup_bodies, repeat)
-        measured = [self._record(load, "measured", i, r.max_tokens, repeat) for i, r in enumerate(work.measured)]
+        measured = [self._record(load, "measured", i, r, repeat) for i, r in enumerate(work.measured)]
         progress = Progress(0.0)
         server_metrics = None
         if dead is None:
@@ -283,9 +306,10 @@ class Ladder:
         stats = rung_stats(measured, cfg.percentiles, cfg.goodput)
         late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
                 if cfg.open_loop else None)
+        turns = turn_stats(measured, cfg.percentiles) if cfg.multi_turn else None
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
-                      lateness=late, prefix_cache=cache, server_metrics=server_metrics), records, None
+                      lateness=late, prefix_cache=cache, server_metrics=server_metrics, turns=turns), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []
@@ -338,7 +362,11 @@ class Ladder:
         asked = self.config.input_len or DEFAULT_INPUT_LEN
         if self.work.dataset["kind"] != "random" or not isinstance(rung, RungOk) or rung.stats.input_tokens is None:
             return None
-        got = rung.stats.input_tokens.mean
+        # NOTE: a session's later turns carry its history: only its first turn is one prompt of --input-len.
+        lengths = rung.turns["1"].input_tokens if rung.turns else rung.stats.input_tokens
+        if lengths is None:
+            return None
+        got = lengths.mean
         if abs(got - asked) <= INPUT_LEN_TOLERANCE * asked:
             return None
         return (f"{load_label(rung)}: the server counted {got:.0f} prompt tokens on average for --input-len {asked} "

@@ -33,6 +33,7 @@ class RungRow:
     num_measured: int | None = None  # OK rows: the measured requests sent
     server_metrics: dict | None = None
     repeats: dict | None = None
+    turns: dict | None = None  # --multi-turn: TTFT and lengths by turn index ("1", "2", ...)
 
     @property
     def load(self) -> float:
@@ -47,7 +48,7 @@ class RungRow:
                    audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
                    lateness=row.get("lateness"), prefix_cache=row.get("prefix_cache"),
                    num_measured=row.get("num_measured"), server_metrics=row.get("server_metrics"),
-                   repeats=row.get("repeats"))
+                   repeats=row.get("repeats"), turns=row.get("turns"))
 
 
 @dataclass(frozen=True)

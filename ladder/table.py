@@ -72,6 +72,24 @@ GROUPS = (
 )
 
 
+# --multi-turn's table: each field of a turn's statistics -> (its definition, name, unit, decimals)
+TURN_FIELDS = {"ttft_ms": ("ttft_by_turn", "TTFT", "ms", 1),
+               "input_tokens": ("input_tokens_by_turn", "prompt tokens, mean", "tok", 0),
+               "cached_tokens": ("cached_tokens", "cached tokens, mean", "tok", 0)}
+
+
+def turn_metric(field: str, turn: str) -> Metric:
+    """One field of one turn index's statistics (a TTFT percentile, or a length's mean)."""
+    key, name, unit, decimals = TURN_FIELDS[field]
+
+    def read(row: RungRow, pct: str) -> float | None:
+        value = ((row.turns or {}).get(turn) or {}).get(field)
+        if not value:
+            return None
+        return value["percentiles"].get(pct) if field == "ttft_ms" else value["mean"]
+    return Metric(key, name, unit, decimals, read)
+
+
 class Footnotes:
     """Numbered footnotes in order of first use; the same text always gets the same number."""
 

@@ -4,19 +4,25 @@ Random prompts are seeded per (seed, load, phase). Dataset requests are dealt fr
 the usable records, rung after rung in ladder order and each rung's warmup first, so no record is sent twice
 in a run (its earlier answer would sit in a prefix cache) until the pool runs out.
 
-With cache busting (the default for random prompts, off for datasets, whose texts a model could echo) every
-prompt starts with a per-run tag, so a server's prefix cache never serves a prompt from an earlier run; it
-is the same for every prompt of the run, so prefixes the prompts share stay shared. The request hash that
-`ladder compare` checks leaves the tag out.
+A trace (`--dataset trace:FILE`, ladder.trace) is one rung: its requests, built from their hash ids' blocks
+of seeded words, and the times they are due. With --multi-turn a phase's requests are the turns of its
+sessions, in order; their bodies are built as they are sent (ladder.multiturn), since each carries the
+replies before it.
+
+With cache busting (the default for random prompts and traces, off for datasets, whose texts a model could
+echo) every prompt starts with a per-run tag, so a server's prefix cache never serves a prompt from an
+earlier run; it is the same for every prompt of the run, so prefixes the prompts share stay shared (a
+session draws its own, ladder.multiturn). The request hash that `ladder compare` checks leaves the tag out.
 """
 
+import functools
 import hashlib
 import json
 import random
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from ladder import datasets, engine_info, prompts, shared_prefix
+from ladder import datasets, engine_info, prompts, shared_prefix, trace
 from ladder.client import Messages, request_body
 from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, SetupError
 from ladder.endpoint import Endpoint
@@ -42,17 +48,21 @@ NONCE_WORDS = 6  # 36 bits
 
 @dataclass(frozen=True)
 class Request:
-    messages: tuple[tuple[str, str], ...]  # without the nonce
+    messages: tuple[tuple[str, str], ...]  # without the nonce; a turn of a session: its new user message
     max_tokens: int
+    session: int | None = None  # --multi-turn: the session within its phase (0-based)
+    turn: int | None = None  # --multi-turn: the turn within its session (1-based)
+    reply: str | None = None  # --multi-turn-reply dataset: the reply the history carries after this turn
 
 
 @dataclass(frozen=True)
 class RungWorkload:
     warmup: list[Request]
     measured: list[Request]
-    warmup_bodies: list[bytes]
+    warmup_bodies: list[bytes]  # empty for --multi-turn: a turn's body is built when it is sent
     measured_bodies: list[bytes]
     prompt_hash: str  # of the measured requests, nonce excluded
+    due: list[float] | None = None  # a trace: when each measured request is due, seconds after the start
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,9 @@ class Workload:
 
 
 def request_hash(requests: list[Request]) -> str:
-    return hashlib.sha256(json.dumps([[r.messages, r.max_tokens] for r in requests]).encode()).hexdigest()
+    # NOTE: a session's turns add their place and reply; single requests hash as they always have.
+    return hashlib.sha256(json.dumps([[r.messages, r.max_tokens] + ([r.session, r.turn, r.reply] if r.turn else [])
+                                      for r in requests]).encode()).hexdigest()
 
 
 def new_nonce() -> str:
@@ -123,25 +135,48 @@ class Builder:
         self.config, self.model, self.continuous, self.nonce = config, model, continuous, nonce
 
     def body(self, req: Request) -> bytes:
-        return request_body(with_nonce(req.messages, self.nonce), model=self.model, chat=self.config.chat,
-                            max_tokens=req.max_tokens, temperature=self.config.temperature,
-                            continuous_usage=self.continuous, ignore_eos=self.config.eos_ignored,
-                            stream=self.config.stream, extra=self.config.body_extra)
+        return self.messages_body(with_nonce(req.messages, self.nonce), req.max_tokens)
+
+    def messages_body(self, messages: Messages, max_tokens: int) -> bytes:
+        return request_body(messages, model=self.model, chat=self.config.chat, max_tokens=max_tokens,
+                            temperature=self.config.temperature, continuous_usage=self.continuous,
+                            ignore_eos=self.config.eos_ignored, stream=self.config.stream,
+                            extra=self.config.body_extra)
+
+
+def _checks(config: RunConfig, kind: str) -> None:
+    """Flags that do not go with the dataset, refused before anything is read or sent."""
+    if kind != "random" and config.prefix_len is not None:
+        raise SetupError(f"--prefix-len builds random prompts; --dataset {kind} brings its own")
+    if kind != "random" and config.input_len is not None:
+        raise SetupError(f"--input-len sizes random prompts; --dataset {kind} brings its own (see --max-input-len)")
+    if config.multi_turn and config.prefix_len is not None:
+        raise SetupError("--prefix-len shares one prefix across requests, --multi-turn shares each session's "
+                         "history across its turns: give one of them")
+    if kind == "trace" and config.max_input_len is not None:
+        raise SetupError("--max-input-len filters a dataset; a trace is replayed whole")
+    if config.max_input_len is not None and config.tokenizer is None:
+        raise SetupError("--max-input-len counts prompt tokens: it needs --tokenizer")
+
+
+def as_sessions(requests: list[Request], turns: int, replies: list[str] | None) -> list[Request]:
+    """Consecutive runs of `turns` requests as sessions, each turn carrying its dataset reply when given."""
+    return [replace(r, session=i // turns, turn=i % turns + 1, reply=replies[i] if replies else None)
+            for i, r in enumerate(requests)]
 
 
 async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
     """Model, server capabilities and every request body, all before any clock starts."""
     kind, path = datasets.parse_spec(config.dataset)
-    if kind != "random" and config.prefix_len is not None:
-        raise SetupError(f"--prefix-len builds random prompts; --dataset {kind} brings its own")
-    if kind != "random" and config.input_len is not None:
-        raise SetupError(f"--input-len sizes random prompts; --dataset {kind} brings its own (see --max-input-len)")
-    if config.max_input_len is not None and config.tokenizer is None:
-        raise SetupError("--max-input-len counts prompt tokens: it needs --tokenizer")
-    pool: tuple[datasets.DatasetRequest, ...] = ()
+    _checks(config, kind)
+    pool: tuple = ()
     dataset_info: dict = {"kind": kind}
-    if kind != "random":  # read and filter the file before touching the server
-        data = datasets.load(kind, path)
+    if kind == "trace":  # read the file before touching the server
+        replay = trace.read_trace(path)
+        dataset_info = {"kind": kind, "source": replay.source, "num_records": len(replay.requests),
+                        "num_usable": len(replay.requests)}
+    elif kind != "random":
+        data = datasets.load(kind, path, config.multi_turn)
         tok = prompts.load_tokenizer(config.tokenizer) if config.tokenizer is not None else None
         count = (lambda text: len(tok.encode(text, add_special_tokens=False).ids)) if tok else None
         pool = datasets.select(data, count, config.output_len, config.max_input_len)
@@ -180,16 +215,18 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
                                  "to count one token per chunk")
             return rec
 
-    # every phase of the run in the order it is sent: each rung's warmup, then its measured requests
+    # every phase of the run in the order it is sent: each rung's warmup, then its measured requests (or,
+    # with --multi-turn, sessions)
     plan = [(load, phase, count) for load in config.loads
             for phase, count in (("warmup", config.num_warmup(load)), ("measured", config.num_prompts(load)))]
-    input_len = config.input_len or DEFAULT_INPUT_LEN
+    # NOTE: a trace's probes are about one block long: its prompts are sized block by block.
+    input_len = config.input_len or (trace.BLOCK_TOKENS if kind == "trace" else DEFAULT_INPUT_LEN)
     words = (max(16, input_len), max(8, input_len // 2))
-    first_text = prompts.words_text(rng, words[0] if kind == "random" else 8)  # a dataset's probe checks usage only
+    first_text = prompts.words_text(rng, words[0] if config.synthetic else 8)  # a dataset's probe checks usage only
     probe_fit: dict | None = None
     max_model_len = server_engine.get("max_model_len")
     limit = PROBE_FIT_SHARE * (max_model_len - 1) if isinstance(max_model_len, int) else None  # 1 token out
-    if kind == "random" and limit is not None and len(first_text.encode()) > limit:
+    if config.synthetic and limit is not None and len(first_text.encode()) > limit:
         # A text has hardly more tokens than UTF-8 bytes, so only a probe this long risks a refusal as too
         # long (a byte-level tokenizer counts every byte). Fit it: a short probe bounds the tokens per word
         # from above (the template's tokens counted in), and the probes shrink to the most words that fit.
@@ -203,7 +240,8 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
                 first_text = prompts.words_text(rng, words[0])
     first = await probe(first_text)
     sizing: dict = {"method": "dataset"}
-    if kind == "random":
+    due = None
+    if config.synthetic:
         if config.tokenizer is not None:
             # NOTE: --input-len is the server's prompt_tokens in both modes, so the tokenizer sizes the text
             # to input_len minus what the server adds around it (chat template, BOS, nonce), measured once
@@ -216,7 +254,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
                 await _check_tokenizer(tok, config.tokenizer, probe, rng, words, first)
                 raise SetupError(f"--input-len {input_len} is below the server's prompt overhead of {overhead} tokens")
             sizer = prompts.tokenizer_sizer(tok, input_len - overhead)
-            prefix_sizer = prompts.tokenizer_sizer(tok, config.prefix_len or 1)
+            text_sizer = lambda n: prompts.tokenizer_sizer(tok, n)  # noqa: E731
             size_for = lambda n: prompts.tokenizer_sizer(tok, max(1, n - overhead))  # noqa: E731
             sizing = {"method": "tokenizer", "tokenizer": str(config.tokenizer), "overhead_tokens": overhead}
         else:
@@ -227,9 +265,10 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             cal = prompts.fit(words, (first.prompt_tokens, second.prompt_tokens))
             num_words = cal.words_for(input_len)
             sizer = prompts.calibrated_sizer(num_words)
-            # The prefix adds its own tokens only: no second template overhead.
-            prefix_sizer = prompts.calibrated_sizer(max(1, round((config.prefix_len or 1) / cal.tokens_per_word)))
+            # A text of n tokens of its own, without a second template overhead (a prefix, a trace's block).
+            text_sizer = lambda n: prompts.calibrated_sizer(max(1, round(n / cal.tokens_per_word)))  # noqa: E731
             size_for = lambda n: prompts.calibrated_sizer(max(1, cal.words_for(n)))  # noqa: E731
+            overhead = round(cal.overhead_tokens)
             sizing = {"method": "probe", "words": num_words, **asdict(cal)}
         if probe_fit is not None:
             sizing["probe_fit"] = probe_fit  # the probes were shrunk to fit the server's max_model_len
@@ -237,7 +276,7 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
 
         shared = None
         if config.prefix_len is not None:
-            shared = shared_prefix.shared_prefixes(config.seed, config.num_prefixes, prefix_sizer)
+            shared = shared_prefix.shared_prefixes(config.seed, config.num_prefixes, text_sizer(config.prefix_len))
             sizing["shared_prefix"] = {"prefix_len": config.prefix_len, "num_prefixes": config.num_prefixes}
             sizer = shared.sizer(sizer)
         dist = LengthDist(config.length_dist, config.range_ratio)
@@ -252,16 +291,49 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             sized = [(size_for(n_in) if shared is None else shared.sizer(size_for(n_in)), n_out) for n_in, n_out in lengths]
             return [Request((("user", s(text_rng)),), n_out) for s, n_out in sized]
 
-        phases = {(load, phase): requests(load, phase, count) for load, phase, count in plan}
+        def sessions(load: int | float, phase: str, count: int) -> list[Request]:
+            """`count` sessions of --multi-turn turns, each turn a random prompt, and with
+            --multi-turn-reply dataset a reply of seeded words of about --output-len tokens."""
+            turns = config.multi_turn
+            replies = None
+            if config.multi_turn_reply == "dataset":
+                reply_rng = random.Random(f"ladder-reply:{config.seed}:{load}:{phase}")
+                replies = [text_sizer(output_len)(reply_rng) for _ in range(count * turns)]
+            return as_sessions(requests(load, phase, count * turns), turns, replies)
+
+        if kind == "trace":
+            (load,) = config.loads
+            block = functools.cache(lambda h, n: text_sizer(n)(random.Random(f"ladder-trace:{config.seed}:{h}")))
+            sizing["trace"] = {"block_tokens": trace.BLOCK_TOKENS, "overhead_tokens": overhead,
+                               "speedup": config.trace_speedup}
+            phases = {(load, "warmup"): [], (load, "measured"): [
+                Request((("user", trace.prompt_text(r, block, overhead)),), r.output_length) for r in replay.requests]}
+            due = replay.due_times(config.trace_speedup)
+        else:
+            make = sessions if config.multi_turn else requests
+            phases = {(load, phase): make(load, phase, count) for load, phase, count in plan}
     else:
         hands, dataset_info["num_reused"] = deal(pool, config.seed, [count for _, _, count in plan])
-        phases = {(load, phase): [Request(r.messages, r.output_len) for r in hand]
-                  for (load, phase, _), hand in zip(plan, hands)}
+        phases = {(load, phase): _dataset_requests(config, hand) for (load, phase, _), hand in zip(plan, hands)}
 
     build = Builder(config, model, continuous, nonce)
+
+    def bodies(requests: list[Request]) -> list[bytes]:
+        # NOTE: a session's turn is built when it is sent, from the history (and the replies) so far.
+        return [] if config.multi_turn else [build.body(r) for r in requests]
+
     rungs = {}
     for load in config.loads:
         warmup, measured = phases[load, "warmup"], phases[load, "measured"]
-        rungs[load] = RungWorkload(warmup, measured, [build.body(r) for r in warmup],
-                                   [build.body(r) for r in measured], request_hash(measured))
+        rungs[load] = RungWorkload(warmup, measured, bodies(warmup), bodies(measured), request_hash(measured), due)
     return Workload(model, info, server_engine, continuous, sizing, dataset_info, nonce, rungs)
+
+
+def _dataset_requests(config: RunConfig, hand: list) -> list[Request]:
+    """A hand of dataset records as requests; with --multi-turn each record is a session, its turns in order,
+    each with the dataset's reply when --multi-turn-reply dataset asks for it."""
+    if not config.multi_turn:
+        return [Request(r.messages, r.output_len) for r in hand]
+    dataset_reply = config.multi_turn_reply == "dataset"
+    return [Request(q.messages, q.output_len, session=s, turn=t + 1, reply=q.reply if dataset_reply else None)
+            for s, session in enumerate(hand) for t, q in enumerate(session)]

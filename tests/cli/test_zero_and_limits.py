@@ -116,6 +116,8 @@ LADDER_RUN = [
     Limit("--request-seed", "a seed like any other", "0 is a seed like any other", {"0": 0, "1": 1, "-1": -1}),
     positive("--prefix-len"),
     positive("--num-prefixes"),
+    positive("--multi-turn"),
+    positive("--trace-speedup", value=float),
 ]
 # `ladder sweep` takes `ladder run`'s flags but the loads, which its search sets, and its own limits.
 LADDER_SWEEP = [limit for limit in LADDER_RUN if limit.flag not in ("--c", "--request-rate")] + [
