@@ -110,11 +110,12 @@ mutmut: install
 	$(VENV)/bin/mutations gate --run --threshold-file mutations/threshold.toml --max-children $(MUTMUT_CHILDREN) --timeout-seconds 14400
 
 # reports/acceptance.md: the shipped SmolLM2 heads, the heads shipped before them (commit 6078575) and ngram on the
-# held-out ShareGPT split (greedy, k = 4), on the CPU; about 15 minutes on two cores.
+# held-out ShareGPT split (greedy, k = 4), on the CPU; about 5 minutes on two cores. With
+# REPRODUCED_HEADS=DIR (one subfolder per method, heads retrained by their COMMAND files), those beside them.
 OLD_HEADS_COMMIT ?= 6078575
 acceptance-report: install
 	$(VENV)/bin/refengine export-prompts --out runs/sharegpt-prompts.jsonl.gz
 	rm -rf runs/old-heads && mkdir -p runs/old-heads
 	git archive $(OLD_HEADS_COMMIT) refengine/heads/smollm2 | tar -x -C runs/old-heads --strip-components 3
-	$(PY) -m refengine.train.report --prompts runs/sharegpt-prompts.jsonl.gz --old-heads runs/old-heads \
+	$(PY) -m refengine.train.report --prompts runs/sharegpt-prompts.jsonl.gz --old-heads runs/old-heads $(if $(REPRODUCED_HEADS),--reproduced $(REPRODUCED_HEADS)) \
 		--results runs/acceptance-heads.json --out reports/acceptance.md

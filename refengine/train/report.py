@@ -36,9 +36,12 @@ class Row:
     seconds: float
 
 
-def drafters(heads: dict[str, Path], old_heads: dict[str, Path]) -> dict[str, dict]:
+def drafters(
+    heads: dict[str, Path], old_heads: dict[str, Path], reproduced: dict[str, Path] | None = None
+) -> dict[str, dict]:
     configs = {m: {"method": m, "model": str(path)} for m, path in heads.items()}
     configs |= {f"{m} (old)": {"method": m, "model": str(path)} for m, path in old_heads.items()}
+    configs |= {f"{m} (reproduced)": {"method": m, "model": str(path)} for m, path in (reproduced or {}).items()}
     configs["ngram"] = {"method": "ngram"}
     return configs
 
@@ -75,7 +78,13 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
         f"template, {max_tokens} new tokens each. Acceptance at draft "
         "position i is the share of verify steps whose i-th draft was accepted; mean accepted length is "
         "1 + accepted drafts per verify step (vLLM's definition, the bonus token included). "
-        "`(old)`: the heads shipped before, trained on 48,000 positions of synthetic prompts on two CPU cores.",
+        "`(old)`: the heads shipped before, trained on 48,000 positions of synthetic prompts on two CPU cores."
+        + (
+            " `(reproduced)`: a head trained again with the shipped head's command and seed, its data regenerated "
+            "by that command (the training's reproducibility)."
+            if any(r.name.endswith("(reproduced)") for r in rows)
+            else ""
+        ),
         f"Commit {commit}, torch {torch.__version__}, Python {platform.python_version()}, {torch.get_num_threads()} threads.",
         "",
         "## Mean accepted length",
@@ -202,6 +211,13 @@ def save_rows(path: Path, rows: list[Row]) -> None:
     help="A folder of earlier heads (one subfolder per method) to measure beside the shipped ones.",
 )
 @click.option(
+    "--reproduced",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A folder of heads retrained with the shipped heads' commands and seed (one subfolder per method), "
+    "measured beside them: the training's reproducibility.",
+)
+@click.option(
     "--results",
     default="runs/acceptance-heads.json",
     show_default=True,
@@ -219,6 +235,7 @@ def main(
     target: str,
     prompts_file: Path,
     old_heads: Path | None,
+    reproduced: Path | None,
     results: Path,
     out: Path,
     num_prompts: int,
@@ -230,13 +247,14 @@ def main(
     heads = {m: p for m in chosen if (p := shipped_head_path(target, m)) is not None}
     old = {m: old_heads / m for m in chosen if old_heads and (old_heads / m / "config.json").is_file()}
     loaded = load_model(target, numerics="fast")
-    configs = drafters(heads, old)
+    again = {m: reproduced / m for m in chosen if reproduced and (reproduced / m / "config.json").is_file()}
+    configs = drafters(heads, old, again)
     if not baselines:
         configs = {m: c for m, c in configs.items() if c["method"] != "ngram"}
     held = held_out_first_turns(prompts_file, num_prompts)
     prompt_ids = [chat_ids(loaded, p) for p in held]
     fresh = measure(loaded, configs, prompt_ids, max_tokens, log=click.echo)
-    order = [*METHODS, *(f"{m} (old)" for m in METHODS), "ngram"]
+    order = [*METHODS, *(f"{m} (reproduced)" for m in METHODS), *(f"{m} (old)" for m in METHODS), "ngram"]
     rows = {(r.name, r.k): r for r in load_rows(results)} | {(r.name, r.k): r for r in fresh}
     rows = sorted(
         rows.values(), key=lambda r: (order.index(r.name) if r.name in order else len(order), r.name, r.k)
