@@ -367,9 +367,14 @@ class Ladder:
         if lengths is None:
             return None
         got = lengths.mean
+        flags = f"--input-len {asked}"
+        if self.config.prefix_len is not None:
+            # --input-len is then the suffix after the shared prefix: a prompt is meant to be both.
+            flags = f"--prefix-len {self.config.prefix_len} + {flags}"
+            asked += self.config.prefix_len
         if abs(got - asked) <= INPUT_LEN_TOLERANCE * asked:
             return None
-        return (f"{load_label(rung)}: the server counted {got:.0f} prompt tokens on average for --input-len {asked} "
+        return (f"{load_label(rung)}: the server counted {got:.0f} prompt tokens on average for {flags} "
                 f"({100 * (got - asked) / asked:+.0f}%); with --tokenizer, is it the server's tokenizer?")
 
 

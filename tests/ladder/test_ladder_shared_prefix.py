@@ -43,3 +43,5 @@ def test_a_shared_prefix_ladder_against_refengine_reads_its_hit_rate(ladder):
         assert r["prefix_cache"]["queries"] > 0 and r["prefix_cache"]["hit_rate"] > 0.5, r["prefix_cache"]
     assert all(rec["error"] is None for rec in load_records(run))
     assert "cache hits n/a" not in out and out.count("cache hits ") == 2
+    # --input-len is the suffix after the shared prefix: a prompt is measured against prefix + suffix.
+    assert "for --input-len 64 (" not in out, out
