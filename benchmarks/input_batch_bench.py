@@ -49,7 +49,8 @@ def _from_lists(states: list[CachedRequestState], block_size: int) -> None:
 
 def _from_rows(batch: InputBatch, states: list[CachedRequestState]) -> None:
     rows = [batch.req_id_to_index[s.req_id] for s in states]
-    batch.prepare_inputs(rows, [s.num_computed_tokens for s in states], [1] * len(states))
+    starts = [s.num_computed_tokens for s in states]
+    batch.prepare_inputs(rows, starts, [1] * len(states), starts)
     batch.sampling_metadata(rows, [s.num_tokens for s in states], [], CPU)
 
 

@@ -161,6 +161,7 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
             None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
         ),
         tp_group=tp_group,
+        num_lookahead_slots=config.num_lookahead_tokens,
     )
     # The testing and study hooks wrap the runner; the production path carries none of them.
     driven: Runner = runner

@@ -6,8 +6,8 @@ The drafter takes in every row the step fed (`ingest`: EAGLE's pass 1, DFlash's 
 drafts included, before the host knows what was accepted. Each request's last committed row is its
 last fed row less its rejected ones (vLLM's token_indices_to_sample), chosen on the device, and the
 proposal starts there, so drafting needs no read-back of the verified ids. The drafts stay on the
-device; the runner reads them back with the verified ids, once, and hands the committed counts to
-`commit`. A rejected row's KV lies past the committed positions, where nothing reads it before the
+device, where the runner's next step reads them under async scheduling; their host copy lands with the
+verified ids, one frame late, and `commit` gets the committed counts then. A rejected row's KV lies past the committed positions, where nothing reads it before the
 proposal or the next step overwrites it.
 
 Invariant numbers refer to docs/invariants.md.
@@ -15,10 +15,10 @@ Invariant numbers refer to docs/invariants.md.
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.device import to_device
 from refengine.spec_decode.draft_cuda_graphs import DraftCudaGraphs, ProposalInputs
 from refengine.spec_decode.network_proposer import NetworkProposer
@@ -46,42 +46,41 @@ class FixedShapeProposer(NetworkProposer):
         raise NotImplementedError
 
     def propose(self, batch: PaddedDraftBatch) -> torch.Tensor:
-        """[P, k] drafts on the device, one row per proposing request, without reading anything back; a
-        row's drafts past what its request can hold are cut by commit once the host knows."""
+        """[P, k] drafts on the device, one row per proposing request, -1 past what its blocks can hold,
+        without reading anything back: the rows' positions come from the device (exact also while the
+        host's count is still optimistic), so the drafts are what commit cuts them to."""
         requests = batch.requests
-        meta = build_attention_metadata(
-            [d.first_position for d in requests],
-            [d.num_valid_rows for d in requests],
-            [d.block_ids for d in requests],
-            self.block_size,
-        )
         device = batch.hidden_states.device
-        positions = torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)])
-        out = self.ingest(batch, to_device(positions, device), to_device(meta, device))
+        meta = batch.attn_metadata
+        out = self.ingest(batch, batch.positions, meta)
         index = [i for i, d in enumerate(requests) if d.propose]
         if not index:
             return torch.zeros(0, self.k, dtype=torch.long, device=device)
         proposing = [requests[i] for i in index]
-        # Per request: its last fed row and position, and how far its blocks and the head reach.
+        ends = np.cumsum([d.num_valid_rows for d in requests])
+        # Per request: its last fed row, and how far its blocks and the head reach.
         host = torch.tensor(
             [
-                [int(meta.query_start_loc[i + 1]) - 1 for i in index],
-                [d.last_position for d in proposing],
+                [int(ends[i]) - 1 for i in index],
                 [min(len(d.block_ids) * self.block_size, self.max_positions) for d in proposing],
             ],
             dtype=torch.long,
         )
-        last_fed_row, last_fed_position, limit = to_device(host, device)
+        last_fed_row, limit = to_device(host, device)
         token_indices_to_sample = last_fed_row - batch.num_rejected_tokens
-        last_position = last_fed_position - batch.num_rejected_tokens
+        last_position = batch.positions[token_indices_to_sample]
+        num_drafts = (limit - last_position - self.extra_slots).clamp(0, self.k)
         inputs = ProposalInputs(
             tokens=batch.input_ids[token_indices_to_sample],  # the last sampled token
             starts=last_position + 1,
-            num_drafts=(limit - last_position - self.extra_slots).clamp(0, self.k),
-            block_tables=meta.block_tables[index],
+            num_drafts=num_drafts,
+            block_tables=meta.block_tables[: len(requests)][index],
             hidden=None if out is None else out[token_indices_to_sample],
         )
-        return self._run_draft(inputs, device)
+        drafts = self._run_draft(inputs, device)
+        slots = torch.arange(self.k, device=device)[None, :]
+        # -1: the sampler's placeholder, which verification always rejects.
+        return torch.where(slots < num_drafts[:, None], drafts, -1)
 
     def commit(self, requests: Sequence[DraftInput], drafts: list[list[int]]) -> dict[str, list[int]]:
         """The host's side of a padded proposal, once its drafts and the accepted counts have landed:

@@ -91,21 +91,25 @@ class InputBatch:
         self.num_token_writes += len(token_ids)
 
     def prepare_inputs(
-        self, rows: Sequence[int], starts: Sequence[int], num_scheduled: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Host input ids, positions and attention metadata of a step that feeds, for each i, row
-        rows[i]'s positions starts[i] .. starts[i] + num_scheduled[i] - 1 (its drafts already written
-        into the row), in this order."""
+        self, rows: Sequence[int], starts: Sequence[int], num_scheduled: Sequence[int], token_starts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, np.ndarray]:
+        """Host input ids, positions, attention metadata and each token's sequence of a step that feeds,
+        for each i, num_scheduled[i] positions of row rows[i] from starts[i] (the scheduler's count), in
+        this order; the ids are read from the row's own count token_starts[i] on (its drafts already
+        written into the row)."""
         rows_a = np.asarray(rows, dtype=np.int64)
+        starts_a = np.asarray(starts, dtype=np.int64)
         num_blocks = self.block_table.num_blocks[rows_a]
         meta, positions, seq_of_token = metadata_from_table(
-            np.asarray(starts, dtype=np.int64),
+            starts_a,
             np.asarray(num_scheduled, dtype=np.int64),
             self.block_table.table[rows_a, : int(num_blocks.max())],
             num_blocks,
             self.block_table.block_size,
         )
-        return torch.from_numpy(self.token_ids[rows_a[seq_of_token], positions]), torch.from_numpy(positions), meta
+        index = positions - (starts_a - np.asarray(token_starts, dtype=np.int64))[seq_of_token]
+        ids = torch.from_numpy(self.token_ids[rows_a[seq_of_token], index])
+        return ids, torch.from_numpy(positions), meta, seq_of_token
 
     def sampling_metadata(
         self,

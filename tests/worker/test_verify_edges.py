@@ -11,9 +11,10 @@ from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
 from refengine.sample import rng
 from refengine.sample.metadata import RowParams
-from refengine.worker.model_runner import ScheduledRow, token_logprobs
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.step_rows import ScheduledRow
 from refengine.worker.synthetic_acceptance import STREAM_SYNTHETIC_ACCEPT, synthetic_num_accepted
+from refengine.worker.verify_step import token_logprobs, verify_rows
 from tests.sample.reference_verify import verify
 
 
@@ -73,7 +74,7 @@ def _one_row(runner, params, history, num_prompt, drafts, logits):
     try:
         batch_row = runner.input_batch.req_id_to_index["r"]
         row = ScheduledRow(state, batch_row, len(history) - 1, 1 + len(drafts), 0, drafts, 0)
-        out = runner._verify(logits, [row], {"r": drafts})
+        out = verify_rows(runner.input_batch, runner.accept, logits, [row], {"r": drafts})
     finally:
         runner.input_batch.remove_request("r")
     return [t for t in out[0].tolist() if t != -1]
