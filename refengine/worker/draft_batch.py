@@ -9,16 +9,18 @@ import torch
 from refengine.model.device import to_device
 from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch
+from refengine.worker.input_batch import InputBatch
 from refengine.worker.step_rows import ExecutedBatch, ScheduledRow
 
 
 def padded_draft_batch(
-    executed: ExecutedBatch, verified: list[ScheduledRow], tokens: torch.Tensor | None, device: torch.device
+    executed: ExecutedBatch, verified: list[ScheduledRow], tokens: torch.Tensor | None, input_batch: InputBatch
 ) -> PaddedDraftBatch:
     """Every fed row of the step for the drafter, before the host knows what was accepted. A row's
     input is the token after it: known on the host up to the last known token, then the verified
     ids gathered on the device (a rejected row gets its masked -1 as 0: any valid id will do).
     `tokens` is None for a step of prefill chunks only, which verifies nothing."""
+    device = executed.model_output.hidden_states.device
     if tokens is None:
         tokens = torch.zeros(0, 1, dtype=torch.long, device=device)
     ids: list[int] = []
@@ -28,13 +30,13 @@ def padded_draft_batch(
     width = tokens.shape[1]
     verified_index = {r.state.req_id: i for i, r in enumerate(verified)}
     for row in executed.rows:
-        start, token_ids = row.num_computed_tokens, row.state.token_ids
+        start, token_ids = row.num_computed_tokens, input_batch.token_ids[row.batch_row]
         if row.first_logits_row is None:
-            ids += token_ids[start + 1 : start + row.num_scheduled_tokens + 1]
+            ids += token_ids[start + 1 : start + row.num_scheduled_tokens + 1].tolist()
             continue
         k = len(row.draft_ids)
         num_known = row.num_scheduled_tokens - k
-        ids += token_ids[start + 1 : start + num_known]
+        ids += token_ids[start + 1 : start + num_known].tolist()
         at += range(len(ids), len(ids) + k + 1)
         v = verified_index[row.state.req_id]
         source += range(v * width, v * width + k + 1)
@@ -51,7 +53,7 @@ def padded_draft_batch(
     return PaddedDraftBatch(
         tuple(
             DraftInput(
-                r.state.req_id, r.state.token_ids, r.num_computed_tokens, r.num_scheduled_tokens,
+                r.state.req_id, input_batch.history(r.batch_row, r.state.num_tokens), r.num_computed_tokens, r.num_scheduled_tokens,
                 slice(r.first_row, r.first_row + r.num_scheduled_tokens), r.state.block_ids,
                 r.first_logits_row is not None, r.state.num_cached_tokens,
             )  # fmt: skip

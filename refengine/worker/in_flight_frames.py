@@ -91,7 +91,7 @@ class InFlightFrames:
     def _append_tokens(self, row: ScheduledRow, token_ids: list[int]) -> None:
         """A request's new tokens (or -1 placeholders for those in flight), in its history and its batch row."""
         self.input_batch.write_tokens(row.batch_row, row.state.num_tokens, token_ids)
-        row.state.token_ids += token_ids
+        row.state.num_tokens += len(token_ids)
 
     def land(self, keep_latest: bool, drafter: Proposer | None) -> StepFrame | None:
         """Apply every frame in flight, oldest first, waiting for their copies (older ones: done on the
@@ -115,6 +115,8 @@ class InFlightFrames:
         proposed: list[list[int]] = []
         for row in frame.rows:
             state = row.state
+            held = self.requests.get(state.req_id) is state  # else finished or preempted meanwhile
+            batch_row = self.input_batch.req_id_to_index[state.req_id] if held else None
             num_valid = row.num_scheduled
             if row.sampled_row is not None:
                 host = host_rows[row.sampled_row]
@@ -126,21 +128,22 @@ class InFlightFrames:
                     )
                 tokens = [t for t in host[: frame.copy.width] if t != PLACEHOLDER_TOKEN_ID]
                 num_rejected = row.num_drafts + 1 - len(tokens)
-                state.token_ids[row.first_index : row.first_index + row.num_drafts + 1] = tokens
+                state.num_tokens -= num_rejected
                 state.num_computed_tokens -= num_rejected
                 num_valid -= num_rejected
                 for f in later:
                     f.move_back(state, num_rejected)
-                if self.requests.get(state.req_id) is state:
-                    # Later placeholders in the batch row are never read: the device gathers them.
-                    self.input_batch.write_tokens(self.input_batch.req_id_to_index[state.req_id], row.first_index, tokens)
-            if self.requests.get(state.req_id) is not state:
-                continue  # finished or preempted meanwhile: nothing of it is recorded
+                if held:
+                    # Past them the row holds -1s still: this frame's rejected placeholders and later
+                    # frames' (moved back as many), all in flight.
+                    self.input_batch.write_tokens(batch_row, row.first_index, tokens)
+            if not held:
+                continue  # nothing of a request the runner no longer holds is recorded
             inputs.append(
                 DraftInput(
-                    state.req_id, state.token_ids, row.first_position, num_valid,
-                    slice(row.first_row, row.first_row + num_valid), row.block_ids, row.sampled_row is not None,
-                    state.num_cached_tokens,
+                    state.req_id, self.input_batch.history(batch_row, state.num_tokens), row.first_position,
+                    num_valid, slice(row.first_row, row.first_row + num_valid), row.block_ids,
+                    row.sampled_row is not None, state.num_cached_tokens,
                 )  # fmt: skip
             )
             if row.sampled_row is not None:

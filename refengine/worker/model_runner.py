@@ -104,7 +104,7 @@ class ModelRunner:
         planned: dict[str, int] = {}
         for new in so.scheduled_new_reqs:
             state = CachedRequestState.from_new(new)
-            self.input_batch.add_request(state)
+            self.input_batch.add_request(state, [*new.prompt_token_ids, *new.output_token_ids])
             self.requests[new.req_id] = state
             planned[new.req_id] = new.num_computed_tokens
         for cached in so.scheduled_cached_reqs:
@@ -182,9 +182,10 @@ class ModelRunner:
             elif drafts:
                 raise RunnerInvariantError(f"request {req_id!r}: drafts scheduled behind a prefill chunk")
             last = start + num_known - 1
-            if state.token_ids[last] == PLACEHOLDER_TOKEN_ID:
+            history = self.input_batch.history(batch_row, last + 1)
+            if history[last] == PLACEHOLDER_TOKEN_ID:
                 # Invariant 19: only the last sampled token may still be in flight, from the latest step.
-                if in_flight is None or PLACEHOLDER_TOKEN_ID in state.token_ids[start:last]:
+                if in_flight is None or (history[start:last] == PLACEHOLDER_TOKEN_ID).any():
                     raise RunnerInvariantError(f"request {req_id!r}: an input token in flight outside the latest step")
                 gather_at.append(num_fed + num_known - 1)
                 gather_from.append(in_flight.sampled_row)
@@ -307,7 +308,7 @@ class ModelRunner:
         proposed = None  # the drafter's device drafts, one row per verified request
         if self.drafter is not None and executed.model_output is not None:
             with torch.inference_mode():
-                proposed = self.drafter.propose(padded_draft_batch(executed, verified, tokens, self.device))
+                proposed = self.drafter.propose(padded_draft_batch(executed, verified, tokens, self.input_batch))
         frame = self._last_frame = self._in_flight.record(executed, verified, tokens, proposed)
         req_ids = [r.state.req_id for r in executed.rows]
         if frame.copy is None:

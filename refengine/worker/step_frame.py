@@ -31,7 +31,7 @@ class FrameRow:
     first_row: int  # where its rows start in the step's flat batch
     block_ids: tuple[int, ...]  # its blocks when the step ran: what its drafts were sized by
     sampled_row: int | None = None  # its row of the copy; None: a prefill chunk, nothing sampled
-    first_index: int = 0  # where its 1 + num_drafts placeholders start in state.token_ids
+    first_index: int = 0  # where its 1 + num_drafts placeholders start in its history
 
 
 @dataclass(slots=True)

@@ -93,7 +93,8 @@ def verify_rows(
         first = len(host_positions)
         batch_rows += [row.batch_row] * (len(drafts) + 1)
         host_positions += range(state.num_tokens, state.num_tokens + len(drafts) + 1)
-        pairs = draft_row_masks(state.params, state.token_ids, drafts, state.num_output_tokens)
+        history = input_batch.history(row.batch_row, state.num_tokens)
+        pairs = draft_row_masks(state.params, history, drafts, state.num_output_tokens)
         masked += ((first + j, token) for j, token in pairs)
     device = logits.device
     bitmask_rows, bitmask = grammar_rows(rows, drafts_by_req, grammar_output)

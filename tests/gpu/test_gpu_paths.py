@@ -138,3 +138,32 @@ def test_oracle_matrix_on_the_gpu_is_identical():
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
+def test_zero_bubble_eagle_launches_each_step_before_the_last_one_lands(cuda_graphs):
+    """Invariant 48 (docs/invariants.md) on a GPU: async EAGLE equals sync EAGLE and spec off token for token (batch-invariant
+    numerics), no spec step waits for its results, and some launches found the previous step's copy
+    not yet landed: the host ran ahead of the device."""
+    loaded = tiny(Numerics.BATCH_INVARIANT)
+    base, _ = generate(loaded, cuda_graphs=False)
+    spec = SpeculativeConfig("eagle", 3)
+    sync, _ = generate(loaded, speculative_config=spec, async_scheduling=False, cuda_graphs=cuda_graphs)
+    zero_bubble, runner = generate(loaded, speculative_config=spec, async_scheduling=True, cuda_graphs=cuda_graphs)
+    assert zero_bubble == sync == base
+    assert runner.num_readback_steps == 0 and runner.num_corrected_launches > 10
+    assert runner.num_overlapped_launches > 0
+    assert (runner.num_graph_steps > 0) == cuda_graphs
+
+
+def test_zero_bubble_synthetic_acceptance_draws_on_the_device_as_on_the_host():
+    """The synthetic rule reads its keys and exact positions on the device: the async run, whose host
+    counts are optimistic when it draws, accepts what the sync run accepts, so emits the same tokens."""
+    loaded = tiny(Numerics.BATCH_INVARIANT)
+    spec = SpeculativeConfig("eagle", 4)
+    runs = [
+        generate(loaded, speculative_config=spec, async_scheduling=on, synthetic_acceptance_rate=0.7)
+        for on in (False, True)
+    ]
+    assert runs[0][0] == runs[1][0]
+    assert runs[1][1].num_readback_steps == 0

@@ -49,8 +49,8 @@ def test_batched_verify_equals_the_per_request_reference(runner):
     rows, logits, expected = [], [], []
     first = 0
     for i, (params, history, drafts, rows_logits) in enumerate(CASES):
-        state = CachedRequestState(f"r{i}", list(history), 1, len(history) - 1, (0,), params, None)
-        row = runner.input_batch.add_request(state)
+        state = CachedRequestState(f"r{i}", len(history), 1, len(history) - 1, (0,), params, None)
+        row = runner.input_batch.add_request(state, history)
         rows.append(ScheduledRow(state, row, len(history) - 1, 1 + len(drafts), first, drafts, first))
         logits.append(rows_logits)
         first += len(drafts) + 1
@@ -137,8 +137,8 @@ def test_random_one_hot_rows_through_the_runner_equal_the_per_request_reference(
     requests = _random_requests(seed, len(CASES))
     rows, first = [], 0
     for i, (params, history, drafts, _, _) in enumerate(requests):
-        state = CachedRequestState(f"s{seed}-{i}", list(history), 1, len(history) - 1, (0,), params, None)
-        row = runner.input_batch.add_request(state)
+        state = CachedRequestState(f"s{seed}-{i}", len(history), 1, len(history) - 1, (0,), params, None)
+        row = runner.input_batch.add_request(state, history)
         rows.append(ScheduledRow(state, row, len(history) - 1, 1 + len(drafts), first, drafts, first))
         first += len(drafts) + 1
     try:

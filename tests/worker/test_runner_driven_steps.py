@@ -63,6 +63,12 @@ def cached(req_id: str, num_computed: int) -> CachedRequestData:
     return CachedRequestData(req_id, num_computed, BLOCKS[req_id])
 
 
+def history(runner: ModelRunner, req_id: str) -> list[int]:
+    """A request's tokens as the runner keeps them, once: in its batch row (-1: in flight)."""
+    batch = runner.input_batch
+    return batch.history(batch.req_id_to_index[req_id], runner.requests[req_id].num_tokens).tolist()
+
+
 def run(runner: Runner, so: SchedulerOutput, draft_overrides=None):
     runner.execute_model(so)
     return runner.sample_tokens(draft_overrides)
@@ -105,8 +111,8 @@ def test_in_flight_steps_count_and_patch_exactly(tiny):
     assert runner.num_overlapped_launches == 0  # CPU copies land at once: no launch overlaps one
     assert runner.num_graph_steps == 0
     # Steps 1 and 2 landed (patched at the launch of steps 3 and 4); steps 3 and 4 are still in flight.
-    assert runner.requests["a"].token_ids == [*A_PROMPT, *A_GREEDY[:2], -1, -1]
-    assert runner.requests["b"].token_ids == [*B_PROMPT, -1, -1]
+    assert history(runner, "a") == [*A_PROMPT, *A_GREEDY[:2], -1, -1]
+    assert history(runner, "b") == [*B_PROMPT, -1, -1]
     assert [runner.requests[r].num_computed_tokens for r in "ab"] == [7, 7]
 
 
@@ -123,7 +129,7 @@ def test_read_back_steps_give_the_same_ids_and_logprobs(tiny):
         assert "b" not in out.logprobs
     assert runner.num_in_flight_steps == runner.num_gathered_inputs == 0
     assert runner.num_steps == runner.num_eager_steps == runner.num_readback_steps == 4
-    assert runner.requests["a"].token_ids == [*A_PROMPT, *A_GREEDY]
+    assert history(runner, "a") == [*A_PROMPT, *A_GREEDY]
     assert [runner.requests[r].num_computed_tokens for r in "ab"] == [7, 7]
 
 
@@ -162,9 +168,7 @@ def test_drafts_verify_against_overrides_and_record_what_was_fed(tiny, overrides
 def test_placeholders_are_filled_from_the_runners_own_drafts_by_position():
     """Under async the scheduler ships -1 placeholders; the runner fills position j from its pending
     drafts while it has one, keeps a real id the scheduler sent, and leaves -1 past its drafts."""
-    state = CachedRequestState(
-        "a", [*A_PROMPT], 4, 3, BLOCKS["a"], RowParams(0.0, 0, 1.0, 0, (), (), 1), None
-    )
+    state = CachedRequestState("a", len(A_PROMPT), 4, 3, BLOCKS["a"], RowParams(0.0, 0, 1.0, 0, (), (), 1), None)
     state.pending_drafts = [11, 12]
     assert ModelRunner._fill_drafts(state, (-1, 9, -1, -1)) == (11, 9, -1, -1)
     assert ModelRunner._fill_drafts(state, [-1, -1]) == (11, 12)

@@ -69,8 +69,8 @@ def test_token_logprobs_without_top_tokens():
 
 def _one_row(runner, params, history, num_prompt, drafts, logits):
     # The sampling parameters reach the sampler through the request's persistent batch row.
-    state = CachedRequestState("r", list(history), num_prompt, len(history) - 1, (0,), params, None)
-    runner.input_batch.add_request(state)
+    state = CachedRequestState("r", len(history), num_prompt, len(history) - 1, (0,), params, None)
+    runner.input_batch.add_request(state, history)
     try:
         batch_row = runner.input_batch.req_id_to_index["r"]
         row = ScheduledRow(state, batch_row, len(history) - 1, 1 + len(drafts), 0, drafts, 0)
