@@ -58,15 +58,17 @@ class FixedShapeProposer(NetworkProposer):
             return torch.zeros(0, self.k, dtype=torch.long, device=device)
         proposing = [requests[i] for i in index]
         ends = np.cumsum([d.num_valid_rows for d in requests])
-        # Per request: its last fed row, and how far its blocks and the head reach.
+        # Per request: its sequence in the batch, its last fed row, and how far its blocks and the head
+        # reach; in one non-blocking copy (a list index would be a blocking one, a wait for the device).
         host = torch.tensor(
             [
+                index,
                 [int(ends[i]) - 1 for i in index],
                 [min(len(d.block_ids) * self.block_size, self.max_positions) for d in proposing],
             ],
             dtype=torch.long,
         )
-        last_fed_row, limit = to_device(host, device)
+        sequence, last_fed_row, limit = to_device(host, device)
         token_indices_to_sample = last_fed_row - batch.num_rejected_tokens
         last_position = batch.positions[token_indices_to_sample]
         num_drafts = (limit - last_position - self.extra_slots).clamp(0, self.k)
@@ -74,7 +76,7 @@ class FixedShapeProposer(NetworkProposer):
             tokens=batch.input_ids[token_indices_to_sample],  # the last sampled token
             starts=last_position + 1,
             num_drafts=num_drafts,
-            block_tables=meta.block_tables[: len(requests)][index],
+            block_tables=meta.block_tables[sequence],
             hidden=None if out is None else out[token_indices_to_sample],
         )
         drafts = self._run_draft(inputs, device)

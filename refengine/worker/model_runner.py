@@ -2,7 +2,8 @@
 
 State lives in `requests`, keyed by request id (invariant 17), and in the persistent InputBatch,
 whose rows are found by id too and change only as the SchedulerOutputs say (input_batch.py): a step
-with the same requests as the last one writes only the tokens and blocks it adds.
+with the same requests as the last one writes only the tokens and blocks it adds. A request's token
+history is kept once, in its batch row.
 
 A step is split in two, as in vLLM: `execute_model` runs the forward and keeps the logits;
 `sample_tokens` verifies drafts, samples and drafts. The engine's deferred branch runs other work between
@@ -13,8 +14,8 @@ Zero-bubble speculative decoding (vLLM's Model Runner V2, SGLang's spec v2): a s
 (step_frame.py). The next step is launched before they reach the host: its input ids are gathered from
 them and its positions, sequence lengths and slots are moved back on the device by their rejected
 drafts (device_inputs.py), while the host plans with the optimistic count, every draft accepted. The
-host applies a frame one step late, when it lands (`_land`). A step whose next one needs its results on
-the host (logprobs, bad words, a grammar, a host drafter) lands at once.
+host applies a frame one step late, when it lands (in_flight_frames.py). A step whose next one needs
+its results on the host (logprobs, bad words, a grammar, a host drafter) lands at once.
 
 Invariant numbers refer to docs/invariants.md.
 """
@@ -151,7 +152,7 @@ class ModelRunner:
 
         rows: list[ScheduledRow] = []
         sample_rows: list[int] = []
-        num_fed = 0
+        num_fed = num_verified = 0
         for req_id, num_scheduled in so.num_scheduled_tokens.items():
             state = self.requests[req_id]
             batch_row = self.input_batch.req_id_to_index[req_id]
@@ -175,6 +176,7 @@ class ModelRunner:
                 )
             first_logits_row = None
             if start + num_known == state.num_tokens:
+                num_verified += 1
                 first_logits_row = len(sample_rows)
                 offset = num_fed + num_known - 1
                 sample_rows.extend(range(offset, offset + len(drafts) + 1))
@@ -190,9 +192,9 @@ class ModelRunner:
                 gather_at.append(num_fed + num_known - 1)
                 gather_from.append(in_flight.sampled_row)
             if drafts_on_device:
-                verified_index = sum(r.first_logits_row is not None for r in rows)
+                # Its drafts' slots in the step's [verified rows, W] matrix: a row with drafts is verified.
                 for j in range(len(drafts)):
-                    fill_slots.append(verified_index * width + j)
+                    fill_slots.append((num_verified - 1) * width + j)
                     fill_entries.append(len(gather_at))
                     gather_at.append(num_fed + num_known + j)
                     gather_from.append(latest.num_sampled + in_flight.sampled_row * latest.num_proposed + j)
