@@ -236,6 +236,8 @@ def _cuda_graphs(args: EngineArgs, model: nn.Module, kv_cache: KVCache, config: 
     )
     graphs.capture()
     if isinstance(drafter, FixedShapeProposer):
-        # The drafter's one-row-per-request passes, at the same padded batch sizes as the target's steps.
-        drafter.capture_cuda_graphs(graphs.batch_sizes, _max_blocks_per_req(config), device)
+        # The drafter's one-row-per-request passes, and its whole step after a verify step (pass 1 and
+        # the proposal), at the same padded batch sizes as the target's steps.
+        target_hidden = (model.config.hidden_size, model.embed_tokens.weight.dtype)
+        drafter.capture_cuda_graphs(graphs.batch_sizes, _max_blocks_per_req(config), device, target_hidden)
     return graphs

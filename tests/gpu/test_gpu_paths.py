@@ -156,6 +156,19 @@ def test_zero_bubble_eagle_launches_each_step_before_the_last_one_lands(cuda_gra
     assert (runner.num_graph_steps > 0) == cuda_graphs
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
+def test_drafter_step_graphs_replay_the_eager_drafters_tokens(method):
+    """Pass 1 and the proposal replayed from one graph per padded batch size after each uniform verify
+    step: the tokens of eager drafting, spec off's, and steps that replayed."""
+    loaded = tiny(Numerics.BATCH_INVARIANT, layers=4)
+    base, _ = generate(loaded, cuda_graphs=False)
+    spec = SpeculativeConfig(method, 3)
+    eager, _ = generate(loaded, speculative_config=spec, cuda_graphs=False)
+    graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
+    assert graphed == eager == base
+    assert runner.drafter.step_graphs.num_replays > 0
+
+
 def test_zero_bubble_synthetic_acceptance_draws_on_the_device_as_on_the_host():
     """The synthetic rule reads its keys and exact positions on the device: the async run, whose host
     counts are optimistic when it draws, accepts what the sync run accepts, so emits the same tokens."""
