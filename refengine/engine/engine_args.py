@@ -34,6 +34,7 @@ from refengine.worker.fault_injection import FaultInjectingRunner, SkewedLogitsM
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.model_runner import ModelRunner
 from refengine.worker.runner import Runner
+from refengine.worker.sampler_graphs import RejectionSamplerGraphs
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
 
@@ -150,6 +151,12 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
     graphs = _cuda_graphs(args, model, kv_cache, config, drafter, device)
+    sampler_graphs = None
+    if graphs is not None and args.speculative_config is not None:
+        # The rejection sampler of a verify step, at the target's padded batch sizes.
+        spec = args.speculative_config
+        sampler_graphs = RejectionSamplerGraphs(model.config.vocab_size, spec.num_speculative_tokens, graphs.batch_sizes, device)
+        sampler_graphs.capture()
     input_batch = InputBatch(config.max_num_seqs, config.max_model_len, _max_blocks_per_req(config), config.block_size)
     runner = ModelRunner(
         model if args.skew_logits_on_rank != tp_rank else SkewedLogitsModel(model, tp_rank),
@@ -157,6 +164,7 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         input_batch,
         drafter=drafter,
         cuda_graphs=graphs,
+        sampler_graphs=sampler_graphs,
         accept=(
             None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
         ),

@@ -40,6 +40,7 @@ from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.in_flight_frames import InFlightFrames
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.sampler_graphs import RejectionSamplerGraphs
 from refengine.worker.step_frame import StepFrame
 from refengine.worker.step_rows import ExecutedBatch, FedDrafts, ScheduledRow
 from refengine.worker.verify_step import StepAcceptRule, token_logprobs, verify_rows
@@ -54,6 +55,7 @@ class ModelRunner:
         *,
         drafter: Proposer | None = None,
         cuda_graphs: CudaGraphs | None = None,
+        sampler_graphs: RejectionSamplerGraphs | None = None,
         accept: StepAcceptRule | None = None,
         tp_group: TPGroup | None = None,
         num_lookahead_slots: int = 0,
@@ -64,6 +66,7 @@ class ModelRunner:
         # Inputs are built on the host; on a GPU they travel from pinned memory, non-blocking.
         self.device = kv_cache.layers[0].key.device if kv_cache.layers else torch.device("cpu")
         self.cuda_graphs = cuda_graphs
+        self.sampler_graphs = sampler_graphs
         # How drafts are accepted: verification (None), unless a speed study swaps in synthetic_acceptance.py's.
         self.accept = accept
         self.num_graph_steps = 0
@@ -302,7 +305,7 @@ class ModelRunner:
         if verified:
             tokens = verify_rows(
                 self.input_batch, self.accept, executed.logits, verified, drafts_by_req, grammar_output,
-                fed=executed.fed, positions=executed.sample_positions,
+                fed=executed.fed, positions=executed.sample_positions, sampler_graphs=self.sampler_graphs,
             )  # fmt: skip
         if tokens is not None and self.tp_group is not None:
             # Invariant 45: every rank goes on with the same ids (rank 0's), whatever its own logits said.

@@ -24,6 +24,7 @@ from refengine.sample.rejection_sampler import (
 )
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.input_batch import InputBatch
+from refengine.worker.sampler_graphs import RejectionSamplerGraphs
 from refengine.worker.step_rows import FedDrafts, ScheduledRow
 
 
@@ -76,11 +77,12 @@ def verify_rows(
     *,
     fed: FedDrafts | None = None,
     positions: torch.Tensor | None = None,
+    sampler_graphs: RejectionSamplerGraphs | None = None,
 ) -> torch.Tensor:
     """Verify every sampled request of the step in one pass of the batched rejection sampler on the
     logits' device: the one verify path for greedy and seeded rows, with or without drafts. `fed`
     holds the drafts still on the device, `positions` the exact position each logits row decides
-    when the host's count is optimistic.
+    when the host's count is optimistic; a step `sampler_graphs` captured replays there.
 
     Logits row j of a request decides position num_tokens + j as if drafts[:j] had been accepted
     (constraints see that history)."""
@@ -106,6 +108,11 @@ def verify_rows(
     )
     if fed is not None:
         spec = dataclasses.replace(spec, draft_token_ids=draft_matrix(rows, drafts_by_req, fed, device))
+    if accept_rule is None and sampler_graphs is not None:
+        # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
+        tokens = sampler_graphs.run(logits, metadata, spec)  # pragma: no mutate
+        if tokens is not None:  # pragma: no mutate
+            return tokens
     accept = accept_matching_prefix
     if accept_rule is not None:
         first_rows = spec.target_logits_indices[:, 0]

@@ -167,6 +167,23 @@ def test_drafter_step_graphs_replay_the_eager_drafters_tokens(method):
     graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
     assert graphed == eager == base
     assert runner.drafter.step_graphs.num_replays > 0
+    assert runner.sampler_graphs.num_replays > 0
+
+
+def test_sampler_graphs_replay_seeded_verification_as_eager():
+    """Seeded rows at temperature > 0 with k = 3 drafts: the replayed rejection sampler emits the eager
+    one's tokens (counter-based draws keyed by request and position, the same on either path)."""
+    loaded = tiny(Numerics.BATCH_INVARIANT)
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
+    outs = {}
+    for graphs in (False, True):
+        llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
+                  speculative_config=SpeculativeConfig("eagle", 3), cuda_graphs=graphs)
+        outs[graphs] = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        runner = llm.engine.core.runner
+        llm.engine.core.shutdown()
+    assert outs[True] == outs[False]
+    assert runner.sampler_graphs.num_replays > 0
 
 
 def test_zero_bubble_synthetic_acceptance_draws_on_the_device_as_on_the_host():
