@@ -45,7 +45,7 @@ class RejectionSamplerGraphs:
         if (
             spec.draft_probs is not None
             or spec.draft_token_ids.shape[1] != self.k
-            or logits.shape[0] != num_seqs * self.q
+            or logits.shape != (num_seqs * self.q, self._logits.shape[1])
             or md.num_masked
             or md.num_bitmask_rows
             or md.any_top_k
