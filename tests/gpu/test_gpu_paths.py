@@ -141,10 +141,10 @@ def test_oracle_matrix_on_the_gpu_is_identical():
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
-def test_zero_bubble_eagle_launches_each_step_before_the_last_one_lands(cuda_graphs):
-    """Invariant 48 (docs/invariants.md) on a GPU: async EAGLE equals sync EAGLE and spec off token for token (batch-invariant
-    numerics), no spec step waits for its results, and some launches found the previous step's copy
-    not yet landed: the host ran ahead of the device."""
+def test_zero_bubble_eagle_waits_for_no_spec_step_and_keeps_the_tokens(cuda_graphs):
+    """Invariant 48 (docs/invariants.md) on a GPU: async EAGLE equals sync EAGLE and spec off token for
+    token (batch-invariant numerics), eager and replayed, and no spec step waits for its results (the
+    overlap itself needs real shapes: test_device_pipeline.py)."""
     loaded = tiny(Numerics.BATCH_INVARIANT)
     base, _ = generate(loaded, cuda_graphs=False)
     spec = SpeculativeConfig("eagle", 3)
@@ -152,7 +152,6 @@ def test_zero_bubble_eagle_launches_each_step_before_the_last_one_lands(cuda_gra
     zero_bubble, runner = generate(loaded, speculative_config=spec, async_scheduling=True, cuda_graphs=cuda_graphs)
     assert zero_bubble == sync == base
     assert runner.num_readback_steps == 0 and runner.num_corrected_launches > 10
-    assert runner.num_overlapped_launches > 0
     assert (runner.num_graph_steps > 0) == cuda_graphs
 
 
