@@ -1,9 +1,9 @@
 """Decode throughput on the CPU: refengine (batch-invariant and fast) next to transformers' generate,
 on the same SmolLM2 weights, prompts and thread count; and refengine's TPOT with async scheduling on
-and off. A benchmark, not a test: it writes numbers.
+and off, without speculation and with the shipped EAGLE head. A benchmark, not a test: it writes numbers.
 
     python benchmarks/cpu_bench.py [--concurrency 1,4,16] [--output-len 32] [--async-concurrency 4]
-                                   [--out reports/cpu-bench.md]
+                                   [--eagle-concurrency 1,4] [--out reports/cpu-bench.md]
 """
 
 import argparse
@@ -20,6 +20,10 @@ from refengine.engine.engine_args import build_engine
 from refengine.model.loader import embedded_smollm2_path
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.config import SpeculativeConfig
+
+# The shipped EAGLE head of the embedded SmolLM2 (refengine/heads/smollm2/eagle), k = 3 drafts a step.
+EAGLE = SpeculativeConfig("eagle", 3)
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -51,9 +55,10 @@ def decode_rate(engine, c: int, output_len: int, rep: int) -> float:
     return produced / (time.perf_counter() - start)
 
 
-def build(numerics: str, c: int, async_scheduling: bool = False):
+def build(numerics: str, c: int, async_scheduling: bool = False, spec: SpeculativeConfig | None = None):
     return build_engine(EngineArgs(numerics=numerics, max_num_seqs=c, max_model_len=512,
-                                   num_blocks=c * 512 // 16 + 8, async_scheduling=async_scheduling))
+                                   num_blocks=c * 512 // 16 + 8, async_scheduling=async_scheduling,
+                                   speculative_config=spec))
 
 
 class TransformersPeer:
@@ -121,10 +126,10 @@ def tpot_ms(engine, c: int, output_len: int, rep: int) -> float:
     )
 
 
-def bench_async(c: int, output_len: int, repeats: int) -> dict[str, float]:
+def bench_async(c: int, output_len: int, repeats: int, spec: SpeculativeConfig | None = None) -> dict[str, float]:
     """Median TPOT (ms) of fast numerics with async scheduling off and on, taking turns repetition by
     repetition, and the median of the per-repetition ratios async / sync."""
-    engines = {name: build("fast", c, async_scheduling=on) for name, on in (("sync", False), ("async", True))}
+    engines = {name: build("fast", c, on, spec) for name, on in (("sync", False), ("async", True))}
     # Both modes must have run as named, or the A/B compares one mode with itself.
     if engines["sync"].core.max_concurrent_batches != 1 or engines["async"].core.max_concurrent_batches != 2:
         raise RuntimeError("async scheduling was not on in exactly one of the two engines")
@@ -136,7 +141,13 @@ def bench_async(c: int, output_len: int, repeats: int) -> dict[str, float]:
             tpots[name].append(tpot_ms(engine, c, output_len, rep))
     row = {name: statistics.median(t) for name, t in tpots.items()}
     row["async/sync"] = statistics.median(a / s for a, s in zip(tpots["async"], tpots["sync"]))
-    row["async_in_flight_steps"] = engines["async"].runner.num_in_flight_steps
+    runner = engines["async"].runner
+    row["async_in_flight_steps"] = runner.num_in_flight_steps
+    # Zero-bubble speculative steps: launched from the device's drafts and counts, none waited for.
+    row["async_corrected_launches"] = runner.num_corrected_launches
+    row["async_readback_steps"] = runner.num_readback_steps
+    stats = engines["async"].core.scheduler.spec_decoding_stats
+    row["acceptance_length"] = 1 + stats.num_accepted_tokens / max(1, stats.num_drafts)
     return row
 
 
@@ -160,6 +171,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--async-concurrency", type=int, default=4)
+    parser.add_argument("--eagle-concurrency", default="1,4")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     peer = TransformersPeer()
@@ -170,6 +182,11 @@ def main() -> None:
               f"transformers {row['transformers']:.1f} tok/s", flush=True)
     ab = bench_async(args.async_concurrency, args.output_len, args.repeats)
     print(f"c={args.async_concurrency}: TPOT sync {ab['sync']:.1f} ms, async {ab['async']:.1f} ms", flush=True)
+    eagle = {}
+    for c in (int(x) for x in args.eagle_concurrency.split(",")):
+        row = eagle[c] = bench_async(c, args.output_len, args.repeats, EAGLE)
+        print(f"c={c} EAGLE k={EAGLE.num_speculative_tokens}: TPOT sync {row['sync']:.1f} ms, async {row['async']:.1f} ms",
+              flush=True)
     lines = [
         "# CPU decode throughput: SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to fp32)",
         "",
@@ -199,7 +216,20 @@ def main() -> None:
         "| c | TPOT sync | TPOT async | async / sync |",
         "|---|---|---|---|",
         f"| {args.async_concurrency} | {ab['sync']:.1f} ms | {ab['async']:.1f} ms | {ab['async/sync']:.2f}x |",
+        "",
+        f"EAGLE (the shipped SmolLM2 head, k = {EAGLE.num_speculative_tokens}), async scheduling on and off, the same",
+        "prompts, lengths and turns. Under async each spec step is launched from the previous step's device",
+        "results (zero-bubble): 'corrected launches' counts steps whose positions the device moved back by the",
+        "previous step's rejected drafts, 'waits' the spec steps whose results the runner waited for.",
+        "",
+        "| c | TPOT sync | TPOT async | async / sync | acceptance length | corrected launches | waits |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for c, row in eagle.items():
+        lines.append(
+            f"| {c} | {row['sync']:.1f} ms | {row['async']:.1f} ms | {row['async/sync']:.2f}x "
+            f"| {row['acceptance_length']:.2f} | {row['async_corrected_launches']} | {row['async_readback_steps']} |"
+        )
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

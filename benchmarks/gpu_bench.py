@@ -53,6 +53,7 @@ from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step  
 from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
+from refengine.worker import model_runner  # noqa: E402
 from refengine.worker.cuda_graphs import CudaGraphs  # noqa: E402
 
 BANDWIDTH = 4.21e12  # bytes/s, the issue's copy bandwidth for this H200 type
@@ -646,7 +647,8 @@ def gpu_idle(bench: Bench) -> None:
 def spec_phases(core) -> Phases:
     """Wrappers on every phase of an EAGLE step: the engine thread's scheduler, the runner thread's
     execute and sample, and inside sample the verification and the drafter; the host waits on the device
-    (the two staging-copy events and the step's one read of ids and drafts) each under a "wait:" label."""
+    (the two staging-copy events, and frames landing one step late: zero-bubble under async scheduling,
+    a wait for the copy under sync) each under a "wait:" label."""
     runner = core.runner
     drafter = runner.drafter
     phases = Phases()
@@ -659,14 +661,19 @@ def spec_phases(core) -> Phases:
         phases.wrap(runner.cuda_graphs._copied, "synchronize", "wait: target staging copy (event)")
     else:  # the dry run: no graphs on the CPU
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
-    phases.wrap(runner, "_verify", "runner._verify (sampler + rejection)", stream=True)
-    phases.wrap(runner, "accept", "synthetic accept (host)")
+    phases.wrap(model_runner, "verify_rows", "verify_rows (sampler + rejection)", stream=True)
+    if runner.sampler_graphs is not None:
+        phases.wrap(runner.sampler_graphs, "run", "rejection sampler graph (fill + replay)", stream=True)
+    phases.wrap(runner, "accept", "synthetic accept (device)")
     phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
-    phases.wrap(drafter.network, "forward", "drafter network.forward (pass 1; 2..k too when eager)", stream=True)
+    phases.wrap(drafter.network, "forward", "drafter network.forward (eager pass 1; 2..k too when eager)", stream=True)
     phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True)
-    # The step's one host read: verified ids, accepted counts and drafts in one copy (padded drafter
-    # batch); its host time is the wait for the device.
-    phases.wrap(runner, "_read_back", "wait: the step's one read-back (verified ids + drafts)")
+    if drafter.step_graphs is not None:
+        phases.wrap(drafter.step_graphs, "run", "drafter step graph (pass 1 + proposal)", stream=True)
+    # The host applies a step's verified ids, accepted counts and drafts when its frame lands: one step
+    # late under async scheduling (zero-bubble), at once under sync; its host time holds any wait for
+    # the copy.
+    phases.wrap(runner._in_flight, "land", "wait: frames landing (ids, counts, drafts)")
     if drafter.cuda_graphs is not None:
         phases.wrap(drafter.cuda_graphs._copied, "synchronize", "wait: drafter staging copy (event)")
     return phases
@@ -688,15 +695,15 @@ def spec_profile(bench: Bench) -> None:
                                        wall_ms_per_step_instrumented: the same, instrumented (the cost of
                                        the wrappers and the wait probes)
       verify_graph_gpu_ms_per_replay,  the device stream's time of the target's verify graph (its staging
-      verify_graph_gpu_ms_per_step,    copy and replay), of runner._verify (sampler, rejection), of
+      verify_graph_gpu_ms_per_step,    copy and replay), of verify_rows (sampler, rejection), of
       sampler_gpu_ms_per_step,         drafter.propose (pass 1 eagerly over every fed row, passes
       drafter_gpu_ms_per_step          2..k from the drafter's graph): kernels and copies plus the gaps where the
                                        device waited for the phase's host launches; all of them in
                                        stream_ms_per_step
       wall_over_verify_graph           wall_ms_per_step / verify_graph_gpu_ms_per_replay
       host_ms_per_step                 host wall time inside each wrapped method, nested as the engine calls
-                                       them (runner.sample_tokens holds _verify, drafter.propose
-                                       and the one read-back wait); the engine thread's
+                                       them (runner.sample_tokens holds verify_rows, drafter.propose
+                                       and the landing of frames); the engine thread's
                                        step calls and the generate loop around them
       waits_ms_per_step                the host waiting on the device, by place; waits_total_ms_per_step
       gpu_busy_ms_per_step,            from the trace: the union of kernels and copies per step, the idle
@@ -767,7 +774,7 @@ def spec_profile(bench: Bench) -> None:
                    wall_ms_per_step_instrumented=per_step(instrumented["wall_s"] * 1e3),
                    verify_graph_gpu_ms_per_replay=round(target_per_call, 3),
                    verify_graph_gpu_ms_per_step=stream[target],
-                   sampler_gpu_ms_per_step=stream["runner._verify (sampler + rejection)"],
+                   sampler_gpu_ms_per_step=stream["verify_rows (sampler + rejection)"],
                    drafter_gpu_ms_per_step=stream["drafter.propose (all)"],
                    wall_over_verify_graph=round(wall_ms_per_step / target_per_call, 3) if target_per_call else None,
                    host_ms_per_step=host, waits_ms_per_step=waits, waits_total_ms_per_step=round(sum(waits.values()), 3),

@@ -24,7 +24,8 @@ from refengine.worker.request_state import CachedRequestState
 CPU = torch.device("cpu")
 
 
-def _requests(num: int, context: int, block_size: int) -> list[CachedRequestState]:
+def _requests(num: int, context: int, block_size: int) -> list[tuple[CachedRequestState, list[int]]]:
+    """Each request's state and its token list."""
     blocks_per_req = -(-(context + 1) // block_size)
     out = []
     for i in range(num):
@@ -32,13 +33,14 @@ def _requests(num: int, context: int, block_size: int) -> list[CachedRequestStat
         params = RowParams(0.0 if i % 2 else 0.8, 0, 1.0, 0, (), (), rng_key=rng.getrandbits(64))
         blocks = tuple(range(i * blocks_per_req, (i + 1) * blocks_per_req))
         tokens = [rng.randrange(3, 30000) for _ in range(context)]
-        out.append(CachedRequestState(f"r{i}", tokens, 16, context - 1, blocks, params, None))
+        out.append((CachedRequestState(f"r{i}", context, 16, context - 1, blocks, params, None), tokens))
     return out
 
 
-def _from_lists(states: list[CachedRequestState], block_size: int) -> None:
+def _from_lists(requests: list[tuple[CachedRequestState, list[int]]], block_size: int) -> None:
     """One decode token per request, every tensor built from the requests' Python lists."""
-    ids = torch.tensor([s.token_ids[s.num_computed_tokens] for s in states], dtype=torch.long)
+    states = [s for s, _ in requests]
+    ids = torch.tensor([tokens[s.num_computed_tokens] for s, tokens in requests], dtype=torch.long)
     positions = torch.tensor([s.num_computed_tokens for s in states], dtype=torch.long)
     build_attention_metadata(
         [s.num_computed_tokens for s in states], [1] * len(states), [s.block_ids for s in states], block_size
@@ -49,7 +51,8 @@ def _from_lists(states: list[CachedRequestState], block_size: int) -> None:
 
 def _from_rows(batch: InputBatch, states: list[CachedRequestState]) -> None:
     rows = [batch.req_id_to_index[s.req_id] for s in states]
-    batch.prepare_inputs(rows, [s.num_computed_tokens for s in states], [1] * len(states))
+    starts = [s.num_computed_tokens for s in states]
+    batch.prepare_inputs(rows, starts, [1] * len(states), starts)
     batch.sampling_metadata(rows, [s.num_tokens for s in states], [], CPU)
 
 
@@ -72,12 +75,12 @@ def main() -> None:
     print("|---|---|---|---|")
     for num in (int(n) for n in args.requests.split(",")):
         for context in (int(c) for c in args.context.split(",")):
-            states = _requests(num, context, args.block_size)
+            requests = _requests(num, context, args.block_size)
             batch = InputBatch(num, context + 1, -(-(context + 1) // args.block_size), args.block_size)
-            for state in states:
-                batch.add_request(state)
-            lists = _per_step(_from_lists, states, args.block_size, repeat=args.repeat)
-            rows = _per_step(_from_rows, batch, states, repeat=args.repeat)
+            for state, tokens in requests:
+                batch.add_request(state, tokens)
+            lists = _per_step(_from_lists, requests, args.block_size, repeat=args.repeat)
+            rows = _per_step(_from_rows, batch, [s for s, _ in requests], repeat=args.repeat)
             print(f"| {num} | {context} | {lists:.0f} | {rows:.0f} |")
 
 

@@ -34,6 +34,7 @@ from refengine.worker.fault_injection import FaultInjectingRunner, SkewedLogitsM
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.model_runner import ModelRunner
 from refengine.worker.runner import Runner
+from refengine.worker.sampler_graphs import RejectionSamplerGraphs
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
 
@@ -150,6 +151,12 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
     graphs = _cuda_graphs(args, model, kv_cache, config, drafter, device)
+    sampler_graphs = None
+    if graphs is not None and args.speculative_config is not None:
+        # The rejection sampler of a verify step, at the target's padded batch sizes.
+        spec = args.speculative_config
+        sampler_graphs = RejectionSamplerGraphs(model.config.vocab_size, spec.num_speculative_tokens, graphs.batch_sizes, device)
+        sampler_graphs.capture()
     input_batch = InputBatch(config.max_num_seqs, config.max_model_len, _max_blocks_per_req(config), config.block_size)
     runner = ModelRunner(
         model if args.skew_logits_on_rank != tp_rank else SkewedLogitsModel(model, tp_rank),
@@ -157,10 +164,12 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         input_batch,
         drafter=drafter,
         cuda_graphs=graphs,
+        sampler_graphs=sampler_graphs,
         accept=(
             None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
         ),
         tp_group=tp_group,
+        num_lookahead_slots=config.num_lookahead_tokens,
     )
     # The testing and study hooks wrap the runner; the production path carries none of them.
     driven: Runner = runner
@@ -235,6 +244,8 @@ def _cuda_graphs(args: EngineArgs, model: nn.Module, kv_cache: KVCache, config: 
     )
     graphs.capture()
     if isinstance(drafter, FixedShapeProposer):
-        # The drafter's one-row-per-request passes, at the same padded batch sizes as the target's steps.
-        drafter.capture_cuda_graphs(graphs.batch_sizes, _max_blocks_per_req(config), device)
+        # The drafter's one-row-per-request passes, and its whole step after a verify step (pass 1 and
+        # the proposal), at the same padded batch sizes as the target's steps.
+        target_hidden = (model.config.hidden_size, model.embed_tokens.weight.dtype)
+        drafter.capture_cuda_graphs(graphs.batch_sizes, _max_blocks_per_req(config), device, target_hidden)
     return graphs

@@ -278,11 +278,25 @@ class CorruptingProposer:
         return self.inner.capture_layers
 
     def propose(self, batch: PaddedDraftBatch) -> torch.Tensor | None:
-        return self.inner.propose(batch)
+        """A device drafter's drafts are corrupted on the device, where the next step reads them."""
+        drafts = self.inner.propose(batch)
+        if drafts is None or not self.corrupts_this_step():
+            return drafts
+        corrupted = drafts.clone()
+        for j in self.indices:
+            if j < drafts.shape[1]:
+                column = drafts[:, j]
+                corrupted[:, j] = torch.where(column >= 0, (column + 1) % self.vocab_size, column)
+        return corrupted
 
     def commit(self, requests: Sequence[DraftInput], drafts: list[list[int]] | None) -> dict[str, list[int]]:
-        """Every method's drafts reach the host here: corrupt them here."""
-        return self._corrupt(self.inner.commit(requests, drafts))
+        """A host drafter's drafts reach the host only here: corrupt them here."""
+        proposals = self.inner.commit(requests, drafts)
+        return proposals if drafts is not None or not self.corrupts_this_step() else self._corrupt(proposals)
+
+    def corrupts_this_step(self) -> bool:
+        """Asked once per step that drafts: whether its drafts are corrupted (every step here)."""
+        return True
 
     def _corrupt(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         for tokens in drafts.values():

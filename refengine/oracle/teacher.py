@@ -41,7 +41,7 @@ class TeacherProposer:
         for request in requests:
             if not request.propose:
                 continue
-            context = list(request.token_ids)
+            context = [int(t) for t in request.token_ids]
             n = len(context)
             # Its own baseline first (the engine numbers requests in prompt order): a repeated prompt's
             # requests share a context but not always an output.

@@ -3,6 +3,7 @@ as tensors on the logits' device (vLLM's name). The metadata is built on the hos
 and sent in non-blocking copies (two, and a third for grammar bitmasks), so sampling a step reads
 nothing back from the device."""
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -123,3 +124,9 @@ class SamplingMetadata:
             num_masked=m,
             num_bitmask_rows=len(bitmask_rows),
         )
+
+    def at_positions(self, positions: torch.Tensor) -> "SamplingMetadata":
+        """The same rows deciding `positions` (on the device, computed there: a step's exact positions
+        under async speculative decoding), their seeds hashed there too."""
+        seeds = rng.row_seeds(self.key_words, positions, rng.STREAM_SAMPLE)
+        return dataclasses.replace(self, positions=positions, seeds=seeds)

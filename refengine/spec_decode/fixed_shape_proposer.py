@@ -6,21 +6,22 @@ The drafter takes in every row the step fed (`ingest`: EAGLE's pass 1, DFlash's 
 drafts included, before the host knows what was accepted. Each request's last committed row is its
 last fed row less its rejected ones (vLLM's token_indices_to_sample), chosen on the device, and the
 proposal starts there, so drafting needs no read-back of the verified ids. The drafts stay on the
-device; the runner reads them back with the verified ids, once, and hands the committed counts to
-`commit`. A rejected row's KV lies past the committed positions, where nothing reads it before the
+device, where the runner's next step reads them under async scheduling; their host copy lands with the
+verified ids, one frame late, and `commit` gets the committed counts then. A rejected row's KV lies past the committed positions, where nothing reads it before the
 proposal or the next step overwrites it.
 
 Invariant numbers refer to docs/invariants.md.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.device import to_device
 from refengine.spec_decode.draft_cuda_graphs import DraftCudaGraphs, ProposalInputs
+from refengine.spec_decode.draft_step_graphs import DraftStepGraphs
 from refengine.spec_decode.network_proposer import NetworkProposer
 from refengine.spec_decode.proposer import DraftContextError, DraftInput, PaddedDraftBatch
 
@@ -31,6 +32,8 @@ class FixedShapeProposer(NetworkProposer):
     extra_slots: int
     # Set once the engine captures the proposal's graphs; until then every proposal runs eagerly.
     cuda_graphs: DraftCudaGraphs | None = None
+    # Pass 1 and the proposal of a uniform verify step in one graph per padded batch size, likewise.
+    step_graphs: "DraftStepGraphs | None" = None
     # Proposals replayed from a graph and run eagerly: a test proves which path ran.
     num_graph_steps = 0
     num_eager_steps = 0
@@ -46,42 +49,60 @@ class FixedShapeProposer(NetworkProposer):
         raise NotImplementedError
 
     def propose(self, batch: PaddedDraftBatch) -> torch.Tensor:
-        """[P, k] drafts on the device, one row per proposing request, without reading anything back; a
-        row's drafts past what its request can hold are cut by commit once the host knows."""
+        """[P, k] drafts on the device, one row per proposing request, -1 past what its blocks can hold,
+        without reading anything back: the rows' positions come from the device (exact also while the
+        host's count is still optimistic), so the drafts are what commit cuts them to. A step of k + 1
+        rows per request, every one proposing, replays its captured pass 1 and proposal in one graph."""
         requests = batch.requests
-        meta = build_attention_metadata(
-            [d.first_position for d in requests],
-            [d.num_valid_rows for d in requests],
-            [d.block_ids for d in requests],
-            self.block_size,
-        )
         device = batch.hidden_states.device
-        positions = torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)])
-        out = self.ingest(batch, to_device(positions, device), to_device(meta, device))
         index = [i for i, d in enumerate(requests) if d.propose]
-        if not index:
-            return torch.zeros(0, self.k, dtype=torch.long, device=device)
+        ends = np.cumsum([d.num_valid_rows for d in requests])
         proposing = [requests[i] for i in index]
-        # Per request: its last fed row and position, and how far its blocks and the head reach.
+        # Per request: its sequence in the batch, its last fed row, and how far its blocks and the head
+        # reach; in one non-blocking copy (a list index would be a blocking one, a wait for the device).
         host = torch.tensor(
             [
-                [int(meta.query_start_loc[i + 1]) - 1 for i in index],
-                [d.last_position for d in proposing],
+                index,
+                [int(ends[i]) - 1 for i in index],
                 [min(len(d.block_ids) * self.block_size, self.max_positions) for d in proposing],
             ],
             dtype=torch.long,
         )
-        last_fed_row, last_fed_position, limit = to_device(host, device)
+        sequence, last_fed_row, limit = to_device(host, device)
+        if self.step_graphs is not None and self.step_graphs.can_run(batch):
+            self.num_graph_steps += 1
+            return self.step_graphs.run(batch, limit)
+        out = self.ingest(batch, batch.positions, batch.attn_metadata)
+        if not index:
+            return torch.zeros(0, self.k, dtype=torch.long, device=device)
+        return self.drafts_from(batch, out, sequence, last_fed_row, limit, lambda inputs: self._run_draft(inputs, device))
+
+    def drafts_from(
+        self,
+        batch: PaddedDraftBatch,
+        out: torch.Tensor | None,
+        sequence: torch.Tensor,
+        last_fed_row: torch.Tensor,
+        limit: torch.Tensor,
+        draft: Callable[[ProposalInputs], torch.Tensor],
+    ) -> torch.Tensor:
+        """The proposal after pass 1 (`out`, one output row per fed row): from each proposing request's
+        last committed row (its last fed row less its rejected ones), with tensor ops only, so that a
+        CUDA graph can capture it with pass 1."""
         token_indices_to_sample = last_fed_row - batch.num_rejected_tokens
-        last_position = last_fed_position - batch.num_rejected_tokens
+        last_position = batch.positions[token_indices_to_sample]
+        num_drafts = (limit - last_position - self.extra_slots).clamp(0, self.k)
         inputs = ProposalInputs(
             tokens=batch.input_ids[token_indices_to_sample],  # the last sampled token
             starts=last_position + 1,
-            num_drafts=(limit - last_position - self.extra_slots).clamp(0, self.k),
-            block_tables=meta.block_tables[index],
+            num_drafts=num_drafts,
+            block_tables=batch.attn_metadata.block_tables[sequence],
             hidden=None if out is None else out[token_indices_to_sample],
         )
-        return self._run_draft(inputs, device)
+        drafts = draft(inputs)
+        slots = torch.arange(self.k, device=drafts.device)[None, :]
+        # -1: the sampler's placeholder, which verification always rejects.
+        return torch.where(slots < num_drafts[:, None], drafts, -1)
 
     def commit(self, requests: Sequence[DraftInput], drafts: list[list[int]]) -> dict[str, list[int]]:
         """The host's side of a padded proposal, once its drafts and the accepted counts have landed:
@@ -102,8 +123,11 @@ class FixedShapeProposer(NetworkProposer):
         limit = min(len(d.block_ids) * self.block_size, self.max_positions)
         return max(0, min(self.k, limit - d.last_position - self.extra_slots))
 
-    def capture_cuda_graphs(self, batch_sizes: list[int], max_blocks_per_seq: int, device: torch.device) -> None:
-        """Capture `draft` for each padded batch size; from now on a proposal that fits one replays it."""
+    def capture_cuda_graphs(
+        self, batch_sizes: list[int], max_blocks_per_seq: int, device: torch.device, target_hidden: tuple[int, torch.dtype]
+    ) -> None:
+        """Capture `draft` for each padded batch size, and pass 1 with the proposal for a verify step of
+        k + 1 rows per request; from now on a proposal or a step that fits one replays it."""
         dtype = next(self.network.parameters()).dtype
         graphs = DraftCudaGraphs(
             self.draft,
@@ -114,6 +138,9 @@ class FixedShapeProposer(NetworkProposer):
         )
         graphs.capture()
         self.cuda_graphs = graphs
+        step_graphs = DraftStepGraphs(self, target_hidden, max_blocks_per_seq, batch_sizes, device)
+        step_graphs.capture()
+        self.step_graphs = step_graphs
 
     def _run_draft(self, inputs: ProposalInputs, device: torch.device) -> torch.Tensor:
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):

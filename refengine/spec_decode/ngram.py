@@ -15,7 +15,7 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> l
         for start in range(num - n - 1, -1, -1):
             if list(token_ids[start : start + n]) == suffix:
                 follow = start + n
-                return list(token_ids[follow : follow + k])
+                return [int(t) for t in token_ids[follow : follow + k]]
     return []
 
 

@@ -17,6 +17,8 @@ from typing import Protocol
 
 import torch
 
+from refengine.model.attention_metadata import AttentionMetadata
+from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.model.device import to_device
 
 
@@ -74,6 +76,11 @@ class PaddedDraftBatch:
     num_rejected_tokens: torch.Tensor  # [P] int64 on the device, one per proposing request, in order
     hidden_states: torch.Tensor  # [T, H], as in DraftBatch
     aux_hidden_states: dict[int, torch.Tensor]
+    # The fed rows' exact positions and attention metadata, on the device: under async scheduling the
+    # host's first_position is an upper bound, and only the device knows how far the previous step's
+    # rejections moved the rows back (invariant 48).
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
 
 
 class Proposer(Protocol):
@@ -103,18 +110,26 @@ class Proposer(Protocol):
         ...
 
 
-def propose_committed(drafter: Proposer, batch: DraftBatch) -> dict[str, list[int]]:
-    """Both calls for a batch whose rows are all committed (nothing rejected), the drafts read back
-    here: how a caller outside the runner's step drafts (a test, a study)."""
+def propose_committed(drafter: Proposer, batch: DraftBatch, block_size: int) -> dict[str, list[int]]:
+    """Both calls for a batch whose rows are all committed (nothing rejected), laid out in KV blocks of
+    `block_size`, the drafts read back here: how a caller outside the runner's step drafts (a test, a
+    study)."""
     requests = batch.requests
     ids = [t for d in requests for t in d.token_ids[d.first_position + 1 : d.last_position + 2]]
     device = batch.hidden_states.device
+    meta = build_attention_metadata(
+        [d.first_position for d in requests], [d.num_valid_rows for d in requests], [d.block_ids for d in requests],
+        block_size,
+    )
+    positions = torch.tensor([p for d in requests for p in range(d.first_position, d.last_position + 1)])
     padded = PaddedDraftBatch(
         requests,
         to_device(torch.tensor(ids, dtype=torch.long), device),
         torch.zeros(sum(d.propose for d in requests), dtype=torch.long, device=device),
         batch.hidden_states,
         batch.aux_hidden_states,
+        to_device(positions, device),
+        to_device(meta, device),
     )
     with torch.inference_mode():
         drafts = drafter.propose(padded)

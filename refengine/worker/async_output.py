@@ -1,9 +1,9 @@
 """Sampled ids on their way to the host, as in vLLM's AsyncModelRunnerOutput.
 
-A step's sampled ids stay on the device, where the next step gathers its input ids from them; a copy
-goes to pinned host memory without blocking, and an event marks when it has landed. The engine thread
-waits for that event only when it applies the frame (`get_output`), after the runner has already
-launched the next step, so no host read stands between launching step n and launching step n+1.
+A step's results stay on the device, where the next step gathers its inputs from them; a copy goes to
+pinned host memory without blocking, and an event marks when it has landed. The engine thread waits for
+that event only when it applies the frame (`get_output`), after the runner has already launched the
+next step, so no host read stands between launching step n and launching step n+1.
 """
 
 from dataclasses import dataclass
@@ -12,46 +12,41 @@ import torch
 
 from refengine.core.outputs import ModelRunnerOutput
 from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
-from refengine.worker.request_state import CachedRequestState
 
 
 @dataclass(frozen=True, slots=True)
 class InFlightTokens:
-    """One step's sampled ids: [rows, width + 1], -1 after each row's last token."""
+    """One step's results, one row per sampled request: its tokens in the first `width` columns (-1 after
+    the valid ones), then the columns the runner checks one frame late (step_frame.py)."""
 
-    device: torch.Tensor  # the sampler's output, where the next step gathers from
-    host: torch.Tensor  # its copy in pinned memory (the same tensor on the CPU)
+    host: torch.Tensor  # the copy in pinned memory (the results themselves on the CPU)
     ready: torch.cuda.Event | None  # recorded after the copy; None on the CPU
-    states: tuple[CachedRequestState, ...]  # row r's request
-    first_index: tuple[int, ...]  # where row r's tokens start in its request's token_ids
+    width: int
 
     @classmethod
-    def send(
-        cls, tokens: torch.Tensor, states: tuple[CachedRequestState, ...], first_index: tuple[int, ...]
-    ) -> "InFlightTokens":
-        if not tokens.is_cuda:
-            return cls(tokens, tokens, None, states, first_index)
+    def send(cls, results: torch.Tensor, width: int) -> "InFlightTokens":
+        if not results.is_cuda:
+            return cls(results, None, width)
         # The rest runs only on a GPU: CPU mutation testing cannot reach it (pytest -m gpu checks it).
         # pragma: no mutate block
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+        host = torch.empty(results.shape, dtype=results.dtype, pin_memory=True)
+        host.copy_(results, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return cls(tokens, host, ready, states, first_index)
+        return cls(host, ready, width)
 
     def is_ready(self) -> bool:
         return self.ready is None or self.ready.query()
 
-    def rows(self) -> list[list[int]]:
-        """The host copy, row by row without the padding; waits for the copy to land."""
+    def host_rows(self) -> list[list[int]]:
+        """Every column of every row; waits for the copy to land."""
         if self.ready is not None:
             self.ready.synchronize()
-        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in self.host.tolist()]
+        return self.host.tolist()
 
-    def patches(self) -> list[tuple[CachedRequestState, int, list[int]]]:
-        """(request, index of its first placeholder, the real ids) for each row: what replaces the
-        placeholders the runner put in its requests' token_ids. Waits for the copy to land."""
-        return list(zip(self.states, self.first_index, self.rows(), strict=True))
+    def rows(self) -> list[list[int]]:
+        """Each row's tokens without the padding; waits for the copy to land."""
+        return [[t for t in row[: self.width] if t != PLACEHOLDER_TOKEN_ID] for row in self.host_rows()]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from refengine.model.cuda_graph_sizes import default_batch_sizes, padded_batch_s
 from refengine.model.device import on_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
+from refengine.worker.device_inputs import DeviceInputs
 
 
 @dataclass
@@ -148,27 +149,25 @@ class CudaGraphs:
         return self.padded_size(len(num_scheduled), num_scheduled[0]) is not None
 
     def run(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        q: int,
-        gather: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[ModelOutput, torch.Tensor]:
-        """Replay for host tensors `ids`, `positions` and host metadata; `gather` (device positions,
-        device ids) overwrites input ids still in flight from the previous step. The outputs are views
-        of the graph's static outputs, valid until the next replay."""
+        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, q: int, device_inputs: DeviceInputs | None
+    ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Replay for host tensors `ids`, `positions` and host metadata, completed on the device by
+        `device_inputs` (ids in flight from the previous step, positions it moved back). Returns the
+        outputs, logits, positions and metadata: views of the graph's static buffers, valid until the
+        next replay."""
         num_seqs = meta.seq_lens.shape[0]
         padded = self.padded_size(num_seqs, q)
         # Invariant: run() is only called for a step that can_run() accepted.
         if padded is None:
             raise RuntimeError(f"no captured graph for {num_seqs} sequences of {q} tokens")
         self._fill(q, padded, ids, positions, meta)
-        if gather is not None:
-            self._views(self._static, q, padded)[0].index_copy_(0, *gather)
+        s_ids, s_pos, s_slots, s_starts, s_lens, s_tables = self._views(self._static, q, padded)
+        static_meta = AttentionMetadata(s_starts, s_lens, s_tables, s_slots, causal=True)
+        if device_inputs is not None:
+            device_inputs.apply(s_ids, s_pos, static_meta, self.kv_cache.block_size)
         captured = self._graphs[(q, padded)]
         captured.graph.replay()
         self.num_replays += 1
         tokens = num_seqs * q
         aux = {i: t[:tokens] for i, t in captured.aux.items()}
-        return ModelOutput(captured.hidden[:tokens], aux), captured.logits[:tokens]
+        return ModelOutput(captured.hidden[:tokens], aux), captured.logits[:tokens], s_pos[:tokens], static_meta

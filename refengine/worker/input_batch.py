@@ -30,8 +30,9 @@ class InputBatch:
         self.max_num_reqs = max_num_reqs
         self.req_ids: list[str] = []  # row r's request; rows 0 .. num_reqs - 1 are all held
         self.req_id_to_index: dict[str, int] = {}
-        # Row r's tokens at their positions: the known ones, -1 for an id still in flight (the device
-        # gather fills it) and, past them, the drafts fed this step.
+        # Row r's tokens at their positions, the runner's one copy of its request's history: the known
+        # ones, -1 for an id still in flight (the device gather fills it) and, past them, the drafts fed
+        # this step.
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req, block_size)
         self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
@@ -47,8 +48,9 @@ class InputBatch:
         return len(self.req_ids)
 
     # ---- membership ----------------------------------------------------------------------------
-    def add_request(self, state: CachedRequestState) -> int:
-        """Write a new (or resumed) request's row; returns the row."""
+    def add_request(self, state: CachedRequestState, token_ids: Sequence[int]) -> int:
+        """Write a new (or resumed) request's row, its `token_ids` (prompt and outputs) included; returns
+        the row."""
         # Invariant 17: one row per held request, found by id.
         if state.req_id in self.req_id_to_index:
             raise RunnerInvariantError(f"request {state.req_id!r} is already in the batch")
@@ -57,7 +59,7 @@ class InputBatch:
         row = self.num_reqs
         self.req_ids.append(state.req_id)
         self.req_id_to_index[state.req_id] = row
-        self.write_tokens(row, 0, state.token_ids)
+        self.write_tokens(row, 0, token_ids)
         self.block_table.add_row(row, state.block_ids)
         params = state.params
         self.temperature[row] = params.temperature
@@ -86,26 +88,34 @@ class InputBatch:
         self.num_row_writes += 1
 
     # ---- per step ------------------------------------------------------------------------------
+    def history(self, row: int, num_tokens: int) -> np.ndarray:
+        """Row `row`'s first `num_tokens` tokens: a view, valid until the row is written or moved."""
+        return self.token_ids[row, :num_tokens]
+
     def write_tokens(self, row: int, start: int, token_ids: Sequence[int]) -> None:
         self.token_ids[row, start : start + len(token_ids)] = token_ids
         self.num_token_writes += len(token_ids)
 
     def prepare_inputs(
-        self, rows: Sequence[int], starts: Sequence[int], num_scheduled: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Host input ids, positions and attention metadata of a step that feeds, for each i, row
-        rows[i]'s positions starts[i] .. starts[i] + num_scheduled[i] - 1 (its drafts already written
-        into the row), in this order."""
+        self, rows: Sequence[int], starts: Sequence[int], num_scheduled: Sequence[int], token_starts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, np.ndarray]:
+        """Host input ids, positions, attention metadata and each token's sequence of a step that feeds,
+        for each i, num_scheduled[i] positions of row rows[i] from starts[i] (the scheduler's count), in
+        this order; the ids are read from the row's own count token_starts[i] on (its drafts already
+        written into the row)."""
         rows_a = np.asarray(rows, dtype=np.int64)
+        starts_a = np.asarray(starts, dtype=np.int64)
         num_blocks = self.block_table.num_blocks[rows_a]
         meta, positions, seq_of_token = metadata_from_table(
-            np.asarray(starts, dtype=np.int64),
+            starts_a,
             np.asarray(num_scheduled, dtype=np.int64),
             self.block_table.table[rows_a, : int(num_blocks.max())],
             num_blocks,
             self.block_table.block_size,
         )
-        return torch.from_numpy(self.token_ids[rows_a[seq_of_token], positions]), torch.from_numpy(positions), meta
+        index = positions - (starts_a - np.asarray(token_starts, dtype=np.int64))[seq_of_token]
+        ids = torch.from_numpy(self.token_ids[rows_a[seq_of_token], index])
+        return ids, torch.from_numpy(positions), meta, seq_of_token
 
     def sampling_metadata(
         self,

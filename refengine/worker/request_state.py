@@ -11,8 +11,10 @@ from refengine.sample.sampler import RowParams
 
 @dataclass(slots=True)
 class CachedRequestState:
-    """`token_ids` is the runner's own view: prompt plus every token it has sampled. Under async
-    scheduling it runs ahead of the scheduler, which learns the tokens one frame later.
+    """`num_tokens` counts the runner's own view of the request's tokens: prompt plus every token it has
+    sampled, -1 placeholders for those still in flight (as if every draft were accepted, invariant 48).
+    The tokens themselves are kept once, in the request's InputBatch row. Under async scheduling the
+    runner runs ahead of the scheduler, which learns the tokens one frame later.
 
     `num_computed_tokens` is exact: positions whose KV holds committed tokens. The scheduler's count is
     optimistic under async (it assumes every draft in flight is accepted); this one is corrected by the
@@ -20,7 +22,7 @@ class CachedRequestState:
     """
 
     req_id: str
-    token_ids: list[int]
+    num_tokens: int
     num_prompt_tokens: int
     num_computed_tokens: int
     block_ids: tuple[int, ...]
@@ -49,7 +51,7 @@ class CachedRequestState:
         )
         return cls(
             req_id=data.req_id,
-            token_ids=[*data.prompt_token_ids, *data.output_token_ids],
+            num_tokens=len(data.prompt_token_ids) + len(data.output_token_ids),
             num_prompt_tokens=len(data.prompt_token_ids),
             num_computed_tokens=data.num_computed_tokens,
             block_ids=data.block_ids,
@@ -59,9 +61,5 @@ class CachedRequestState:
         )
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return self.num_tokens - self.num_prompt_tokens

@@ -5,20 +5,19 @@ The production runner carries none of it: build_engine wraps the runner only wit
 from collections.abc import Mapping
 
 from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, StepRecord
-from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
+from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+from refengine.worker.async_output import AsyncModelRunnerOutput
 from refengine.worker.model_runner import ModelRunner
-
-# (request id, position of its first draft, the drafts fed) for each request that verified drafts
-_Verified = tuple[tuple[str, int, tuple[int, ...]], ...]
+from refengine.worker.step_frame import StepFrame
 
 
 class StepRecorder:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.records: dict[str, list[StepRecord]] = {}
-        # Steps sampled but not yet turned into records: an in-flight output is read only when records
-        # are taken, so recording adds no wait to the step loop.
-        self._pending: list[tuple[_Verified, ModelRunnerOutput | AsyncModelRunnerOutput]] = []
+        # Frames sampled but not yet turned into records: their device results are read only when
+        # records are taken, so recording adds no wait to the step loop.
+        self._pending: list[StepFrame] = []
 
     def execute_model(self, so: SchedulerOutput) -> None:
         self.runner.execute_model(so)
@@ -28,26 +27,27 @@ class StepRecorder:
         draft_overrides: Mapping[str, list[int]] | None = None,
         grammar_output: GrammarOutput | None = None,
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        # What was fed, not the validity-padded override: sync and async arms feed the same drafts.
-        verified = tuple(
-            (row.state.req_id, row.state.num_tokens, row.draft_ids)
-            for row in self.runner.executed_rows()
-            if row.first_logits_row is not None and row.draft_ids
-        )
         out = self.runner.sample_tokens(draft_overrides, grammar_output)
-        if verified:
-            self._pending.append((verified, out))
+        frame = self.runner.last_sampled_frame()
+        if frame is not None and any(r.sampled_row is not None and r.num_drafts for r in frame.rows):
+            self._pending.append(frame)
         return out
 
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         return self.runner.take_draft_token_ids()
 
     def take_step_records(self, req_id: str) -> list[StepRecord]:
-        """A finished request's per-step drafts and acceptance."""
-        for verified, out in self._pending:
-            resolved = resolve(out)
-            sampled = dict(zip(resolved.req_ids, resolved.sampled_token_ids, strict=True))
-            for rid, position, drafts in verified:
-                self.records.setdefault(rid, []).append(StepRecord(position, drafts, len(sampled[rid]) - 1))
+        """A finished request's per-step drafts and acceptance. What was fed, not the validity-padded
+        override (sync and async arms feed the same drafts), at the exact position the device fed it."""
+        for frame in self._pending:
+            host_rows = frame.copy.host_rows()
+            for row in frame.rows:
+                if row.sampled_row is None or not row.num_drafts:
+                    continue
+                host = host_rows[row.sampled_row]
+                num_accepted = sum(t != PLACEHOLDER_TOKEN_ID for t in host[: frame.copy.width]) - 1
+                position = host[frame.position_column] + row.num_scheduled - row.num_drafts
+                record = StepRecord(position, frame.fed_drafts(host, row), num_accepted)
+                self.records.setdefault(row.state.req_id, []).append(record)
         self._pending.clear()
         return self.records.pop(req_id, [])

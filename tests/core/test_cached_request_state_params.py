@@ -30,6 +30,6 @@ def test_top_k_off_is_always_0_in_the_row(top_k, row_top_k):
 
 def test_state_from_new_request_data():
     state = CachedRequestState.from_new(new_data(stop_token_ids=[9], min_tokens=2, seed=3))
-    assert state.token_ids == [5, 6, 7, 8] and state.num_prompt_tokens == 3
+    assert state.num_tokens == 4 and state.num_prompt_tokens == 3
     assert state.params.stop_token_ids == (9, 2) and state.params.min_tokens == 2
     assert state.params.rng_key == 11 and state.block_ids == (0, 1)

@@ -61,6 +61,27 @@ def test_async_launches_the_next_step_before_the_previous_one_lands():
     assert runner.num_overlapped_launches > runner.num_in_flight_steps // 2
 
 
+def test_zero_bubble_spec_launches_the_next_step_before_the_previous_one_lands():
+    """Invariant 48 (docs/invariants.md) at real shapes: async EAGLE (k = 3, a random head on qwen3-8b)
+    launches most spec steps before the previous step's verified ids, accepted counts and drafts have
+    landed, waits for none of them, and emits sync's tokens."""
+    loaded = build_random_model("qwen3-8b", seed=1, dtype=torch.bfloat16, numerics=Numerics.BATCH_INVARIANT,
+                                device="cuda")
+    runs = {}
+    for on in (False, True):
+        llm = LLM(loaded, dtype="bfloat16", max_num_seqs=8, max_model_len=512, block_size=16, num_blocks=256,
+                  async_scheduling=on, speculative_config=SpeculativeConfig("eagle", 3))
+        prompts = [[(7 * i + j) % 1000 + 3 for j in range(64 + 16 * i)] for i in range(8)]
+        params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=48, ignore_eos=True) for i in range(8)]
+        runs[on] = ([o.token_ids for o in llm.generate(prompts, params)], llm.engine.core.runner)
+        llm.engine.core.shutdown()
+    (sync, _), (overlapped, runner) = runs[False], runs[True]
+    assert overlapped == sync
+    assert runner.num_readback_steps == 0 and runner.num_corrected_launches > 20
+    print(f"overlapped launches {runner.num_overlapped_launches} of {runner.num_in_flight_steps} in-flight spec steps")
+    assert runner.num_overlapped_launches > runner.num_in_flight_steps // 2
+
+
 def _drafted(loaded, method: str, drafter_graphs: bool):
     """Tokens and per-step drafts of three greedy requests (a padded batch of four) from an engine with
     CUDA graphs; without `drafter_graphs` its drafter runs eagerly (the target's steps still replay)."""
@@ -68,7 +89,7 @@ def _drafted(loaded, method: str, drafter_graphs: bool):
               speculative_config=SpeculativeConfig(method, 4), cuda_graphs=True, record_steps=True)
     runner = llm.engine.runner
     if not drafter_graphs:
-        runner.drafter.cuda_graphs = None
+        runner.drafter.cuda_graphs = runner.drafter.step_graphs = None
     prompts = [[5, 9, 13, 200, 7] * 3, [100, 3, 3, 4], list(range(20, 60))]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     llm.engine.core.shutdown()
@@ -78,8 +99,9 @@ def _drafted(loaded, method: str, drafter_graphs: bool):
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
 def test_drafter_graphs_replay_the_eager_drafts(method):
-    """Batch-invariant numerics: the drafter's graph replays (EAGLE/EAGLE3/MTP passes 2..k, DFlash's
-    block, padded to a captured batch size) propose exactly the drafts of its eager loop."""
+    """Batch-invariant numerics: the drafter's graph replays (its whole step after a uniform verify step,
+    pass 1 and the proposal; else EAGLE/EAGLE3/MTP passes 2..k, DFlash's block; padded to a captured batch
+    size) propose exactly the drafts of its eager loop."""
     loaded = build_random_model(
         "qwen3-0.6b", seed=1, dtype=torch.float32, numerics=Numerics.BATCH_INVARIANT, device="cuda",
         num_hidden_layers=4, vocab_size=1024, hidden_size=256, intermediate_size=512,
@@ -88,7 +110,8 @@ def test_drafter_graphs_replay_the_eager_drafts(method):
     eager, eager_drafter = _drafted(loaded, method, drafter_graphs=False)
     graphed, drafter = _drafted(loaded, method, drafter_graphs=True)
     assert eager_drafter.num_graph_steps == 0 and eager_drafter.num_eager_steps > 0
-    assert drafter.num_graph_steps > 0 and drafter.cuda_graphs.num_replays == drafter.num_graph_steps
+    assert drafter.step_graphs.num_replays > 0
+    assert drafter.num_graph_steps == drafter.cuda_graphs.num_replays + drafter.step_graphs.num_replays
     print(f"{method}: {drafter.num_graph_steps} graph proposals, {drafter.num_eager_steps} eager")
     assert sum(len(steps) for _, steps in graphed) > 0  # drafts were verified, so there is something to compare
     assert graphed == eager

@@ -138,3 +138,61 @@ def test_oracle_matrix_on_the_gpu_is_identical():
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed arm(s)" in proc.stdout
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
+def test_zero_bubble_eagle_waits_for_no_spec_step_and_keeps_the_tokens(cuda_graphs):
+    """Invariant 48 (docs/invariants.md) on a GPU: async EAGLE equals sync EAGLE and spec off token for
+    token (batch-invariant numerics), eager and replayed, and no spec step waits for its results (the
+    overlap itself needs real shapes: test_device_pipeline.py)."""
+    loaded = tiny(Numerics.BATCH_INVARIANT)
+    base, _ = generate(loaded, cuda_graphs=False)
+    spec = SpeculativeConfig("eagle", 3)
+    sync, _ = generate(loaded, speculative_config=spec, async_scheduling=False, cuda_graphs=cuda_graphs)
+    zero_bubble, runner = generate(loaded, speculative_config=spec, async_scheduling=True, cuda_graphs=cuda_graphs)
+    assert zero_bubble == sync == base
+    assert runner.num_readback_steps == 0 and runner.num_corrected_launches > 10
+    assert (runner.num_graph_steps > 0) == cuda_graphs
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
+def test_drafter_step_graphs_replay_the_eager_drafters_tokens(method):
+    """Pass 1 and the proposal replayed from one graph per padded batch size after each uniform verify
+    step: the tokens of eager drafting, spec off's, and steps that replayed."""
+    loaded = tiny(Numerics.BATCH_INVARIANT, layers=4)
+    base, _ = generate(loaded, cuda_graphs=False)
+    spec = SpeculativeConfig(method, 3)
+    eager, _ = generate(loaded, speculative_config=spec, cuda_graphs=False)
+    graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
+    assert graphed == eager == base
+    assert runner.drafter.step_graphs.num_replays > 0
+    assert runner.sampler_graphs.num_replays > 0
+
+
+def test_sampler_graphs_replay_seeded_verification_as_eager():
+    """Seeded rows at temperature > 0 with k = 3 drafts: the replayed rejection sampler emits the eager
+    one's tokens (counter-based draws keyed by request and position, the same on either path)."""
+    loaded = tiny(Numerics.BATCH_INVARIANT)
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
+    outs = {}
+    for graphs in (False, True):
+        llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
+                  speculative_config=SpeculativeConfig("eagle", 3), cuda_graphs=graphs)
+        outs[graphs] = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        runner = llm.engine.core.runner
+        llm.engine.core.shutdown()
+    assert outs[True] == outs[False]
+    assert runner.sampler_graphs.num_replays > 0
+
+
+def test_zero_bubble_synthetic_acceptance_draws_on_the_device_as_on_the_host():
+    """The synthetic rule reads its keys and exact positions on the device: the async run, whose host
+    counts are optimistic when it draws, accepts what the sync run accepts, so emits the same tokens."""
+    loaded = tiny(Numerics.BATCH_INVARIANT)
+    spec = SpeculativeConfig("eagle", 4)
+    runs = [
+        generate(loaded, speculative_config=spec, async_scheduling=on, synthetic_acceptance_rate=0.7)
+        for on in (False, True)
+    ]
+    assert runs[0][0] == runs[1][0]
+    assert runs[1][1].num_readback_steps == 0

@@ -102,9 +102,9 @@ class _EveryOtherStepCorrupted(CorruptingProposer):
 
     num_calls = 0
 
-    def _corrupt(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+    def corrupts_this_step(self) -> bool:
         self.num_calls += 1
-        return super()._corrupt(drafts) if self.num_calls % 2 else drafts
+        return self.num_calls % 2 == 1
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])

@@ -39,7 +39,7 @@ ARRIVALS = [
     Arrival("a", 0, [(7 * j + 3) % 240 + 5 for j in range(9)], 10, (0, K, 1)),
     Arrival("b", 2, [(11 * j + 1) % 240 + 5 for j in range(14)], 16, (K, 0, 2, 0)),
     Arrival("c", 3, [(5 * j + 8) % 240 + 5 for j in range(6)], 20, (1, 1, 0, K)),
-    Arrival("d", 7, [(13 * j + 2) % 240 + 5 for j in range(11)], 9, (2, K, 0)),
+    Arrival("d", 7, [(13 * j + 2) % 240 + 5 for j in range(11)], 10, (2, K, 0)),
 ]
 
 
@@ -118,6 +118,9 @@ def _drive(tiny4, trajectories, arrivals: list[Arrival], max_num_seqs: int) -> S
         max_model_len=64,
         max_num_seqs=max_num_seqs,
         speculative_config=SpeculativeConfig("dflash", K),
+        # The script proposes on the host, in commit: sync scheduling feeds what commit returns (async
+        # feeds the device's drafts, a frame before commit sees them).
+        async_scheduling=False,
     )
     core = llm.engine.core
     core.runner.drafter.network = RecordingHead(core.runner.drafter.network)

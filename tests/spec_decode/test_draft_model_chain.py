@@ -46,7 +46,7 @@ def test_self_draft_with_all_layers_drafts_the_targets_greedy_chain(tiny4, k):
     # k=1 is the boundary where the just-sampled token (PROMPT[6]) alone must be fed before drafting.
     spec = SpeculativeConfig("draft_model", k, num_draft_layers=tiny4.config.num_hidden_layers)
     drafter = build_proposer(spec, tiny4, LAYOUT)
-    drafts = propose_committed(drafter, _batch(tiny4, _input("r", PROMPT[:7], 0, 5, (0, 1, 2))))
+    drafts = propose_committed(drafter, _batch(tiny4, _input("r", PROMPT[:7], 0, 5, (0, 1, 2))), BLOCK_SIZE)
     expected = _greedy_continuation(tiny4, PROMPT[:7], k)
     assert drafts == {"r": expected}
     assert drafter.num_readbacks == k  # one host read per pass: the sync-only draft model's cost
@@ -59,7 +59,7 @@ def test_a_chunk_filling_its_last_block_exactly_is_ingested_alone(tiny4):
     drafter = build_proposer(spec, tiny4, LAYOUT)
     chunk = _input("chunk", PROMPT, 0, 3, (0,), propose=False)
     other = _input("other", PROMPT[:7], 0, 5, (1, 2, 3))
-    drafts = propose_committed(drafter, _batch(tiny4, chunk, other))
+    drafts = propose_committed(drafter, _batch(tiny4, chunk, other), BLOCK_SIZE)
     assert drafts == {"other": _greedy_continuation(tiny4, PROMPT[:7], 2)}
 
 
@@ -83,4 +83,4 @@ def test_chunk_without_a_slot_for_its_rows_is_refused(tiny4):
     spec = SpeculativeConfig("draft_model", 2, num_draft_layers=2)
     drafter = build_proposer(spec, tiny4, LAYOUT)
     with pytest.raises(ModelInputError, match=r"^5 tokens do not fit in 1 blocks of 4$"):
-        propose_committed(drafter, _batch(tiny4, _input("r", PROMPT, 0, 4, (0,), propose=False)))
+        propose_committed(drafter, _batch(tiny4, _input("r", PROMPT, 0, 4, (0,), propose=False)), BLOCK_SIZE)

@@ -51,22 +51,22 @@ ROOM = {"draft_model": (2, 0), "eagle": (3, 1), "eagle3": (3, 1), "mtp": (3, 1),
 def test_fewer_drafts_where_the_blocks_end(tiny4, method):
     for last, expected in zip((5, 7), ROOM[method], strict=True):
         drafter = build_proposer(SPECS[method], tiny4, KVLayout(8, BLOCK_SIZE))
-        drafts = propose_committed(drafter, _batch(tiny4, drafter, 0, last, (0, 1)))
+        drafts = propose_committed(drafter, _batch(tiny4, drafter, 0, last, (0, 1)), BLOCK_SIZE)
         assert len(drafts["r"]) == expected
         assert all(0 <= t < tiny4.config.vocab_size for t in drafts["r"])
         # With room to spare, always k.
         drafter.remove(["r"])
-        assert len(propose_committed(drafter, _batch(tiny4, drafter, 0, last, (0, 1, 2)))["r"]) == 3
+        assert len(propose_committed(drafter, _batch(tiny4, drafter, 0, last, (0, 1, 2)), BLOCK_SIZE)["r"]) == 3
 
 
 @pytest.mark.parametrize("method", list(SPECS))
 def test_prefill_chunk_is_ingested_without_drafting(tiny4, method):
     drafter = build_proposer(SPECS[method], tiny4, KVLayout(8, BLOCK_SIZE))
-    assert propose_committed(drafter, _batch(tiny4, drafter, 0, 3, (0, 1, 2), propose=False)) == {}
+    assert propose_committed(drafter, _batch(tiny4, drafter, 0, 3, (0, 1, 2), propose=False), BLOCK_SIZE) == {}
     # The next chunk continues at position 4; a batch starting anywhere else is refused.
-    assert len(propose_committed(drafter, _batch(tiny4, drafter, 4, 6, (0, 1, 2)))["r"]) == 3
+    assert len(propose_committed(drafter, _batch(tiny4, drafter, 4, 6, (0, 1, 2)), BLOCK_SIZE)["r"]) == 3
     with pytest.raises(DraftContextError, match="context position discontinuity"):
-        propose_committed(drafter, _batch(tiny4, drafter, 8, 8, (0, 1, 2)))
+        propose_committed(drafter, _batch(tiny4, drafter, 8, 8, (0, 1, 2)), BLOCK_SIZE)
 
 
 def test_context_lengths_are_per_request():

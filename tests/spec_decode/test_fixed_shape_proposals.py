@@ -81,7 +81,7 @@ def _head_keys(drafter, blocks) -> torch.Tensor:
 def _propose(target, method, requests):
     drafter = build_proposer(SpeculativeConfig(method, 3), target, KVLayout(16, BLOCK_SIZE))
     with torch.inference_mode():
-        drafts = propose_committed(drafter, _batch(target, drafter, requests))
+        drafts = propose_committed(drafter, _batch(target, drafter, requests), BLOCK_SIZE)
     return drafter, drafts
 
 
@@ -169,6 +169,6 @@ def test_replayed_proposals_draft_as_eager_ones(tiny4, method):
         for first, num in [(0, 6), (6, 1)]:
             d = DraftInput("r", TOKENS[: first + num + 1], first, num, slice(first, first + num), (0, 1, 2), True)
             batch = DraftBatch((d,), out.hidden_states, out.aux_hidden_states)
-            drafts = propose_committed(eager, batch)
-            assert len(drafts["r"]) == 3 and propose_committed(replayed, batch) == drafts
+            drafts = propose_committed(eager, batch, BLOCK_SIZE)
+            assert len(drafts["r"]) == 3 and propose_committed(replayed, batch, BLOCK_SIZE) == drafts
     assert replayed.cuda_graphs.num_replays == replayed.num_graph_steps == 2 and replayed.num_eager_steps == 0

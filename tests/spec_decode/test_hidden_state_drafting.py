@@ -42,10 +42,10 @@ def test_chunked_prefill_with_the_whole_prompt_visible_drafts_as_one_shot(tiny4,
     spec = SpeculativeConfig(method, 3)
     one_shot = build_proposer(spec, tiny4, LAYOUT)
     out = _target_rows(tiny4, one_shot.capture_layers, 8)
-    expected = propose_committed(one_shot, _step(out, "r", PROMPT[:9], 0, 7))
+    expected = propose_committed(one_shot, _step(out, "r", PROMPT[:9], 0, 7), BLOCK_SIZE)
     chunked = build_proposer(spec, tiny4, LAYOUT)
-    assert propose_committed(chunked, _step(out, "r", PROMPT, 0, 3, propose=False)) == {}
-    assert propose_committed(chunked, _step(out, "r", PROMPT[:9], 4, 7)) == expected
+    assert propose_committed(chunked, _step(out, "r", PROMPT, 0, 3, propose=False), BLOCK_SIZE) == {}
+    assert propose_committed(chunked, _step(out, "r", PROMPT[:9], 4, 7), BLOCK_SIZE) == expected
     assert len(expected["r"]) == 3
 
 
@@ -56,7 +56,7 @@ def test_head_position_limit_caps_the_drafts(tiny4, max_positions, expected):
     head = build_network(SpeculativeConfig("eagle", 3), tiny4, LAYOUT)
     drafter = HiddenStateProposer(head, "eagle", 3, BLOCK_SIZE, max_positions, random_init=True)
     out = _target_rows(tiny4, drafter.capture_layers, 6)
-    drafts = propose_committed(drafter, _step(out, "r", PROMPT[:7], 0, 5))
+    drafts = propose_committed(drafter, _step(out, "r", PROMPT[:7], 0, 5), BLOCK_SIZE)
     assert list(drafts) == ["r"] and len(drafts["r"]) == expected
 
 
@@ -65,7 +65,7 @@ def test_context_error_names_the_method(tiny4, method):
     drafter = build_proposer(SpeculativeConfig(method, 2), tiny4, LAYOUT)
     out = _target_rows(tiny4, drafter.capture_layers, 6)
     with pytest.raises(DraftContextError, match=rf"^{method} drafter, request 'r': context position"):
-        propose_committed(drafter, _step(out, "r", PROMPT[:7], 2, 5))
+        propose_committed(drafter, _step(out, "r", PROMPT[:7], 2, 5), BLOCK_SIZE)
 
 
 def test_dflash_with_two_target_layers_concatenates_their_features_per_row(tiny4):
@@ -75,7 +75,7 @@ def test_dflash_with_two_target_layers_concatenates_their_features_per_row(tiny4
     alone = build_proposer(spec, tiny4, LAYOUT)
     assert alone.capture_layers == (1, 2)
     out = _target_rows(tiny4, alone.capture_layers, 6)
-    expected = propose_committed(alone, _step(out, "r", PROMPT[:7], 0, 5))
+    expected = propose_committed(alone, _step(out, "r", PROMPT[:7], 0, 5), BLOCK_SIZE)
     assert len(expected["r"]) == 3
     # The same request batched after another one, whose rows are a 4-row prefix of the same prompt.
     shared = build_proposer(spec, tiny4, LAYOUT)
@@ -89,7 +89,7 @@ def test_dflash_with_two_target_layers_concatenates_their_features_per_row(tiny4
         rows,
         aux,
     )
-    drafts = propose_committed(shared, batch)
+    drafts = propose_committed(shared, batch, BLOCK_SIZE)
     assert drafts["r"] == expected["r"] and len(drafts["s"]) == 3
 
 

@@ -11,8 +11,9 @@ from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
 from refengine.sample.metadata import RowParams, SamplingMetadata
 from refengine.sample.rejection_sampler import SpecDecodeMetadata, draft_row_masks, rejection_sample
-from refengine.worker.model_runner import ScheduledRow
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.step_rows import ScheduledRow
+from refengine.worker.verify_step import verify_rows
 from tests.sample.reference_verify import verify
 
 
@@ -48,14 +49,14 @@ def test_batched_verify_equals_the_per_request_reference(runner):
     rows, logits, expected = [], [], []
     first = 0
     for i, (params, history, drafts, rows_logits) in enumerate(CASES):
-        state = CachedRequestState(f"r{i}", list(history), 1, len(history) - 1, (0,), params, None)
-        row = runner.input_batch.add_request(state)
+        state = CachedRequestState(f"r{i}", len(history), 1, len(history) - 1, (0,), params, None)
+        row = runner.input_batch.add_request(state, history)
         rows.append(ScheduledRow(state, row, len(history) - 1, 1 + len(drafts), first, drafts, first))
         logits.append(rows_logits)
         first += len(drafts) + 1
         expected.append(verify(rows_logits, drafts, params, history, len(history) - 1, first_position=len(history)))
     try:
-        out = runner._verify(torch.cat(logits), rows, {r.state.req_id: r.draft_ids for r in rows})
+        out = verify_rows(runner.input_batch, runner.accept, torch.cat(logits), rows, {r.state.req_id: r.draft_ids for r in rows})
     finally:
         for r in rows:
             runner.input_batch.remove_request(r.state.req_id)
@@ -136,12 +137,12 @@ def test_random_one_hot_rows_through_the_runner_equal_the_per_request_reference(
     requests = _random_requests(seed, len(CASES))
     rows, first = [], 0
     for i, (params, history, drafts, _, _) in enumerate(requests):
-        state = CachedRequestState(f"s{seed}-{i}", list(history), 1, len(history) - 1, (0,), params, None)
-        row = runner.input_batch.add_request(state)
+        state = CachedRequestState(f"s{seed}-{i}", len(history), 1, len(history) - 1, (0,), params, None)
+        row = runner.input_batch.add_request(state, history)
         rows.append(ScheduledRow(state, row, len(history) - 1, 1 + len(drafts), first, drafts, first))
         first += len(drafts) + 1
     try:
-        out = runner._verify(torch.cat([lg for _, _, _, lg, _ in requests]), rows, {r.state.req_id: r.draft_ids for r in rows})
+        out = verify_rows(runner.input_batch, runner.accept, torch.cat([lg for _, _, _, lg, _ in requests]), rows, {r.state.req_id: r.draft_ids for r in rows})
     finally:
         for r in rows:
             runner.input_batch.remove_request(r.state.req_id)

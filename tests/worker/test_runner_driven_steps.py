@@ -27,9 +27,10 @@ from refengine.spec_decode.config import SpeculativeConfig
 from refengine.worker.async_output import AsyncModelRunnerOutput, resolve
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.fault_injection import InjectedFault
-from refengine.worker.model_runner import ModelRunner, token_logprobs
+from refengine.worker.model_runner import ModelRunner
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.runner import Runner
+from refengine.worker.verify_step import token_logprobs
 from tests.core.harness import hand_built_output as step
 
 A_PROMPT = (5, 6, 7, 8)
@@ -60,6 +61,12 @@ def new(req_id: str, prompt=A_PROMPT, output=(), **params) -> NewRequestData:
 
 def cached(req_id: str, num_computed: int) -> CachedRequestData:
     return CachedRequestData(req_id, num_computed, BLOCKS[req_id])
+
+
+def history(runner: ModelRunner, req_id: str) -> list[int]:
+    """A request's tokens as the runner keeps them, once: in its batch row (-1: in flight)."""
+    batch = runner.input_batch
+    return batch.history(batch.req_id_to_index[req_id], runner.requests[req_id].num_tokens).tolist()
 
 
 def run(runner: Runner, so: SchedulerOutput, draft_overrides=None):
@@ -104,8 +111,8 @@ def test_in_flight_steps_count_and_patch_exactly(tiny):
     assert runner.num_overlapped_launches == 0  # CPU copies land at once: no launch overlaps one
     assert runner.num_graph_steps == 0
     # Steps 1 and 2 landed (patched at the launch of steps 3 and 4); steps 3 and 4 are still in flight.
-    assert runner.requests["a"].token_ids == [*A_PROMPT, *A_GREEDY[:2], -1, -1]
-    assert runner.requests["b"].token_ids == [*B_PROMPT, -1, -1]
+    assert history(runner, "a") == [*A_PROMPT, *A_GREEDY[:2], -1, -1]
+    assert history(runner, "b") == [*B_PROMPT, -1, -1]
     assert [runner.requests[r].num_computed_tokens for r in "ab"] == [7, 7]
 
 
@@ -122,7 +129,7 @@ def test_read_back_steps_give_the_same_ids_and_logprobs(tiny):
         assert "b" not in out.logprobs
     assert runner.num_in_flight_steps == runner.num_gathered_inputs == 0
     assert runner.num_steps == runner.num_eager_steps == runner.num_readback_steps == 4
-    assert runner.requests["a"].token_ids == [*A_PROMPT, *A_GREEDY]
+    assert history(runner, "a") == [*A_PROMPT, *A_GREEDY]
     assert [runner.requests[r].num_computed_tokens for r in "ab"] == [7, 7]
 
 
@@ -133,8 +140,9 @@ def test_a_placeholder_without_a_runner_draft_is_rejected(tiny, logprobs):
     runner = make_runner(tiny)
     resolve(run(runner, step(new=[new("a", logprobs=logprobs)], num_scheduled={"a": 4})))
     out = run(runner, step(cached=[cached("a", 4)], num_scheduled={"a": 2}, spec={"a": [-1]}))
-    assert isinstance(out, ModelRunnerOutput)  # two rows sampled: read back on the host
-    assert out.sampled_token_ids == [A_GREEDY[1:2]]
+    # Two rows sampled stay on the device too; logprobs need them on the host at once.
+    assert isinstance(out, ModelRunnerOutput) == (logprobs is not None)
+    assert resolve(out).sampled_token_ids == [A_GREEDY[1:2]]
 
 
 @pytest.mark.parametrize(
@@ -150,8 +158,9 @@ def test_drafts_verify_against_overrides_and_record_what_was_fed(tiny, overrides
     recorder = make_engine(tiny, record_steps=True).step_recorder
     resolve(run(recorder, step(new=[new("a")], num_scheduled={"a": 4})))
     out = run(recorder, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [63, 34]}), overrides)
-    assert isinstance(out, ModelRunnerOutput)
-    assert out.sampled_token_ids == [expected]
+    # Overrides are the deferred branch's: they come back read, the others in flight.
+    assert isinstance(out, ModelRunnerOutput) == bool(overrides)
+    assert resolve(out).sampled_token_ids == [expected]
     # The record keeps the fed drafts (not the override) at the position of the first draft.
     assert recorder.take_step_records("a") == [StepRecord(5, (63, 34), len(expected) - 1)]
 
@@ -159,9 +168,7 @@ def test_drafts_verify_against_overrides_and_record_what_was_fed(tiny, overrides
 def test_placeholders_are_filled_from_the_runners_own_drafts_by_position():
     """Under async the scheduler ships -1 placeholders; the runner fills position j from its pending
     drafts while it has one, keeps a real id the scheduler sent, and leaves -1 past its drafts."""
-    state = CachedRequestState(
-        "a", [*A_PROMPT], 4, 3, BLOCKS["a"], RowParams(0.0, 0, 1.0, 0, (), (), 1), None
-    )
+    state = CachedRequestState("a", len(A_PROMPT), 4, 3, BLOCKS["a"], RowParams(0.0, 0, 1.0, 0, (), (), 1), None)
     state.pending_drafts = [11, 12]
     assert ModelRunner._fill_drafts(state, (-1, 9, -1, -1)) == (11, 9, -1, -1)
     assert ModelRunner._fill_drafts(state, [-1, -1]) == (11, 12)
@@ -175,8 +182,8 @@ def test_an_engine_built_without_record_steps_keeps_no_records(tiny):
     assert engine.step_recorder is None and engine.core.runner is engine.runner
     runner = engine.runner
     resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
-    assert run(
-        runner, step(cached=[cached("a", 4)], num_scheduled={"a": 2}, spec={"a": [63]})
+    assert resolve(
+        run(runner, step(cached=[cached("a", 4)], num_scheduled={"a": 2}, spec={"a": [63]}))
     ).sampled_token_ids == [A_GREEDY[1:3]]
 
 
@@ -185,7 +192,7 @@ def test_synthetic_acceptance_accepts_wrong_drafts(tiny):
     wrong for the model, yet the step emits three tokens (real verification would emit one)."""
     runner = make_runner(tiny, synthetic_acceptance_rate=1.0)
     resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4})))
-    out = run(runner, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [1, 2]}))
+    out = resolve(run(runner, step(cached=[cached("a", 4)], num_scheduled={"a": 3}, spec={"a": [1, 2]})))
     assert len(out.sampled_token_ids[0]) == 3
     assert out.sampled_token_ids[0][0] == A_GREEDY[1]
 

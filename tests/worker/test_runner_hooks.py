@@ -9,11 +9,9 @@ from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
 from refengine.engine.llm import LLM
 from refengine.model.tiny import build_tiny_model
-from refengine.sample.metadata import RowParams
+from refengine.sample import rng
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
 from refengine.worker.fault_injection import FaultInjectingRunner, InjectedFault
-from refengine.worker.model_runner import ScheduledRow
-from refengine.worker.request_state import CachedRequestState
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
 
@@ -68,15 +66,10 @@ def test_wrapped_runners_pass_the_grammar_masks_through(tiny, hook):
 
 
 def test_synthetic_acceptance_accepts_a_prefix_and_never_a_placeholder():
-    params = RowParams(0.0, 0, 1.0, 0, (), (), rng_key=7)
-    drafts = {"a": (4, 5, 6), "b": (4, -1, 6)}
-    rows = [
-        ScheduledRow(CachedRequestState(req_id, [1, 2], 1, 1, (0,), params, None), i, 1, 4, 4 * i, d, 4 * i)
-        for i, (req_id, d) in enumerate(drafts.items())
-    ]
-    padded = torch.tensor(list(drafts.values()))
-    assert SyntheticAcceptance(1.0)(padded, padded, rows, drafts).tolist() == [3, 1]
-    assert SyntheticAcceptance(0.0)(padded, padded, rows, drafts).tolist() == [0, 0]
+    padded = torch.tensor([(4, 5, 6), (4, -1, 6)])
+    keys, positions = torch.tensor([rng.key_word(7)] * 2), torch.tensor([2, 2])
+    assert SyntheticAcceptance(1.0)(padded, padded, keys, positions).tolist() == [3, 1]
+    assert SyntheticAcceptance(0.0)(padded, padded, keys, positions).tolist() == [0, 0]
 
 
 # Counts captured from the per-row implementation (one rng.uniform per draft) before it was batched: the
@@ -100,12 +93,7 @@ PINNED_DRAFTS = {"a": (4, 4, 4, 4), "b": (9, 9, 9, 9), "c": (1, 2, 3, 4), "d": (
     ],
 )
 def test_synthetic_acceptance_batched_counts_are_the_per_row_ones(rate, expected):
-    rows = [
-        ScheduledRow(
-            CachedRequestState(req_id, list(range(length)), 1, 1, (0,), RowParams(0.0, 0, 1.0, 0, (), (), rng_key=key), None),
-            i, 1, 4, 4 * i, drafts, 4 * i,
-        )  # fmt: skip
-        for i, ((req_id, drafts), key, length) in enumerate(zip(PINNED_DRAFTS.items(), PINNED_KEYS, PINNED_LENGTHS))
-    ]
+    keys = torch.tensor([rng.key_word(key) for key in PINNED_KEYS])
+    positions = torch.tensor(PINNED_LENGTHS)
     padded = torch.tensor([[*d, *[-1] * (4 - len(d))] for d in PINNED_DRAFTS.values()])
-    assert SyntheticAcceptance(rate)(padded, padded, rows, PINNED_DRAFTS).tolist() == expected
+    assert SyntheticAcceptance(rate)(padded, padded, keys, positions).tolist() == expected

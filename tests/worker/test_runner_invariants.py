@@ -9,7 +9,7 @@ from refengine.engine.engine_args import build_engine
 from refengine.engine.llm import LLM
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.worker.model_runner import RunnerInvariantError
+from refengine.worker.errors import RunnerInvariantError
 from tests.core.harness import hand_built_output as step
 
 PROMPT = (5, 6, 7, 8)

@@ -11,9 +11,10 @@ from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.engine_args import build_engine
 from refengine.sample import rng
 from refengine.sample.metadata import RowParams
-from refengine.worker.model_runner import ScheduledRow, token_logprobs
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.step_rows import ScheduledRow
 from refengine.worker.synthetic_acceptance import STREAM_SYNTHETIC_ACCEPT, synthetic_num_accepted
+from refengine.worker.verify_step import token_logprobs, verify_rows
 from tests.sample.reference_verify import verify
 
 
@@ -68,12 +69,12 @@ def test_token_logprobs_without_top_tokens():
 
 def _one_row(runner, params, history, num_prompt, drafts, logits):
     # The sampling parameters reach the sampler through the request's persistent batch row.
-    state = CachedRequestState("r", list(history), num_prompt, len(history) - 1, (0,), params, None)
-    runner.input_batch.add_request(state)
+    state = CachedRequestState("r", len(history), num_prompt, len(history) - 1, (0,), params, None)
+    runner.input_batch.add_request(state, history)
     try:
         batch_row = runner.input_batch.req_id_to_index["r"]
         row = ScheduledRow(state, batch_row, len(history) - 1, 1 + len(drafts), 0, drafts, 0)
-        out = runner._verify(logits, [row], {"r": drafts})
+        out = verify_rows(runner.input_batch, runner.accept, logits, [row], {"r": drafts})
     finally:
         runner.input_batch.remove_request("r")
     return [t for t in out[0].tolist() if t != -1]
