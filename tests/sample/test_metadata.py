@@ -1,0 +1,68 @@
+"""SamplingMetadata.build and SpecDecodeMetadata.build, field by field: values from each row's params,
+the documented dtypes at every batch size (the empty batch included), and the logits rows of each
+request's slots. Device placement is in tests/sample/test_device_placement.py."""
+
+import numpy as np
+import torch
+
+from refengine.sample import rng
+from refengine.sample.metadata import RowParams, SamplingMetadata
+from refengine.sample.rejection_sampler import SpecDecodeMetadata
+
+CPU = torch.device("cpu")
+INTS = ("top_k", "seeds", "key_words", "positions", "masked_rows", "masked_token_ids", "bitmask_rows")
+
+
+def test_sampling_metadata_fields():
+    params = [
+        RowParams(0.0, 5, 1.0, 0, (), (), rng_key=2**64 - 1),
+        RowParams(0.7, -3, 0.9, 0, (), (), rng_key=12345),
+        RowParams(1.2, 0, 1.0, 0, (), (), rng_key=0),
+    ]
+    bitmask = np.array([[-1, 7]], dtype=np.int32)
+    md = SamplingMetadata.build(params, [4, 2**33, 0], [[3, 1], [], [9]], CPU, [2], bitmask)
+    assert md.temperature.tolist() == [0.0, np.float32(0.7), np.float32(1.2)]
+    assert md.top_p.tolist() == [1.0, np.float32(0.9), 1.0]
+    assert md.top_k.tolist() == [5, 0, 0]  # negative top_k is off, as 0
+    assert md.key_words.tolist() == [rng.key_word(p.rng_key) for p in params]
+    assert md.positions.tolist() == [4, 2**33, 0]
+    assert md.seeds.tolist() == [rng.row_seed(p.rng_key, pos, rng.STREAM_SAMPLE) for p, pos in zip(params, [4, 2**33, 0])]
+    assert md.masked_rows.tolist() == [0, 0, 2] and md.masked_token_ids.tolist() == [3, 1, 9]
+    assert md.bitmask_rows.tolist() == [2] and md.token_bitmask.tolist() == [[-1, 7]]
+    assert (md.all_greedy, md.any_top_k, md.any_top_p, md.num_masked, md.num_bitmask_rows) == (False, True, True, 3, 1)
+    assert all(getattr(md, name).dtype == torch.int64 for name in INTS)
+    assert md.temperature.dtype == md.top_p.dtype == torch.float32
+
+
+def test_sampling_metadata_flags_of_plain_greedy_rows():
+    md = SamplingMetadata.build([RowParams(0.0, 0, 1.0, 0, (), (), rng_key=1)] * 2, [0, 1], [[], []], CPU)
+    assert (md.all_greedy, md.any_top_k, md.any_top_p, md.num_masked, md.num_bitmask_rows) == (True, False, False, 0, 0)
+    assert md.token_bitmask.shape == (0, 0)
+
+
+def test_empty_batches_keep_the_documented_dtypes():
+    md = SamplingMetadata.build([], [], [], CPU)
+    assert all(getattr(md, name).dtype == torch.int64 and getattr(md, name).numel() == 0 for name in INTS)
+    assert md.temperature.dtype == md.top_p.dtype == torch.float32
+    spec = SpecDecodeMetadata.build([], [], CPU)
+    assert spec.draft_token_ids.shape == (0, 0) and spec.target_logits_indices.shape == (0, 1)
+    assert spec.num_draft_tokens.shape == (0,)
+
+
+def test_spec_decode_metadata_pads_drafts_and_points_each_slot_at_its_row():
+    spec = SpecDecodeMetadata.build([[5, 6], [], [7, 8, 9]], [0, 3, 4], CPU)
+    assert spec.draft_token_ids.tolist() == [[5, 6, -1], [-1, -1, -1], [7, 8, 9]]
+    assert spec.num_draft_tokens.tolist() == [2, 0, 3]
+    # Slots past a request's k point at its row 0 (never read as a verify row).
+    assert spec.target_logits_indices.tolist() == [[0, 1, 2, 0], [3, 3, 3, 3], [4, 5, 6, 7]]
+    assert spec.draft_probs is None
+
+
+def test_spec_decode_metadata_without_drafts():
+    """Every step without speculation: one row per request; in order, or not (rows 3 and 5)."""
+    for rows in ([0, 1, 2], [3, 5, 6]):
+        spec = SpecDecodeMetadata.build([[], [], []], rows, CPU)
+        assert spec.target_logits_indices.tolist() == [[r] for r in rows]
+        assert spec.draft_token_ids.shape == (3, 0) and spec.num_draft_tokens.tolist() == [0, 0, 0]
+        assert spec.draft_token_ids.dtype == spec.num_draft_tokens.dtype == torch.int64
+        assert spec.target_logits_indices.dtype == torch.int64
