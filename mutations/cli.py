@@ -26,7 +26,14 @@ from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
 from mutations.parallel import run_parallel
-from mutations.report import closing_line, keep_marked_section, print_table, render_markdown, write_json
+from mutations.report import (
+    closing_line,
+    keep_marked_section,
+    print_table,
+    render_markdown,
+    tree_commit,
+    write_json,
+)
 from mutations.runner import JournalPending, Runner, check_apply
 
 STATE_DIR = ".mutations"
@@ -232,7 +239,7 @@ def run(
     print_table(console, results)
     write_json(results, catalogue, report_path or ctx.state_dir / "report.json")
     if write_report:
-        markdown = render_markdown(results, catalogue, ctx.label(catalogue.path))
+        markdown = render_markdown(results, catalogue, ctx.label(catalogue.path), tree_commit(ctx.root))
         path = ctx.root / MARKDOWN_REPORT
         path.parent.mkdir(parents=True, exist_ok=True)
         previous = path.read_text(encoding="utf-8") if path.is_file() else ""

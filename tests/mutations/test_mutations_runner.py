@@ -15,6 +15,7 @@ from mutations.cli import EXIT_RESTORE_FAILED
 from mutations.files import sha256_hex
 from mutations.journal import Journal, recover
 from mutations.model import Status
+from mutations.report import NO_COMMIT, tree_commit
 from mutations.runner import JournalPending, Runner
 
 TARGET = "toyledger.py"
@@ -111,6 +112,7 @@ def test_markdown_report_lists_every_mutant(full_run):
     root, _, _ = full_run
     markdown = (root / "reports" / "mutations.md").read_text()
     assert "`named-mutations: 2 passed, 7 failed`" in markdown
+    assert "(commit none: not a git checkout)" in markdown  # the fixture copy is no checkout: it says so
     for mutant_id in EXPECTED:
         assert f"| {mutant_id} |" in markdown
     assert "- **SURVIVED** SURVIVED:" in markdown
@@ -300,3 +302,16 @@ def test_parallel_run_gives_each_mutant_the_same_status_and_never_touches_the_tr
     assert result.output.splitlines()[-1] == "named-mutations: 2 passed, 7 failed"
     assert {p: p.read_bytes() for p in root.rglob("*.py")} == before
     assert not (root / ".mutations" / "journal.json").exists()
+
+
+def test_the_report_names_the_commit_of_the_tree_and_whether_it_was_dirty(tmp_path):
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "f.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert tree_commit(tmp_path) == head
+    (tmp_path / "f.py").write_text("x = 2\n")
+    assert tree_commit(tmp_path) == f"{head}-dirty"
+    assert tree_commit(tmp_path / "f.py") == NO_COMMIT
