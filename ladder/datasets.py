@@ -149,12 +149,14 @@ def _jsonl_request(obj: object, where: str) -> DatasetRequest:
     return DatasetRequest(tuple((m["role"], m["content"]) for m in msgs), out)
 
 
-def load_jsonl(path: Path) -> Dataset:
+def jsonl_records(path: Path, kind: str) -> Iterator[tuple[object, str]]:
+    """Each non-blank line of a JSONL file, parsed, with "PATH:LINE" to name it in errors; a file that
+    cannot be read, a line that is not JSON, and a file with no record are SetupErrors."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise SetupError(f"--dataset jsonl: cannot read {path}: {e}") from e
-    requests = []
+        raise SetupError(f"--dataset {kind}: cannot read {path}: {e.strerror if isinstance(e, OSError) else e}") from e
+    found = False
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -162,10 +164,15 @@ def load_jsonl(path: Path) -> Dataset:
             obj = json.loads(line)
         except ValueError as e:
             raise SetupError(f"{path}:{i}: not JSON: {e}") from e
-        requests.append(_jsonl_request(obj, f"{path}:{i}"))
-    if not requests:
-        raise SetupError(f"--dataset jsonl: {path} holds no request")
-    return Dataset("jsonl", str(path), len(requests), tuple(requests))
+        found = True
+        yield obj, f"{path}:{i}"
+    if not found:
+        raise SetupError(f"--dataset {kind}: {path} holds no request")
+
+
+def load_jsonl(path: Path) -> Dataset:
+    requests = tuple(_jsonl_request(obj, where) for obj, where in jsonl_records(path, "jsonl"))
+    return Dataset("jsonl", str(path), len(requests), requests)
 
 
 def load(kind: str, path: Path | None, turns: int | None = None) -> Dataset:

@@ -7,13 +7,13 @@ prompt is its blocks in order, the last one cut to what input_length leaves. Req
 timestamps (open loop), counted from the first one and divided by --trace-speedup.
 """
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ladder.config import SetupError
+from ladder.datasets import jsonl_records
 
 BLOCK_TOKENS = 512  # Mooncake's block: the tokens one hash id stands for
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -68,21 +68,7 @@ def _request(obj: object, where: str) -> TraceRequest:
 
 
 def read_trace(path: Path) -> Trace:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SetupError(f"--dataset trace: cannot read {path}: {e.strerror if isinstance(e, OSError) else e}") from e
-    requests = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise SetupError(f"{path}:{i}: not JSON: {e}") from e
-        requests.append(_request(obj, f"{path}:{i}"))
-    if not requests:
-        raise SetupError(f"--dataset trace: {path} holds no request")
+    requests = [_request(obj, where) for obj, where in jsonl_records(path, "trace")]
     return Trace(str(path), tuple(sorted(requests, key=lambda r: r.timestamp_ms)))
 
 
