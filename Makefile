@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow demo demo-report lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report
+.PHONY: install test test-slow demo demo-report lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
 
 install: $(STAMP)
 
@@ -85,6 +85,10 @@ bench: install
 # multi-turn ShareGPT sessions (TTFT by turn) and the shared-prefix workload; runs in runs/prefix-cache/ (gitignored).
 prefix-cache-report: install
 	$(PY) benchmarks/prefix_cache_report.py --out reports/prefix-cache.md
+
+# reports/prefix-cache-h200.md, on a GPU host: an 8,192-token shared prefix on random qwen3-8b, c = 1 and 8.
+prefix-cache-report-gpu: install
+	$(PY) benchmarks/prefix_cache_report.py --gpu --out reports/prefix-cache-h200.md
 
 # A benchmark, not a test: client CPU per SSE event at c = 1, 8, 32, ladder's aiohttp client beside httpx.
 bench-client: install

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from llguidance import LLMatcher
 
 
+class GrammarStateError(RuntimeError):
+    """The matcher no longer holds the committed output (invariant 25)."""
+
+
 class Grammar:
     """The scheduler advances it by committed tokens only (accept_tokens, in update_from_output). Masks
     for draft rows advance it tentatively and roll back exactly what they advanced."""
@@ -39,6 +43,11 @@ class Grammar:
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
             self.num_processed_tokens -= num_tokens
+        # Invariant 25: after a tentative advance the matcher holds the committed output, usable. A
+        # consume it refused leaves an error state that rollback keeps, and every later token of the
+        # request would be refused: refuse it here, where it happened.
+        if self._matcher.is_error():
+            raise GrammarStateError(f"the grammar's matcher is in an error state after a rollback: {self.error[:200]}")
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         """Row `row` of an int32 [rows, ceil(vocab / 32)] bitmask: bit t set = token t allowed next."""

@@ -74,7 +74,7 @@ class StructuredOutputManager:
         Invariant 25: the advance is tentative and rolled back exactly, so the matcher keeps only
         committed tokens. It stops at the first -1 (a placeholder or a pad, never a token) and at the
         first draft the grammar forbids: such a draft is always rejected, so the rows after it are
-        never emitted from."""
+        never emitted from. It stops at the grammar's end too (the request ends there)."""
         rows: dict[str, tuple[int, int]] = {}
         order: list[tuple[str, Sequence[int]]] = []
         num_rows = 0
@@ -97,7 +97,10 @@ class StructuredOutputManager:
             advanced = 0
             for j in range(len(drafts) + 1):
                 grammar.fill_bitmask(bitmask, first + j)
-                if j < num_valid and grammar.accept_tokens([real[j]]):
+                # The advance stops at the grammar's end: its matcher consumes nothing past it, not even
+                # the EOS that validation allows there, and the failed consume is an error state that
+                # rollback does not undo. Rows past the end allow EOS only, and none is emitted from.
+                if j < num_valid and not grammar.is_terminated() and grammar.accept_tokens([real[j]]):
                     advanced += 1
             grammar.rollback(advanced)
         allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]

@@ -65,6 +65,23 @@ def test_forbidden_drafts_and_placeholders_stop_the_advance(manager):
     assert request.structured_output_request.grammar.num_processed_tokens == 1
 
 
+def test_drafts_past_the_grammars_end_leave_the_matcher_unharmed(manager):
+    """A draft that ends the grammar, then EOS: the grammar's validation allows both, but its matcher
+    stops at the end and refuses to consume anything more, EOS included, with an error state that
+    rollback does not undo. The advance must stop at the end, or the committed "c" is refused next
+    (found by the SmolLM2 oracle: eagle, a regex, temperature 0.8)."""
+    a, b, c = (ord(ch) for ch in "abc")
+    eos = manager.backend.tokenizer.eos_token_ids[0]
+    request = structured_request(manager, "r", [a, b])
+    grammar = request.structured_output_request.grammar
+    assert grammar.validate_tokens([c, eos, a]) == 2
+    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [c, eos, a]})
+    # Rows after the end allow EOS only; none of them is emitted from, since "c" ends the request.
+    assert [allowed(out.grammar_bitmask, j, manager.vocab_size) for j in range(4)] == [{c, ord("d")}, {eos}, {eos}, {eos}]
+    assert grammar.num_processed_tokens == 2
+    assert grammar.accept_tokens([c]) and grammar.is_terminated()
+
+
 def test_requests_without_grammar_or_in_prefill_get_no_rows(manager):
     plain = Request("p", [1, 2], SamplingParams())
     chunk = structured_request(manager, "c")
