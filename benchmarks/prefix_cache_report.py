@@ -166,7 +166,8 @@ def gpu_main(opts: argparse.Namespace) -> None:
     on, off = (run(a, opts.runs) for a in arms)
     lines = [
         "# Prefix caching at GPU scale: H200, random qwen3-8b", "",
-        f"Made by `make prefix-cache-report-gpu` (benchmarks/prefix_cache_report.py --gpu) on {build().describe()}, "
+        f"Made by `make prefix-cache-report-gpu` (benchmarks/prefix_cache_report.py --gpu) on "
+        f"{f'the tree of commit {opts.commit}' if opts.commit else build().describe()}, "
         f"engine of the same tree, on one {torch.cuda.get_device_name(0)} with {cpu_model()} x{os.cpu_count()}, "
         f"{(time.time() - start) / 60:.0f} minutes in all. Model: qwen3-8b's shape with random weights, bfloat16, "
         "fast numerics, CUDA graphs; `refengine serve` through HTTP, one server at a time. The CPU figures "
@@ -215,6 +216,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=4)
     parser.add_argument("--bin", type=Path, default=Path(sys.executable).parent,
                         help="folder holding the refengine and ladder commands [default: this Python's]")
+    parser.add_argument("--commit", help="the commit whose tree this is, where the checkout's git history is not "
+                        "there (a GPU host sent the tree alone) [default: git describe]")
     parser.add_argument("--runs", type=Path, default=Path("runs/prefix-cache"))
     parser.add_argument("--out", type=Path)
     opts = parser.parse_args()
