@@ -153,8 +153,8 @@ class CudaGraphs:
     ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Replay for host tensors `ids`, `positions` and host metadata, completed on the device by
         `device_inputs` (ids in flight from the previous step, positions it moved back). Returns the
-        outputs, logits, positions and metadata: views of the graph's static buffers, valid until the
-        next replay."""
+        outputs, logits, positions and metadata of the step's real rows: views of the graph's static
+        buffers, valid until the next replay."""
         num_seqs = meta.seq_lens.shape[0]
         padded = self.padded_size(num_seqs, q)
         # Invariant: run() is only called for a step that can_run() accepted.
@@ -170,4 +170,9 @@ class CudaGraphs:
         self.num_replays += 1
         tokens = num_seqs * q
         aux = {i: t[:tokens] for i, t in captured.aux.items()}
-        return ModelOutput(captured.hidden[:tokens], aux), captured.logits[:tokens], s_pos[:tokens], static_meta
+        # The step's own rows of the metadata, as of its outputs: an eager drafter after this replay attends
+        # over the real sequences only (the padded ones have no input rows).
+        meta = AttentionMetadata(
+            s_starts[: num_seqs + 1], s_lens[:num_seqs], s_tables[:num_seqs], s_slots[:tokens], causal=True
+        )
+        return ModelOutput(captured.hidden[:tokens], aux), captured.logits[:tokens], s_pos[:tokens], meta
