@@ -169,7 +169,7 @@ def gpu_main(opts: argparse.Namespace) -> None:
         f"Made by `make prefix-cache-report-gpu` (benchmarks/prefix_cache_report.py --gpu) on "
         f"{f'the tree of commit {opts.commit}' if opts.commit else build().describe()}, "
         f"engine of the same tree, on one {torch.cuda.get_device_name(0)} with {cpu_model()} x{os.cpu_count()}, "
-        f"{(time.time() - start) / 60:.0f} minutes in all. Model: qwen3-8b's shape with random weights, bfloat16, "
+        f"{(time.time() - start) / 60:.1f} minutes in all. Model: qwen3-8b's shape with random weights, bfloat16, "
         "fast numerics, CUDA graphs; `refengine serve` through HTTP, one server at a time. The CPU figures "
         "(multi-turn ShareGPT sessions, SmolLM2) are in [prefix-cache.md](prefix-cache.md).", ""]
     lines += gpu_section(on, off, arms, opts.runs)

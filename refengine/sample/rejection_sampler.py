@@ -146,21 +146,20 @@ def _random_verify(
     q = draft_probs.gather(2, safe)[:, :, 0]
     # One independent uniform per row, keyed by its position: rows sharing a draw would accept together.
     accept_seeds = rng.row_seeds(md.key_words, md.positions, rng.STREAM_ACCEPT)
-    uniforms = rng.uniforms(accept_seeds, 1)[:, 0][index[:, :width]]
+    uniforms = rng.uniforms(accept_seeds, 1).squeeze(1)[index[:, :width]]
     # Accept iff p / q >= u, in float64, where the ratio of two float32 probabilities is exact.
     ok = real & (q > 0.0) & (p.double() / q.double() >= uniforms.double()) & (slots[:, :width] < num_drafts[:, None])
     accepted = torch.cumprod(ok.long(), dim=1).sum(dim=1)
     # The first rejected slot (any slot when none is): a sample of normalize(max(0, p - q)) there, keyed
     # by its position; p itself for a -1 draft or an empty residual.
-    at = accepted.clamp(max=width - 1)[:, None]
-    vocab = processed.shape[-1]
-    target_at = processed.gather(1, at[:, :, None].expand(-1, -1, vocab))[:, 0]
-    draft_at = draft_probs.gather(1, at[:, :, None].expand(-1, -1, vocab))[:, 0]
-    residual = torch.where(real.gather(1, at), (target_at - draft_at).clamp(min=0.0), target_at)
-    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0.0, residual, target_at)
-    row_at = index.gather(1, at)[:, 0]
+    at = accepted.clamp(max=width - 1)
+    requests = torch.arange(drafts.shape[0], device=drafts.device)
+    target_at, draft_at = processed[requests, at], draft_probs[requests, at]  # [R, V] each
+    residual = torch.where(real[requests, at][:, None], (target_at - draft_at).clamp(min=0.0), target_at)
+    residual = torch.where(residual.sum(dim=1, keepdim=True) > 0.0, residual, target_at)
+    row_at = index[requests, at]
     recover_seeds = rng.row_seeds(md.key_words[row_at], md.positions[row_at], rng.STREAM_RECOVER)
-    recovered = torch.argmax(residual / rng.exponentials(recover_seeds, vocab), dim=-1)
+    recovered = torch.argmax(residual / rng.exponentials(recover_seeds, processed.shape[2]), dim=1)
     # Every draft accepted: the bonus slot's own sample, at the position after the last draft.
     bonus = target_rows.gather(1, num_drafts[:, None])[:, 0]
     final = torch.where(accepted == num_drafts, bonus, recovered)

@@ -72,7 +72,7 @@ def uniforms(seeds: torch.Tensor, size: int) -> torch.Tensor:
     every device, and never 0 or 1.
     """
     row = seeds.long()[:, None]
-    index = torch.arange(size, dtype=torch.int64, device=seeds.device)[None, :]
+    index = torch.arange(size, device=seeds.device)[None, :]  # int64, as every integer arange
     h = _absorb(_absorb(row, index), row)
     return ((h >> 9) * 2 + 1).to(torch.float32) * 2.0**-24
 
@@ -84,7 +84,7 @@ def exponentials(seeds: torch.Tensor, size: int) -> torch.Tensor:
 
 def uniform(key: int, position: int, stream: int) -> float:
     """One draw in (0, 1) for one (key, position, stream): counter 0 of that row."""
-    return float(uniforms(torch.tensor([row_seed(key, position, stream)]), 1)[0, 0])
+    return uniforms(torch.tensor([row_seed(key, position, stream)]), 1).item()
 
 
 def exponential(key: int, position: int, stream: int, size: int) -> torch.Tensor:

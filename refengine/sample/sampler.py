@@ -11,6 +11,10 @@ from refengine.request import Request
 from refengine.sample import rng
 from refengine.sample.metadata import RowParams, SamplingMetadata
 
+# The logit of a token a constraint forbids. A Python scalar, not a tensor made on the device: that would
+# be a blocking host-to-device copy.
+MASKED_LOGIT = float("-inf")
+
 
 def banned_next_tokens(history: Sequence[int], bad_words: Sequence[Sequence[int]]) -> list[int]:
     """Tokens that would complete a banned sequence, given the committed history."""
@@ -53,7 +57,7 @@ def apply_constraints(
     if not masked:
         return logits
     out = logits.clone()
-    out[torch.tensor(masked, dtype=torch.long)] = float("-inf")
+    out[masked] = MASKED_LOGIT
     return out
 
 
@@ -73,12 +77,11 @@ def apply_masks(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     if not md.num_masked and not md.num_bitmask_rows:
         return logits
     out = logits.clone()
-    # A Python scalar, not a tensor made on the device: that would be a blocking host-to-device copy.
     if md.num_masked:
-        out[md.masked_rows, md.masked_token_ids] = float("-inf")
+        out[md.masked_rows, md.masked_token_ids] = MASKED_LOGIT
     if md.num_bitmask_rows:
-        allowed = unpack_bitmask(md.token_bitmask, out.shape[-1])
-        out[md.bitmask_rows] = out[md.bitmask_rows].masked_fill(~allowed, float("-inf"))
+        allowed = unpack_bitmask(md.token_bitmask, out.shape[1])
+        out[md.bitmask_rows] = out[md.bitmask_rows].masked_fill(~allowed, MASKED_LOGIT)
     return out
 
 
@@ -87,20 +90,20 @@ def probabilities_batch(logits: torch.Tensor, md: SamplingMetadata) -> torch.Ten
     come out at temperature 1 (the caller takes their argmax instead)."""
     temperature = torch.where(md.temperature == 0.0, 1.0, md.temperature)
     scaled = logits.float() / temperature[:, None]
-    vocab = scaled.shape[-1]
+    vocab = scaled.shape[1]
     if md.any_top_k:
-        values = torch.sort(scaled, dim=-1, descending=True).values
+        values = torch.sort(scaled, dim=1, descending=True).values
+        # A top_k of the vocabulary or more keeps every token: its k-th value is the row's smallest.
         kth = values.gather(1, (md.top_k - 1).clamp(0, vocab - 1)[:, None])
-        on = ((md.top_k > 0) & (md.top_k < vocab))[:, None]
-        scaled = scaled.masked_fill(on & (scaled < kth), float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+        scaled = scaled.masked_fill((md.top_k > 0)[:, None] & (scaled < kth), MASKED_LOGIT)
+    probs = torch.softmax(scaled, dim=1)
     if md.any_top_p:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs, order = torch.sort(probs, dim=1, descending=True, stable=True)
+        before = torch.cumsum(sorted_probs, dim=1) - sorted_probs
         # Keep the smallest prefix whose mass reaches top_p; the top token always survives.
         drop = (before >= md.top_p[:, None]) & (md.top_p < 1.0)[:, None]
         probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        probs = probs / probs.sum(dim=1, keepdim=True)
     return probs
 
 
@@ -112,9 +115,9 @@ def sample_batch(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
 def sample_masked(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """[N] token ids of masked logits: the argmax for greedy rows, for the others an exponential race
     over the processed distribution keyed by (request, position)."""
-    greedy = torch.argmax(logits, dim=-1)
+    greedy = torch.argmax(logits, dim=1)
     if md.all_greedy:
         return greedy
-    noise = rng.exponentials(md.seeds, logits.shape[-1])
-    sampled = torch.argmax(probabilities_batch(logits, md) / noise, dim=-1)
+    noise = rng.exponentials(md.seeds, logits.shape[1])
+    sampled = torch.argmax(probabilities_batch(logits, md) / noise, dim=1)
     return torch.where(md.temperature == 0.0, greedy, sampled)

@@ -66,3 +66,10 @@ def test_spec_decode_metadata_without_drafts():
         assert spec.draft_token_ids.shape == (3, 0) and spec.num_draft_tokens.tolist() == [0, 0, 0]
         assert spec.draft_token_ids.dtype == spec.num_draft_tokens.dtype == torch.int64
         assert spec.target_logits_indices.dtype == torch.int64
+
+
+def test_at_positions_moves_each_row_to_its_position_and_rehashes_its_seed():
+    params = [RowParams(0.7, 0, 1.0, 0, (), (), rng_key=5), RowParams(1.0, 0, 1.0, 0, (), (), rng_key=2**40 + 9)]
+    moved = SamplingMetadata.build(params, [3, 4], [[], []], CPU).at_positions(torch.tensor([10, 2**33]))
+    assert moved.positions.tolist() == [10, 2**33]
+    assert moved.seeds.tolist() == [rng.row_seed(5, 10, rng.STREAM_SAMPLE), rng.row_seed(2**40 + 9, 2**33, rng.STREAM_SAMPLE)]
