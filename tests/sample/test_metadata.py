@@ -43,6 +43,7 @@ def test_sampling_metadata_flags_of_plain_greedy_rows():
 def test_empty_batches_keep_the_documented_dtypes():
     md = SamplingMetadata.build([], [], [], CPU)
     assert all(getattr(md, name).dtype == torch.int64 and getattr(md, name).numel() == 0 for name in INTS)
+    assert md.token_bitmask.dtype == torch.int32  # llguidance's layout, also when no row has a grammar
     assert md.temperature.dtype == md.top_p.dtype == torch.float32
     spec = SpecDecodeMetadata.build([], [], CPU)
     assert spec.draft_token_ids.shape == (0, 0) and spec.target_logits_indices.shape == (0, 1)
@@ -56,6 +57,7 @@ def test_spec_decode_metadata_pads_drafts_and_points_each_slot_at_its_row():
     # Slots past a request's k point at its row 0 (never read as a verify row).
     assert spec.target_logits_indices.tolist() == [[0, 1, 2, 0], [3, 3, 3, 3], [4, 5, 6, 7]]
     assert spec.draft_probs is None
+    assert all(t.dtype == torch.int64 for t in (spec.draft_token_ids, spec.num_draft_tokens, spec.target_logits_indices))
 
 
 def test_spec_decode_metadata_without_drafts():
@@ -66,6 +68,9 @@ def test_spec_decode_metadata_without_drafts():
         assert spec.draft_token_ids.shape == (3, 0) and spec.num_draft_tokens.tolist() == [0, 0, 0]
         assert spec.draft_token_ids.dtype == spec.num_draft_tokens.dtype == torch.int64
         assert spec.target_logits_indices.dtype == torch.int64
+        # Draft probabilities pass through whichever way the indices are made.
+        probs = torch.zeros(3, 0, 5)
+        assert SpecDecodeMetadata.build([[], [], []], rows, CPU, draft_probs=probs).draft_probs is probs
 
 
 def test_at_positions_moves_each_row_to_its_position_and_rehashes_its_seed():
