@@ -97,7 +97,9 @@ class RejectionSamplerGraphs:
         return rejection_sample(self._logits[:rows], md, spec)
 
     # ---- capture and replay: a GPU only ---------------------------------------------------------
-    def capture(self) -> None:
+    # No CPU test can reach them (`pytest -m gpu` checks them on a GPU), so mutation testing on the CPU
+    # skips them, as it skips cuda_graphs.py.
+    def capture(self) -> None:  # pragma: no mutate block
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode(), on_device(self.device):
             for padded in reversed(self.batch_sizes):
@@ -114,7 +116,7 @@ class RejectionSamplerGraphs:
                     self._graphs[(padded, greedy)] = (graph, tokens)
         torch.cuda.synchronize(self.device)
 
-    def run(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata) -> torch.Tensor | None:
+    def run(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata) -> torch.Tensor | None:  # pragma: no mutate block
         """[R, k + 1] tokens replayed for a step whose key() a captured graph has, else None (sample it
         eagerly): a view of the graph's static output, valid until the next replay."""
         key = self.key(logits, md, spec)
