@@ -18,8 +18,12 @@ def test_apply_moves_back_only_the_steps_rows_of_padded_buffers():
         block_tables=torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [-1, -1, -1, -1]]),
         slot_mapping=torch.tensor([40, 41, 30, -1, -1]),
     )
-    inputs = DeviceInputs(torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64),
-                          shift=torch.tensor([2, 1]), seq_of_token=torch.tensor([0, 0, 1]))
+    inputs = DeviceInputs(
+        torch.tensor([], dtype=torch.int64),
+        torch.tensor([], dtype=torch.int64),
+        shift=torch.tensor([2, 1]),
+        seq_of_token=torch.tensor([0, 0, 1]),
+    )
     inputs.apply(ids, positions, meta, block_size=4)
     assert positions.tolist() == [8, 9, 6, 0, 0]
     assert meta.seq_lens.tolist() == [10, 7, 0]

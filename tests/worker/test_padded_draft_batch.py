@@ -45,9 +45,15 @@ class _Recording:
     def propose(self, batch: PaddedDraftBatch) -> torch.Tensor | None:
         seen = [
             _Seen(
-                d.req_id, [int(t) for t in d.token_ids], d.first_position, d.num_valid_rows, d.propose,
-                d.context_start, batch.positions[d.rows].tolist(), batch.input_ids[d.rows].tolist(),
-            )  # fmt: skip
+                d.req_id,
+                [int(t) for t in d.token_ids],
+                d.first_position,
+                d.num_valid_rows,
+                d.propose,
+                d.context_start,
+                batch.positions[d.rows].tolist(),
+                batch.input_ids[d.rows].tolist(),
+            )
             for d in batch.requests
         ]
         self.steps.append((seen, batch.num_rejected_tokens.tolist()))
@@ -118,4 +124,6 @@ def test_a_prefix_cache_hit_is_the_drafters_context_start(llm):
     steps, _ = _run(llm, [prompt])
     cached = (len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
     assert cached == 8
-    assert [s.context_start for inputs, _ in steps for s in inputs] == [cached] * sum(len(i) for i, _ in steps)
+    assert [s.context_start for inputs, _ in steps for s in inputs] == [cached] * sum(
+        len(i) for i, _ in steps
+    )
