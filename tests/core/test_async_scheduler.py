@@ -101,6 +101,19 @@ def test_prefill_chunks_get_no_placeholders():
     assert request.spec_token_ids == [-1, -1]
 
 
+def test_a_request_scheduled_after_a_prefill_chunk_gets_its_placeholders():
+    """A chunk listed first in the step is skipped, not the end of the step: b, whose whole prompt is
+    scheduled after a's capped chunk, samples and takes its placeholders."""
+    scheduler = make_scheduler(async_scheduling=True, k=2, long_prefill_token_threshold=4)
+    a, b = make_request("a", 12), make_request("b", 2)
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    so = scheduler.schedule()
+    assert list(so.num_scheduled_tokens.items()) == [("a", 4), ("b", 2)]
+    assert (a.num_output_placeholders, a.spec_token_ids) == (0, [])
+    assert (b.num_output_placeholders, b.spec_token_ids) == (1, [-1, -1])
+
+
 def test_async_scheduler_ships_only_placeholders():
     """Invariant 15: under async the scheduler never holds real draft ids; they reach it only through
     update_draft_token_ids_in_output."""

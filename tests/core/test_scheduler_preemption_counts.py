@@ -3,6 +3,9 @@ counters, and abort freeing blocks for re-admission. Block size 4 and 4 blocks: 
 fill three blocks, and every later block is contested (max_model_len 16 keeps one sequence within
 the 4 blocks)."""
 
+import pytest
+
+from refengine.core.scheduler import SchedulerInvariantError
 from refengine.request import RequestStatus
 
 from .harness import make_request, make_scheduler, runner_output
@@ -46,3 +49,16 @@ def test_newest_request_is_preempted_each_time_and_counted():
     so, _ = step(scheduler, {"a": [6]})
     assert so.num_scheduled_tokens == {"a": 1} and so.preempted_req_ids == {"b"}
     assert (b.num_preemptions, a.num_preemptions, scheduler.num_preemptions) == (2, 0, 2)
+
+
+def test_preempting_a_request_with_stale_output_is_refused_by_name():
+    """Invariant 9: a running request has no stale output left (it was re-admitted only once that drained);
+    a counter that says otherwise stops the scheduler instead of recomputing on top of it."""
+    scheduler = make_scheduler(block_size=4, num_blocks=4, max_model_len=16)
+    a, c, b = (make_request(r, 4, max_tokens=10) for r in "acb")
+    for request in (a, c, b):
+        scheduler.add_request(request)
+    step(scheduler, {"a": [1], "c": [1], "b": [1]})
+    b.num_stale_output_tokens = 1  # corrupted: b is the next victim
+    with pytest.raises(SchedulerInvariantError, match=r"^Request\('b', RUNNING, .*\): preempted while stale output is in flight$"):
+        scheduler.schedule()

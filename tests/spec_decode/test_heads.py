@@ -6,6 +6,8 @@ import torch
 
 from refengine.model import KVCache, build_tiny_model
 from refengine.model.attention_metadata_builder import build_attention_metadata
+from refengine.model.config import Numerics
+from refengine.model.layers import Linear
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.dflash import build_target_layer_ids
 from refengine.spec_decode.eagle import default_eagle3_aux_layer_ids, eagle3_capture_layers
@@ -207,3 +209,30 @@ def test_heads_are_trainable(method):
     target.model.compute_logits(norm(hidden)).logsumexp(-1).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
     assert all(p.grad is None for p in target.model.parameters())
+
+
+@pytest.mark.parametrize("method", HEAD_METHODS)
+def test_a_head_takes_the_targets_dtype_and_the_numerics_asked_for(method):
+    """Every weight in the target's dtype (bf16 here, not the float32 default) and every projection
+    with the numerics the caller chose (FAST, not the target's batch-invariant default)."""
+    target = build_tiny_model("qwen3", seed=3, num_hidden_layers=4)
+    target.model.to(torch.bfloat16)
+    head = build_network(SpeculativeConfig(method, 3), target, LAYOUT, numerics=Numerics.FAST)
+    assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
+    linears = [m for m in head.modules() if isinstance(m, Linear)]
+    assert linears and {m.numerics for m in linears} == {Numerics.FAST}
+
+
+def test_each_heads_layers_have_their_checkpoints_norms(tiny4):
+    """EAGLE's first layer has no input norm and no q/k norms (its input is fc's output); DFlash's layers
+    have both: a head missing one, or with an extra one, could not load its trained checkpoint."""
+    eagle = set(head_state_dict(build_network(SpeculativeConfig("eagle", 3), tiny4, LAYOUT)))
+    assert not any("input_layernorm" in n or "q_norm" in n or "k_norm" in n for n in eagle)
+    assert "layers.0.post_attention_layernorm.weight" in eagle
+    dflash = set(head_state_dict(build_network(SpeculativeConfig("dflash", 3), tiny4, LAYOUT)))
+    assert {"layers.0.input_layernorm.weight", "layers.0.self_attn.q_norm.weight"} <= dflash
+    # MTP's layer and EAGLE3's midlayer: an input norm, no q/k norms.
+    mtp = set(head_state_dict(build_network(SpeculativeConfig("mtp", 3), tiny4, LAYOUT)))
+    assert "layer.input_layernorm.weight" in mtp and not any("q_norm" in n or "k_norm" in n for n in mtp)
+    eagle3 = set(head_state_dict(build_network(SpeculativeConfig("eagle3", 3), tiny4, LAYOUT)))
+    assert not any("q_norm" in n or "k_norm" in n for n in eagle3)

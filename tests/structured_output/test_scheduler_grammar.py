@@ -42,6 +42,15 @@ def test_a_committed_token_the_grammar_forbids_is_a_named_error(manager):
         step(scheduler, [ord("z")])
 
 
+def test_a_grammar_ahead_of_the_committed_output_is_a_named_error(manager):
+    """The matcher must hold exactly the committed output: one advanced outside the scheduler (by a
+    draft never rolled back) is refused with both counts."""
+    scheduler, request = running(manager)
+    assert request.structured_output_request.grammar.accept_tokens([ord("x")])  # the stray advance
+    with pytest.raises(SchedulerInvariantError, match=r"^Request\('r', .*\): its grammar consumed 2 tokens for 1 outputs$"):
+        step(scheduler, [ord("y")])
+
+
 def test_the_grammar_end_finishes_the_request_with_stop(manager):
     scheduler, request = running(manager)
     step(scheduler, [ord("x")])

@@ -28,6 +28,28 @@ def test_malformed_constraints_are_refused_by_name(kwargs, message):
         StructuredOutputsParams(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"regex": "a", "json_object": True},
+            "StructuredOutputsParams needs exactly one of json, regex, choice, grammar or json_object, "
+            "got ['regex', 'json_object']",
+        ),
+        ({"choice": []}, "StructuredOutputsParams.choice must hold at least one string"),
+    ],
+)
+def test_messages_are_exact(kwargs, message):
+    # The whole message: it is what a client reads in the 400 answer.
+    with pytest.raises(ValueError) as info:
+        StructuredOutputsParams(**kwargs)
+    assert str(info.value) == message
+
+
+def test_json_object_alone_is_the_constraint():
+    assert StructuredOutputsParams(json_object=True).key == ("json_object", "")
+
+
 def test_the_cache_key_ignores_the_spelling_of_a_schema():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
     keys = {

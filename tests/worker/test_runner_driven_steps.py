@@ -99,6 +99,7 @@ def test_in_flight_steps_count_and_patch_exactly(tiny):
     later b's) input on the device; the host ids are patched one step late, when the step after has
     been launched."""
     runner = make_runner(tiny)
+    assert runner.last_sampled_frame() is None  # nothing sampled yet
     outputs = []
     for so, _ in chunked_b_beside_a():
         out = run(runner, so)
@@ -110,6 +111,7 @@ def test_in_flight_steps_count_and_patch_exactly(tiny):
     assert runner.num_gathered_inputs == 4  # a in steps 2, 3, 4; b in step 4
     assert runner.num_overlapped_launches == 0  # CPU copies land at once: no launch overlaps one
     assert runner.num_graph_steps == 0
+    assert runner.num_corrected_launches == 0  # no step fed drafts: no launch moved back
     # Steps 1 and 2 landed (patched at the launch of steps 3 and 4); steps 3 and 4 are still in flight.
     assert history(runner, "a") == [*A_PROMPT, *A_GREEDY[:2], -1, -1]
     assert history(runner, "b") == [*B_PROMPT, -1, -1]
@@ -203,6 +205,31 @@ def test_a_step_of_prefill_chunks_only_samples_nothing(tiny):
     out = run(runner, step(new=[new("b", B_PROMPT)], num_scheduled={"b": 2}))
     assert out == ModelRunnerOutput(req_ids=["b"], sampled_token_ids=[[]], logprobs={})
     assert runner.num_eager_steps == 1 and runner.num_in_flight_steps == 0
+
+
+class _RankZeroSampled42:
+    """A tensor-parallel group whose rank 0 sampled token 42 everywhere (this rank's logits drifted)."""
+
+    def broadcast_sampled(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(token_ids, 42)
+
+
+def test_a_tensor_parallel_rank_goes_on_with_rank_zeros_ids(tiny):
+    """Invariant 45: whatever this rank's own logits say (greedy 92), it emits rank 0's id."""
+    built = make_runner(tiny)
+    runner = ModelRunner(built.model, built.kv_cache, built.input_batch, tp_group=_RankZeroSampled42())
+    assert resolve(run(runner, step(new=[new("a")], num_scheduled={"a": 4}))).sampled_token_ids == [[42]]
+    assert A_GREEDY[0] != 42
+
+
+def test_a_runner_built_without_lookahead_slots_reserves_none(tiny):
+    """num_lookahead_slots defaults to 0: a drafting request whose planned positions fill its blocks
+    exactly runs (one lookahead slot would need a block it does not have, invariant 49)."""
+    built = make_runner(tiny, speculative_config=SpeculativeConfig("mtp", 2))
+    runner = ModelRunner(built.model, built.kv_cache, built.input_batch, drafter=built.drafter)
+    prompt = tuple(range(3, 19))  # 16 positions planned: the 16 slots of a's 4 blocks of 4
+    out = resolve(run(runner, step(new=[new("a", prompt)], num_scheduled={"a": 16})))
+    assert len(out.sampled_token_ids[0]) == 1
 
 
 def test_a_drafter_proposes_only_for_rows_that_sampled(tiny):
