@@ -1,4 +1,7 @@
-"""One request's grammar matcher (vLLM's StructuredOutputGrammar), torch-free."""
+"""One request's grammar matcher (vLLM's StructuredOutputGrammar), torch-free.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 from __future__ import annotations
 

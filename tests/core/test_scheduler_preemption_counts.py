@@ -52,7 +52,7 @@ def test_newest_request_is_preempted_each_time_and_counted():
 
 
 def test_preempting_a_request_with_stale_output_is_refused_by_name():
-    """Invariant 9: a running request has no stale output left (it was re-admitted only once that drained);
+    """Invariant 9 (docs/invariants.md): a running request has no stale output left (it was re-admitted only once that drained);
     a counter that says otherwise stops the scheduler instead of recomputing on top of it."""
     scheduler = make_scheduler(block_size=4, num_blocks=4, max_model_len=16)
     a, c, b = (make_request(r, 4, max_tokens=10) for r in "acb")
