@@ -109,7 +109,7 @@ mutations: install
 
 # The mutmut strict-score gate (threshold in mutations/threshold.toml). The scope is 5,248 mutants (2026-12-02);
 # 3,058 of them took about 7 minutes with 31 children on 32 cores. With the default 2 children it takes hours
-# (sample/'s 906 alone: about 25 minutes): run it on a larger host with MUTMUT_CHILDREN=N.
+# (sample/'s 906 alone: 17 minutes): run it on a larger host with MUTMUT_CHILDREN=N.
 MUTMUT_CHILDREN ?= 2
 mutmut: install
 	$(VENV)/bin/mutations gate --run --threshold-file mutations/threshold.toml --max-children $(MUTMUT_CHILDREN) --timeout-seconds 14400
