@@ -67,6 +67,11 @@ def run(arm: Arm, runs: Path) -> list[dict]:
     return rungs
 
 
+def percentile(stats: dict, key: str, q: str) -> float:
+    """A metric's percentile from a rung's (or a turn's) statistics, as rungs.json writes them."""
+    return stats[key]["percentiles"][q]
+
+
 def ms(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -87,12 +92,12 @@ def multi_turn_section(on: dict, off: dict, arms: tuple[Arm, Arm], turns: int, s
     rows = []
     for t in map(str, range(1, turns + 1)):
         a, b = on["turns"][t], off["turns"][t]
-        ratio = a["ttft_ms"]["percentiles"]["p50"] / b["ttft_ms"]["percentiles"]["p50"]
+        ratio = percentile(a, "ttft_ms", "p50") / percentile(b, "ttft_ms", "p50")
         rows.append(f"| {t} | {a['input_tokens']['mean']:,.0f} | {a['cached_tokens']['mean']:,.0f} | "
-                    f"{ms(a['ttft_ms']['percentiles']['p50'])} | {ms(b['ttft_ms']['percentiles']['p50'])} | "
+                    f"{ms(percentile(a, 'ttft_ms', 'p50'))} | {ms(percentile(b, 'ttft_ms', 'p50'))} | "
                     f"{ratio:.2f}x |")
     last = str(turns)
-    final = (on["turns"][last]["ttft_ms"]["percentiles"]["p50"] / off["turns"][last]["ttft_ms"]["percentiles"]["p50"])
+    final = percentile(on["turns"][last], "ttft_ms", "p50") / percentile(off["turns"][last], "ttft_ms", "p50")
     return [
         "## Multi-turn ShareGPT sessions, c = 1: TTFT by turn", "",
         f"{sessions} ShareGPT conversations of at least {turns} turns (1 more as warmup), each laddered as a session "
@@ -111,8 +116,8 @@ def multi_turn_section(on: dict, off: dict, arms: tuple[Arm, Arm], turns: int, s
 
 
 def shared_prefix_section(on: dict, off: dict, arms: tuple[Arm, Arm]) -> list[str]:
-    p50 = lambda r: r["stats"]["ttft_ms"]["percentiles"]["p50"]  # noqa: E731
-    p90 = lambda r: r["stats"]["ttft_ms"]["percentiles"]["p90"]  # noqa: E731
+    p50 = lambda r: percentile(r["stats"], "ttft_ms", "p50")  # noqa: E731
+    p90 = lambda r: percentile(r["stats"], "ttft_ms", "p90")  # noqa: E731
     return [
         "## Shared prefix, c = 1: TTFT with a cached shared prefix", "",
         "The ladder's shared-prefix workload: every prompt is a ~512-token prefix shared by every request of the "
@@ -135,7 +140,7 @@ def mean_cached_tokens(out: Path, concurrency: int) -> float:
 
 
 def gpu_section(on: list[dict], off: list[dict], arms: tuple[Arm, Arm], runs: Path) -> list[str]:
-    pct = lambda r, key, q: r["stats"][key]["percentiles"][q]  # noqa: E731
+    pct = lambda r, key, q: percentile(r["stats"], key, q)  # noqa: E731
     rows, ratios = [], []
     for a, b in zip(on, off, strict=True):
         ratio = pct(a, "ttft_ms", "p50") / pct(b, "ttft_ms", "p50")
