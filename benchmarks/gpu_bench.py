@@ -318,7 +318,7 @@ def model_steps(bench: Bench) -> None:
                 replays = g.num_replays if g else 0
                 with torch.inference_mode():
                     if mode == "graph":
-                        fn = lambda g=g, ids=ids, positions=positions, meta=meta, q=q: g.run(ids, positions, meta, q)  # noqa: E731
+                        fn = lambda g=g, ids=ids, positions=positions, meta=meta, q=q: g.run(ids, positions, meta, q, None)  # noqa: E731
                     else:
                         dev_ids, dev_pos = ids.to(DEV), positions.to(DEV)
 
@@ -371,11 +371,11 @@ def profile_step(bench: Bench) -> None:
     g.capture()
     with torch.inference_mode():
         for _ in range(3):
-            g.run(ids, positions, meta, 1)
+            g.run(ids, positions, meta, 1, None)
         sync()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
-                g.run(ids, positions, meta, 1)
+                g.run(ids, positions, meta, 1, None)
             sync()
     kinds: dict[str, float] = defaultdict(float)
     names: dict[str, float] = defaultdict(float)
@@ -662,7 +662,7 @@ def spec_phases(core) -> Phases:
     else:  # the dry run: no graphs on the CPU
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
     phases.wrap(model_runner, "verify_rows", "verify_rows (sampler + rejection)", stream=True)
-    if runner.sampler_graphs is not None:
+    if runner.sampler_graphs is not None and runner.accept is None:  # synthetic acceptance skips verification
         phases.wrap(runner.sampler_graphs, "run", "rejection sampler graph (fill + replay)", stream=True)
     phases.wrap(runner, "accept", "synthetic accept (device)")
     phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from refengine.model.cuda_graph_sizes import padded_batch_size
-from refengine.model.device import on_device, to_device
+from refengine.model.device import to_device
+from refengine.model.graph_capture import graph_capture
 
 
 class DraftGraphError(RuntimeError):
@@ -146,23 +148,11 @@ class DraftCudaGraphs:
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        # New streams and the capture use the thread's current device: make it the graphs' device.
-        with torch.inference_mode(), on_device(self.device):
+        with graph_capture(self.device) as capture:
             for padded in reversed(self.batch_sizes):
                 self._fill(padded, self._no_requests())
                 inputs = self._views(self._static, padded)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(2):  # compile kernels, create handles
-                        self.draft(inputs)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    drafts = self.draft(inputs)
-                self._graphs[padded] = _Graph(graph, drafts)
-        torch.cuda.synchronize(self.device)
+                self._graphs[padded] = _Graph(*capture(partial(self.draft, inputs)))
 
     # ---- replay --------------------------------------------------------------------------------
     def padded_size(self, num_seqs: int) -> int | None:

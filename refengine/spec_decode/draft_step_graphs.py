@@ -14,13 +14,14 @@ CPU test checks them against the eager proposal; capture and replay run only on 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.cuda_graph_sizes import padded_batch_size
-from refengine.model.device import on_device
+from refengine.model.graph_capture import graph_capture
 from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch
 
 if TYPE_CHECKING:
@@ -135,24 +136,12 @@ class DraftStepGraphs:
 
     # ---- capture and replay: a GPU only ---------------------------------------------------------
     def capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        # New streams and the capture use the thread's current device: make it the graphs' device.
-        with torch.inference_mode(), on_device(self.device):
+        with graph_capture(self.device) as capture:
             for padded in reversed(self.batch_sizes):
                 self._slots[: padded * self.q].fill_(-1)  # all padding while capturing: no KV is written
                 self._seq_lens.zero_()
                 self._limit.zero_()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(2):  # compile kernels, create handles
-                        self.step(padded)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    drafts = self.step(padded)
-                self._graphs[padded] = _Graph(graph, drafts)
-        torch.cuda.synchronize(self.device)
+                self._graphs[padded] = _Graph(*capture(partial(self.step, padded)))
 
     def run(self, batch: PaddedDraftBatch, limit: torch.Tensor) -> torch.Tensor:
         """[B, k] drafts of a step that can_run() accepted: a view of the graph's static output, valid

@@ -14,13 +14,14 @@ Capture needs attention that never reads device values on the host, i.e. the Tri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from refengine.model import attention
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.cuda_graph_sizes import default_batch_sizes, padded_batch_size
-from refengine.model.device import on_device
+from refengine.model.graph_capture import graph_capture
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.worker.device_inputs import DeviceInputs
@@ -116,24 +117,13 @@ class CudaGraphs:
     def capture(self) -> None:
         if attention.attention_implementation(self.model.kernels, self.device) != "triton":
             raise RuntimeError("CUDA graphs need the Triton attention backend (the reference reads metadata on the host)")
-        pool = torch.cuda.graph_pool_handle()
-        # New streams and the capture use the thread's current device: make it the graphs' device.
-        with torch.inference_mode(), on_device(self.device):
+        with graph_capture(self.device) as capture:
             for q in self.query_lens:
                 for padded in sorted(self.batch_sizes, reverse=True):
                     self._fill(q, padded)
-                    side = torch.cuda.Stream()
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        for _ in range(2):  # compile kernels, create handles
-                            self._forward(q, padded)
-                    torch.cuda.current_stream().wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        captured = self._forward(q, padded)
+                    graph, captured = capture(partial(self._forward, q, padded))
                     captured.graph = graph
                     self._graphs[(q, padded)] = captured
-        torch.cuda.synchronize(self.device)
 
     # ---- replay --------------------------------------------------------------------------------
     def padded_size(self, num_seqs: int, q: int) -> int | None:

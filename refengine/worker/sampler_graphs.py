@@ -13,10 +13,12 @@ the eager sampler; capture and replay run only on a GPU.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from refengine.model.cuda_graph_sizes import padded_batch_size
-from refengine.model.device import on_device
+from refengine.model.graph_capture import graph_capture
 from refengine.sample.metadata import SamplingMetadata
 from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata, rejection_sample
 
@@ -100,21 +102,10 @@ class RejectionSamplerGraphs:
     # No CPU test can reach them (`pytest -m gpu` checks them on a GPU), so mutation testing on the CPU
     # skips them, as it skips cuda_graphs.py.
     def capture(self) -> None:  # pragma: no mutate block
-        pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode(), on_device(self.device):
+        with graph_capture(self.device) as capture:
             for padded in reversed(self.batch_sizes):
                 for greedy in (True, False):
-                    side = torch.cuda.Stream()
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        for _ in range(2):  # compile kernels, create handles
-                            self.step(padded, greedy)
-                    torch.cuda.current_stream().wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        tokens = self.step(padded, greedy)
-                    self._graphs[(padded, greedy)] = (graph, tokens)
-        torch.cuda.synchronize(self.device)
+                    self._graphs[(padded, greedy)] = capture(partial(self.step, padded, greedy))
 
     def run(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata) -> torch.Tensor | None:  # pragma: no mutate block
         """[R, k + 1] tokens replayed for a step whose key() a captured graph has, else None (sample it
