@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow demo demo-report lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
+.PHONY: install test test-slow demo demo-report heads-report-gpu lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
 
 install: $(STAMP)
 
@@ -47,6 +47,16 @@ demo: install
 # The same job, regenerating the committed reports/demo.md and reports/demo/*.png.
 demo-report: install
 	DEMO_REPORT=reports/demo.md DEMO_PLOTS=reports/demo DEMO_TARGET=demo-report bash scripts/demo.sh
+
+# On a GPU host: SmolLM2 served with --device cuda, spec off, ngram and every trained head (k = 4, async), laddered
+# at c = 1..32 through HTTP on held-out ShareGPT conversations (no head trained on them), into reports/heads-gpu.md
+# and reports/heads-gpu/*.png. A host without a package registry runs the two commands after `install` by hand.
+HEADS_GPU_ARMS ?= refengine-off refengine-ngram refengine-eagle refengine-eagle3 refengine-mtp refengine-dflash
+heads-report-gpu: install
+	$(VENV)/bin/refengine export-prompts --out runs/sharegpt-prompts.jsonl.gz --held-out-sharegpt runs/held-out-sharegpt.json
+	DEMO_DEVICE=cuda DEMO_K=4 DEMO_MAX_NUM_SEQS=32 DEMO_C=1,2,4,8,16,32 DEMO_DATASET=sharegpt:runs/held-out-sharegpt.json \
+		DEMO_ARMS="$(HEADS_GPU_ARMS)" DEMO_RUNS=runs/heads-gpu DEMO_REPORT=reports/heads-gpu.md DEMO_PLOTS=reports/heads-gpu \
+		DEMO_TARGET=heads-report-gpu bash scripts/demo.sh
 
 lint: install
 	$(VENV)/bin/ruff check refengine ladder mutations tests

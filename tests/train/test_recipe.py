@@ -7,12 +7,14 @@ import json
 import pytest
 import torch
 
+from ladder.datasets import load_sharegpt
 from refengine.spec_decode.head_checkpoint import random_init, read_head_checkpoint
 from refengine.train.batches import collate
 from refengine.train.command import checkpoint_path, run_training
 from refengine.train.data import DistillSet
 from refengine.train.objectives import RECIPES, Shortlist, feature_names, hidden_head_loss
 from refengine.train.sharegpt import (
+    export_held_out_records,
     export_prompts,
     held_out_first_turns,
     is_held_out,
@@ -57,6 +59,15 @@ def test_split_is_by_conversation_and_the_file_round_trips(prompts_file, tmp_pat
     again = tmp_path / "again.jsonl.gz"
     export_prompts(sharegpt_prompts(RECORDS), again)
     assert again.read_bytes() == prompts_file.read_bytes()
+
+
+def test_held_out_conversations_export_as_a_sharegpt_file_the_ladder_reads(tmp_path):
+    """The GPU ladder's workload: only held-out conversations, whole, capped, in ShareGPT's own format."""
+    out = tmp_path / "held.json"
+    assert export_held_out_records(RECORDS, out, limit=2) == 2
+    dataset = load_sharegpt(out)
+    assert [r.text for r in dataset.requests] == [f"question {part} of {HELD}\u2028with a line separator" for part in (0, 1)]
+    assert export_held_out_records(RECORDS, out, limit=100) == 3  # every record of the held-out conversation
 
 
 def test_loss_scores_reply_tokens_only(tiny4):
