@@ -151,11 +151,14 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
     graphs = _cuda_graphs(args, model, kv_cache, config, drafter, device)
+    accept = None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
     sampler_graphs = None
     if graphs is not None and args.speculative_config is not None:
-        # The rejection sampler of a verify step, at the target's padded batch sizes.
+        # The rejection sampler of a verify step, at the target's padded batch sizes, with the runner's rule.
         spec = args.speculative_config
-        sampler_graphs = RejectionSamplerGraphs(model.config.vocab_size, spec.num_speculative_tokens, graphs.batch_sizes, device)
+        sampler_graphs = RejectionSamplerGraphs(
+            model.config.vocab_size, spec.num_speculative_tokens, graphs.batch_sizes, device, accept
+        )
         sampler_graphs.capture()
     input_batch = InputBatch(config.max_num_seqs, config.max_model_len, _max_blocks_per_req(config), config.block_size)
     runner = ModelRunner(
@@ -165,9 +168,7 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         drafter=drafter,
         cuda_graphs=graphs,
         sampler_graphs=sampler_graphs,
-        accept=(
-            None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
-        ),
+        accept=accept,
         tp_group=tp_group,
         num_lookahead_slots=config.num_lookahead_tokens,
     )

@@ -21,6 +21,7 @@ accepted emits its bonus row's own sample. p is always the processed distributio
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,6 +35,18 @@ PLACEHOLDER_TOKEN_ID = -1
 
 # (drafts [R, W], target samples at their rows [R, W]) -> [R] accepted drafts of each request.
 AcceptRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepAcceptRule(Protocol):
+    """A rule that replaces verification's acceptance for speed studies (synthetic_acceptance.py)."""
+
+    def __call__(
+        self, drafts: torch.Tensor, targets: torch.Tensor, key_words: torch.Tensor, first_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """[R] accepted drafts of each row, from its [R, width] drafts (padded with -1), the targets at
+        their positions, its request's key word and the position its first draft decides, on their
+        device."""
+        ...
 
 
 def accept_matching_prefix(drafts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

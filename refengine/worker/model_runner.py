@@ -30,7 +30,7 @@ from refengine.distributed.parallel_state import TPGroup
 from refengine.model.device import on_device, to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import Transformer
-from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, StepAcceptRule
 from refengine.spec_decode.proposer import Proposer
 from refengine.worker.async_output import AsyncModelRunnerOutput
 from refengine.worker.cuda_graphs import CudaGraphs
@@ -43,7 +43,7 @@ from refengine.worker.request_state import CachedRequestState
 from refengine.worker.sampler_graphs import RejectionSamplerGraphs
 from refengine.worker.step_frame import StepFrame
 from refengine.worker.step_rows import ExecutedBatch, FedDrafts, ScheduledRow
-from refengine.worker.verify_step import StepAcceptRule, token_logprobs, verify_rows
+from refengine.worker.verify_step import token_logprobs, verify_rows
 
 
 class ModelRunner:

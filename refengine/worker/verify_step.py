@@ -8,7 +8,6 @@ Invariant numbers refer to docs/invariants.md.
 import dataclasses
 import functools
 from collections.abc import Mapping
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -18,6 +17,7 @@ from refengine.model.device import to_device
 from refengine.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     SpecDecodeMetadata,
+    StepAcceptRule,
     accept_matching_prefix,
     draft_row_masks,
     rejection_sample,
@@ -37,18 +37,6 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> 
         pairs = [] if top is None else [(int(i), float(v)) for v, i in zip(top.values, top.indices, strict=True)]
         out.append(TokenLogprobs(token, float(row[token]), pairs))
     return out
-
-
-class StepAcceptRule(Protocol):
-    """A rule that replaces verification's acceptance for speed studies (synthetic_acceptance.py)."""
-
-    def __call__(
-        self, drafts: torch.Tensor, targets: torch.Tensor, key_words: torch.Tensor, first_positions: torch.Tensor
-    ) -> torch.Tensor:
-        """[R] accepted drafts of each row, from its [R, width] drafts (padded with -1), the targets at
-        their positions, its request's key word and the position its first draft decides, on their
-        device."""
-        ...
 
 
 def draft_matrix(
@@ -108,7 +96,7 @@ def verify_rows(
     )
     if fed is not None:
         spec = dataclasses.replace(spec, draft_token_ids=draft_matrix(rows, drafts_by_req, fed, device))
-    if accept_rule is None and sampler_graphs is not None:
+    if sampler_graphs is not None:  # they hold the runner's accept rule
         # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
         tokens = sampler_graphs.run(logits, metadata, spec)  # pragma: no mutate
         if tokens is not None:  # pragma: no mutate

@@ -169,11 +169,22 @@ def test_drafter_step_graphs_replay_the_eager_drafters_tokens(method):
     assert runner.sampler_graphs.num_replays > 0
 
 
-def test_sampler_graphs_replay_seeded_verification_as_eager():
-    """Seeded rows at temperature > 0 with k = 3 drafts: the replayed rejection sampler emits the eager
-    one's tokens (counter-based draws keyed by request and position, the same on either path)."""
+# Steps of every sampler graph variant: seeded rows, top-k and top-p, (row, token) masks (stop tokens
+# below min_tokens), and greedy rows under the same masks.
+SAMPLER_STEPS = {
+    "seeded": dict(temperature=0.9),
+    "top-k and top-p": dict(temperature=1.0, top_k=5, top_p=0.8),
+    "masked": dict(temperature=0.9, min_tokens=20, stop_token_ids=[3, 5, 7, 11, 13]),
+    "greedy masked": dict(temperature=0.0, min_tokens=20, stop_token_ids=[3, 5, 7, 11, 13]),
+}
+
+
+@pytest.mark.parametrize("step", SAMPLER_STEPS, ids=list(SAMPLER_STEPS))
+def test_sampler_graphs_replay_verification_as_eager(step):
+    """Rows of each variant with k = 3 drafts: the replayed rejection sampler emits the eager one's tokens
+    (counter-based draws keyed by request and position, the same on either path)."""
     loaded = tiny(Numerics.BATCH_INVARIANT)
-    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
+    params = [SamplingParams(seed=i, max_tokens=24, ignore_eos=True, **SAMPLER_STEPS[step]) for i in range(len(PROMPTS))]
     outs = {}
     for graphs in (False, True):
         llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
