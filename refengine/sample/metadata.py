@@ -125,6 +125,40 @@ class SamplingMetadata:
             num_bitmask_rows=len(bitmask_rows),
         )
 
+    @classmethod
+    def unmasked(
+        cls,
+        *,
+        temperature: torch.Tensor,
+        top_p: torch.Tensor,
+        top_k: torch.Tensor,
+        key_words: torch.Tensor,
+        positions: torch.Tensor,
+        all_greedy: bool,
+        any_top_k: bool,
+        any_top_p: bool,
+    ) -> "SamplingMetadata":
+        """Rows without (row, token) pairs or grammar masks, their seeds hashed on their device from
+        `key_words` and `positions`: a CUDA graph's static rows, which apply their masks before sampling."""
+        none = torch.zeros(0, dtype=torch.int64, device=temperature.device)
+        return cls(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seeds=rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE),
+            key_words=key_words,
+            positions=positions,
+            masked_rows=none,
+            masked_token_ids=none,
+            bitmask_rows=none,
+            token_bitmask=torch.zeros(0, 0, dtype=torch.int32, device=temperature.device),
+            all_greedy=all_greedy,
+            any_top_k=any_top_k,
+            any_top_p=any_top_p,
+            num_masked=0,
+            num_bitmask_rows=0,
+        )
+
     def at_positions(self, positions: torch.Tensor) -> "SamplingMetadata":
         """The same rows deciding `positions` (on the device, computed there: a step's exact positions
         under async speculative decoding), their seeds hashed there too."""

@@ -73,14 +73,13 @@ class RejectionSamplerGraphs:
         self._masked = torch.zeros(rows, vocab_size, dtype=torch.bool, device=device)
         self._temperature = torch.zeros(rows, dtype=torch.float32, device=device)
         self._top_p = torch.ones(rows, dtype=torch.float32, device=device)
-        self._top_k, self._seeds, self._key_words, self._positions = (
-            torch.zeros(rows, dtype=torch.int64, device=device) for _ in range(4)
+        self._top_k, self._key_words, self._positions = (
+            torch.zeros(rows, dtype=torch.int64, device=device) for _ in range(3)
         )
         self._drafts = torch.full((b, self.k), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
         # Request r's rows are r * q .. r * q + k, in every verify step of this shape.
         self._index = torch.arange(rows, device=device).view(b, self.q)
         self._num_drafts = torch.full((b,), self.k, dtype=torch.int64, device=device)
-        self._none = torch.zeros(0, dtype=torch.int64, device=device)
         self._graphs: dict[SamplerGraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = 0
 
@@ -100,9 +99,18 @@ class RejectionSamplerGraphs:
         masked = bool(md.num_masked or md.num_bitmask_rows)
         return SamplerGraphKey(padded, greedy, masked, md.any_top_k and not greedy, md.any_top_p and not greedy)
 
-    def fill(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, key: SamplerGraphKey) -> None:
+    def fill(
+        self,
+        logits: torch.Tensor,
+        md: SamplingMetadata,
+        spec: SpecDecodeMetadata,
+        key: SamplerGraphKey,
+        positions: torch.Tensor | None = None,
+    ) -> None:
         """The step's logits, row parameters, masks and drafts into the static buffers, device to device;
-        rows past them up to `key.padded` requests become greedy padding (whatever an earlier step left)."""
+        rows past them up to `key.padded` requests become greedy padding (whatever an earlier step left).
+        `positions`, when given, are the exact positions the rows decide (computed on the device under
+        async speculative decoding), in place of the metadata's."""
         num_seqs = spec.draft_token_ids.shape[0]
         rows, padded_rows = num_seqs * self.q, key.padded * self.q
         for static, value, pad in (
@@ -110,9 +118,8 @@ class RejectionSamplerGraphs:
             (self._temperature, md.temperature, 0),
             (self._top_p, md.top_p, 1),
             (self._top_k, md.top_k, 0),
-            (self._seeds, md.seeds, 0),
             (self._key_words, md.key_words, 0),
-            (self._positions, md.positions, 0),
+            (self._positions, md.positions if positions is None else positions, 0),
         ):
             static[:rows].copy_(value)
             static[rows:padded_rows].fill_(pad)
@@ -129,26 +136,19 @@ class RejectionSamplerGraphs:
     def step(self, key: SamplerGraphKey) -> torch.Tensor:
         """[padded, k + 1] tokens from the static buffers: the eager sampler's code, tensor ops only."""
         rows = key.padded * self.q
-        none = self._none
         logits = self._logits[:rows]
         if key.masked:  # what apply_masks does to the pairs and the grammar rows, from the dense mask
             logits = logits.masked_fill(self._masked[:rows], MASKED_LOGIT)
-        md = SamplingMetadata(
+        # The seeds are hashed inside the graph from the exact positions, as the eager path's at_positions.
+        md = SamplingMetadata.unmasked(
             temperature=self._temperature[:rows],
             top_p=self._top_p[:rows],
             top_k=self._top_k[:rows],
-            seeds=self._seeds[:rows],
             key_words=self._key_words[:rows],
             positions=self._positions[:rows],
-            masked_rows=none,
-            masked_token_ids=none,
-            bitmask_rows=none,
-            token_bitmask=torch.zeros(0, 0, dtype=torch.int32, device=self.device),
             all_greedy=key.greedy,
             any_top_k=key.top_k,
             any_top_p=key.top_p,
-            num_masked=0,
-            num_bitmask_rows=0,
         )
         index = self._index[: key.padded]
         spec = SpecDecodeMetadata(self._drafts[: key.padded], self._num_drafts[: key.padded], index)
@@ -170,13 +170,15 @@ class RejectionSamplerGraphs:
                     key = SamplerGraphKey(padded, *variant)
                     self._graphs[key] = capture(partial(self.step, key))
 
-    def run(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata) -> torch.Tensor | None:  # pragma: no mutate block
+    def run(  # pragma: no mutate block
+        self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, positions: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """[R, k + 1] tokens replayed for a step whose key() a captured graph has, else None (sample it
         eagerly): a view of the graph's static output, valid until the next replay."""
         key = self.key(logits, md, spec)
         if key not in self._graphs:
             return None
-        self.fill(logits, md, spec, key)
+        self.fill(logits, md, spec, key, positions)
         graph, tokens = self._graphs[key]
         graph.replay()
         self.num_replays += 1

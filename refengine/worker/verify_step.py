@@ -89,18 +89,18 @@ def verify_rows(
     device = logits.device
     bitmask_rows, bitmask = grammar_rows(rows, drafts_by_req, grammar_output)
     metadata = input_batch.sampling_metadata(batch_rows, host_positions, masked, device, bitmask_rows, bitmask)
-    if positions is not None:
-        metadata = metadata.at_positions(positions)
     spec = SpecDecodeMetadata.build(
         [drafts_by_req[r.state.req_id] for r in rows], [r.first_logits_row for r in rows], device
     )
     if fed is not None:
         spec = dataclasses.replace(spec, draft_token_ids=draft_matrix(rows, drafts_by_req, fed, device))
-    if sampler_graphs is not None:  # they hold the runner's accept rule
+    if sampler_graphs is not None:  # they hold the runner's accept rule and hash the seeds of `positions`
         # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
-        tokens = sampler_graphs.run(logits, metadata, spec)  # pragma: no mutate
+        tokens = sampler_graphs.run(logits, metadata, spec, positions)  # pragma: no mutate
         if tokens is not None:  # pragma: no mutate
             return tokens
+    if positions is not None:
+        metadata = metadata.at_positions(positions)
     accept = accept_matching_prefix
     if accept_rule is not None:
         first_rows = spec.target_logits_indices[:, 0]

@@ -78,3 +78,27 @@ def test_at_positions_moves_each_row_to_its_position_and_rehashes_its_seed():
     moved = SamplingMetadata.build(params, [3, 4], [[], []], CPU).at_positions(torch.tensor([10, 2**33]))
     assert moved.positions.tolist() == [10, 2**33]
     assert moved.seeds.tolist() == [rng.row_seed(5, 10, rng.STREAM_SAMPLE), rng.row_seed(2**40 + 9, 2**33, rng.STREAM_SAMPLE)]
+
+
+def test_unmasked_rows_carry_no_mask_and_hash_their_seeds():
+    """A CUDA graph's static rows: every field is the one given, the seeds are those of build (hashed
+    from the same keys and positions), and no pair or grammar row is left to apply."""
+    params = [RowParams(0.7, 3, 0.9, 0, (), (), rng_key=5), RowParams(0.0, 0, 1.0, 0, (), (), rng_key=2**40 + 9)]
+    built = SamplingMetadata.build(params, [3, 2**33], [[], []], CPU)
+    rows = SamplingMetadata.unmasked(
+        temperature=built.temperature, top_p=built.top_p, top_k=built.top_k, key_words=built.key_words,
+        positions=built.positions, all_greedy=False, any_top_k=True, any_top_p=True,
+    )
+    for name in ("temperature", "top_p", "top_k", "key_words", "positions"):
+        assert getattr(rows, name) is getattr(built, name)
+    assert torch.equal(rows.seeds, built.seeds)
+    assert (rows.all_greedy, rows.any_top_k, rows.any_top_p) == (False, True, True)
+    assert rows.num_masked == rows.num_bitmask_rows == 0
+    for name in ("masked_rows", "masked_token_ids", "bitmask_rows"):
+        assert getattr(rows, name).shape == (0,) and getattr(rows, name).dtype == torch.int64
+    assert rows.token_bitmask.shape == (0, 0) and rows.token_bitmask.dtype == torch.int32
+    greedy = SamplingMetadata.unmasked(
+        temperature=built.temperature, top_p=built.top_p, top_k=built.top_k, key_words=built.key_words,
+        positions=built.positions, all_greedy=True, any_top_k=False, any_top_p=False,
+    )
+    assert (greedy.all_greedy, greedy.any_top_k, greedy.any_top_p) == (True, False, False)

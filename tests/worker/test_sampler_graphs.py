@@ -65,7 +65,7 @@ def test_the_filled_step_samples_as_the_eager_sampler_and_pads_with_nothing(temp
     assert (tokens[:3, 1:] >= 0).any()  # some draft was accepted: the comparison covers acceptance
     assert tokens[3].tolist() == [0] + [-1] * K  # zero logits, greedy, every draft -1: token 0 alone
     # Nothing is captured on the CPU: a step asks for a replay and samples eagerly.
-    assert graphs.run(logits, md, spec) is None
+    assert graphs.run(logits, md, spec, None) is None
 
 
 # Each variant's step: (row, token) masks on draft rows and a bonus row (on their argmax, so that they
@@ -117,6 +117,19 @@ def test_a_synthetic_accept_rule_is_the_graphs_as_the_runners():
     synthetic = rejection_sample(logits, md, spec, accept)
     assert torch.equal(_filled(graphs, logits, md, spec)[:3], synthetic)
     assert not torch.equal(synthetic, rejection_sample(logits, md, spec))  # the rule accepted otherwise
+
+
+def test_exact_device_positions_hash_the_seeds_the_eager_path_hashes():
+    """Under async speculative decoding the rows' exact positions come from the device: the graph hashes
+    their seeds inside, as the eager path's at_positions does, instead of the host's optimistic ones."""
+    graphs = RejectionSamplerGraphs(VOCAB, K, [4], torch.device("cpu"))
+    logits, md, spec = _step(3, 1.0, seed=9)
+    exact = md.positions - 2  # two drafts of the previous step were rejected
+    key = graphs.key(logits, md, spec)
+    graphs.fill(logits, md, spec, key, positions=exact)
+    moved = rejection_sample(logits, md.at_positions(exact), spec)
+    assert torch.equal(graphs.step(key)[:3], moved)
+    assert not torch.equal(moved, rejection_sample(logits, md, spec))  # the positions decide the draws
 
 
 def test_drafts_with_probabilities_are_left_to_the_eager_sampler():
