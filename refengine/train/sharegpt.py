@@ -77,7 +77,7 @@ def held_out_first_turns(path: Path, num: int) -> list[ChatPrompt]:
     return list(firsts.values())[:num]
 
 
-def export_held_out_records(records, out: Path, limit: int) -> int:
+def export_held_out_records(records: list[object], out: Path, limit: int) -> int:
     """Write the first `limit` held-out conversations whole, as a ShareGPT JSON array (`ladder run
     --dataset sharegpt:OUT` reads it): prompts that no trained head saw. Returns how many were written."""
     held = [r for r in records if isinstance(r, dict) and is_held_out(conversation_of(str(r.get("id", ""))))]

@@ -170,9 +170,7 @@ class RejectionSamplerGraphs:
                     key = SamplerGraphKey(padded, *variant)
                     self._graphs[key] = capture(partial(self.step, key))
 
-    def run(  # pragma: no mutate block
-        self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, positions: torch.Tensor | None
-    ) -> torch.Tensor | None:
+    def run(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, positions: torch.Tensor | None) -> torch.Tensor | None:  # pragma: no mutate block
         """[R, k + 1] tokens replayed for a step whose key() a captured graph has, else None (sample it
         eagerly): a view of the graph's static output, valid until the next replay."""
         key = self.key(logits, md, spec)

@@ -102,3 +102,15 @@ def test_unmasked_rows_carry_no_mask_and_hash_their_seeds():
         positions=built.positions, all_greedy=True, any_top_k=False, any_top_p=False,
     )
     assert (greedy.all_greedy, greedy.any_top_k, greedy.any_top_p) == (True, False, False)
+
+
+def test_unmasked_rows_keep_their_empty_masks_on_the_rows_device():
+    """On the rows' own device (a "meta" device stands in for a GPU here), never the default one."""
+    meta = torch.device("meta")
+    ints, floats = torch.zeros(4, dtype=torch.int64, device=meta), torch.zeros(4, device=meta)
+    rows = SamplingMetadata.unmasked(
+        temperature=floats, top_p=floats, top_k=ints, key_words=ints, positions=ints,
+        all_greedy=False, any_top_k=False, any_top_p=False,
+    )
+    for name in ("seeds", "masked_rows", "masked_token_ids", "bitmask_rows", "token_bitmask"):
+        assert getattr(rows, name).device == meta, name
