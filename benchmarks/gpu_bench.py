@@ -662,9 +662,10 @@ def spec_phases(core) -> Phases:
     else:  # the dry run: no graphs on the CPU
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
     phases.wrap(model_runner, "verify_rows", "verify_rows (sampler + rejection)", stream=True)
-    if runner.sampler_graphs is not None and runner.accept is None:  # synthetic acceptance skips verification
+    if runner.sampler_graphs is not None:  # the synthetic rule replays inside the sampler's graph
         phases.wrap(runner.sampler_graphs, "run", "rejection sampler graph (fill + replay)", stream=True)
-    phases.wrap(runner, "accept", "synthetic accept (device)")
+    else:  # the dry run: the rule runs eagerly
+        phases.wrap(runner, "accept", "synthetic accept (device)")
     phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
     phases.wrap(drafter.network, "forward", "drafter network.forward (eager pass 1; 2..k too when eager)", stream=True)
     phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True)

@@ -71,17 +71,23 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return allowed[:, :vocab_size]
 
 
+def mark_forbidden(out: torch.Tensor, md: SamplingMetadata, value: float | bool) -> None:
+    """Write `value` into [N, V] `out` wherever the metadata's (row, token) pairs and its grammar rows
+    forbid a token: -inf into logits (apply_masks), True into a dense mask (a rejection sampler graph's)."""
+    if md.num_masked:
+        out[md.masked_rows, md.masked_token_ids] = value
+    if md.num_bitmask_rows:
+        allowed = unpack_bitmask(md.token_bitmask, out.shape[1])
+        out[md.bitmask_rows] = out[md.bitmask_rows].masked_fill(~allowed, value)
+
+
 def apply_masks(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """[N, V] logits with the metadata's (row, token) pairs and its grammar rows' forbidden tokens set
     to -inf: one path on every device, with nothing read back to the host."""
     if not md.num_masked and not md.num_bitmask_rows:
         return logits
     out = logits.clone()
-    if md.num_masked:
-        out[md.masked_rows, md.masked_token_ids] = MASKED_LOGIT
-    if md.num_bitmask_rows:
-        allowed = unpack_bitmask(md.token_bitmask, out.shape[1])
-        out[md.bitmask_rows] = out[md.bitmask_rows].masked_fill(~allowed, MASKED_LOGIT)
+    mark_forbidden(out, md, MASKED_LOGIT)
     return out
 
 

@@ -34,7 +34,7 @@ from refengine.sample.rejection_sampler import (
     accept_matching_prefix,
     rejection_sample,
 )
-from refengine.sample.sampler import MASKED_LOGIT, unpack_bitmask
+from refengine.sample.sampler import MASKED_LOGIT, mark_forbidden
 
 
 @dataclass(frozen=True)
@@ -125,11 +125,7 @@ class RejectionSamplerGraphs:
             static[rows:padded_rows].fill_(pad)
         if key.masked:
             self._masked[:padded_rows].zero_()
-            if md.num_masked:
-                self._masked[md.masked_rows, md.masked_token_ids] = True
-            if md.num_bitmask_rows:
-                allowed = unpack_bitmask(md.token_bitmask, self._masked.shape[1])
-                self._masked[md.bitmask_rows] = self._masked[md.bitmask_rows] | ~allowed
+            mark_forbidden(self._masked, md, True)
         self._drafts[:num_seqs].copy_(spec.draft_token_ids)
         self._drafts[num_seqs : key.padded].fill_(PLACEHOLDER_TOKEN_ID)
 
