@@ -14,7 +14,7 @@ would start past the budget is skipped and recorded as such):
               greedy, ignore_eos) at c = 1, 8, 32, async and sync alternating, with a 2048-token budget
               and with every prompt prefilled in one step
   gpu_idle    GPU idle time under async from a profiler trace: all of it, and between consecutive steps
-  async_ab    EAGLE drafter (random head) k = 4 with SYNTHETIC acceptance, async on vs off, c = 1 and 8
+  async_ab    EAGLE drafter (random head) k = 4 with SYNTHETIC acceptance, async on vs off, c = 1, 8 and 32
   spec_profile  that EAGLE step at c = 1 and 8 (async, acceptance 0.7, 16 in / 64 out), phase by phase: host
               ms, host waits on the device and device stream ms per step, device busy and idle from a trace
   hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
@@ -525,7 +525,7 @@ def engine_section(bench: Bench) -> None:
 def async_ab(bench: Bench) -> None:
     loaded = get_qwen8b()
     spec = SpeculativeConfig("eagle", 4)
-    for c in (1, 8):
+    for c in (1, 8, 32):  # the three targets: 0.5x, 0.6x, 0.8x no-spec async
         for repeat, order in ((1, (False, True)), (2, (True, False)), (3, (False, True))):
             for on in order:
                 engine_run(bench, loaded, c,
