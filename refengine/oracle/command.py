@@ -171,8 +171,9 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
 @click.argument("slices", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", default=str(REPORT_PATH), show_default=True, type=click.Path(dir_okay=False, path_type=Path))
 def merge_command(slices: tuple[Path, ...], out: Path) -> None:
-    """Combine the JSON slices of `oracle --write-report --report ...` runs (one per --c slice) into one
-    report. Exits 1 if any slice has a failed arm, 2 if the slices are not one matrix."""
+    """Combine the JSON slices of `oracle --write-report --report ...` runs (one per --c slice, or per
+    --methods part of one c) into one report. Exits 1 if any slice has a failed arm, 2 if the slices are not
+    one matrix."""
     try:
         reports = [SliceReport.from_json(path.read_text()) for path in slices]
         text = render(reports)

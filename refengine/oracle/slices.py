@@ -1,14 +1,17 @@
 """reports/oracle.md from one or more oracle runs ("slices"). A run on a GPU host is capped in time, so
-the matrix runs in `--c` slices; each writes its verdict tables and counts as JSON beside its markdown,
-and `refengine oracle merge` renders the slices as one report, with a log line per slice."""
+the matrix runs in `--c` slices, and a c too slow for one run in `--methods` parts of it; each writes its
+verdict tables and counts as JSON beside its markdown, and `refengine oracle merge` renders the slices as
+one report, with a log line per slice. A part's tables and log line name its methods."""
 
 import collections
 import json
 from dataclasses import asdict, dataclass
 
 from refengine.oracle import structured
+from refengine.oracle.arms import METHODS
 
-# What every slice of one report must share; the slices differ only in c (and where they ran).
+# What every slice of one report must share; the slices differ only in c (and where they ran), except that
+# the slices at one c may split the methods between them.
 SHARED = ("model", "methods", "k", "num_prompts", "max_tokens", "temperature", "seed", "variants", "structured", "prefix_cache")
 
 
@@ -65,16 +68,53 @@ def summary(labels: dict[str, int], elapsed_s: float) -> str:
     return f"{failed} failed arm(s) of {sum(labels.values())} ({counts}) in {elapsed_s:.0f} s"
 
 
+# The oracle's default --methods, whose order a merged report lists methods and a c's parts in.
+CANONICAL_METHODS = ("none", *METHODS)
+
+
+def _methods(s: SliceReport) -> set[str]:
+    names = set(s.methods.split(", "))
+    unknown = names - set(CANONICAL_METHODS)
+    if unknown:
+        raise SliceMismatchError(f"unknown methods {', '.join(sorted(unknown))}")
+    return names
+
+
+def _in_order(names: set[str]) -> list[str]:
+    return [m for m in CANONICAL_METHODS if m in names]
+
+
+def _matrix_methods(slices: list[SliceReport], cs: list[int]) -> list[str]:
+    """The union of the slices' methods, after checking that every c's slices split it between them."""
+    matrix = set().union(*map(_methods, slices))
+    for c in cs:
+        covered: set[str] = set()
+        for s in slices:
+            if c not in s.concurrency:
+                continue
+            shared = covered & _methods(s)
+            if shared:
+                raise SliceMismatchError(f"two slices ran the same c (c = {c}, methods {', '.join(_in_order(shared))})")
+            covered |= _methods(s)
+        if covered != matrix:
+            raise SliceMismatchError(f"c = {c} lacks methods {', '.join(_in_order(matrix - covered))}")
+    return _in_order(matrix)
+
+
 def render(slices: list[SliceReport]) -> str:
-    """One report: the shared header, a log line per slice, then every table in (c, greedy first) order."""
+    """One report: the shared header, a log line per slice, then every table in (c, greedy first, methods)
+    order."""
     first = slices[0]
     for s in slices[1:]:
-        differing = [f for f in SHARED if getattr(s, f) != getattr(first, f)]
+        differing = [f for f in SHARED if f != "methods" and getattr(s, f) != getattr(first, f)]
         if differing:
             raise SliceMismatchError(f"slices differ in {', '.join(differing)}; they are not one matrix")
     cs = sorted({c for s in slices for c in s.concurrency})
-    if len(cs) != sum(len(s.concurrency) for s in slices):
-        raise SliceMismatchError("two slices ran the same c")
+    methods = _matrix_methods(slices, cs)
+    # A part (a slice with some of the methods) names its methods; a c's parts sort by their first method.
+    parts = [_in_order(_methods(s)) for s in slices]
+    named = [", ".join(p) if len(p) < len(methods) else None for p in parts]
+    rank = [CANONICAL_METHODS.index(p[0]) for p in parts]
     labels = collections.Counter[str]()
     for s in slices:
         labels.update(s.labels)
@@ -92,20 +132,33 @@ def render(slices: list[SliceReport]) -> str:
         "# Token-identity oracle\n\n"
         f"Written by `refengine oracle --write-report` ({len(slices)} slice(s), merged by `refengine oracle merge`"
         f" where more than one) at commit(s) {', '.join(commits)}.\n\n"
-        f"- model: {first.model}; methods: {first.methods}; k = {first.k}; c = {', '.join(map(str, cs))}\n"
+        f"- model: {first.model}; methods: {', '.join(methods)}; k = {first.k}; c = {', '.join(map(str, cs))}\n"
         f"- {first.num_prompts} prompts x {first.max_tokens} tokens (ignore_eos); {passes}; {scope}\n"
         f"{RULES}\n"
         f"**Result: {summary(dict(labels), elapsed)}.**\n\n"
         "## Log summary\n\n"
         + "".join(
-            f"- c = {', '.join(map(str, s.concurrency))}: {summary(s.labels, s.elapsed_s)}; {s.date}, commit {s.commit}; "
-            f"{s.host}\n"
-            for s in sorted(slices, key=lambda s: s.concurrency)
+            f"- c = {', '.join(map(str, s.concurrency))}{f' (methods {named[i]})' if named[i] else ''}: "
+            f"{summary(s.labels, s.elapsed_s)}; {s.date}, commit {s.commit}; {s.host}\n"
+            for i, s in sorted(enumerate(slices), key=lambda e: (e[1].concurrency, rank[e[0]]))
         )
         + "\n"
     )
-    sections = sorted((sec for s in slices for sec in s.sections), key=lambda sec: (sec.concurrency, sec.temperature))
-    return header + "\n".join(sec.markdown for sec in sections)
+    tables = [
+        ((sec.concurrency, sec.temperature, rank[i]), _heading_with(sec.markdown, named[i]))
+        for i, s in enumerate(slices)
+        for sec in s.sections
+    ]
+    # Sorted on the key alone, so that tables with one key keep their slice's order.
+    return header + "\n".join(markdown for _, markdown in sorted(tables, key=lambda t: t[0]))
+
+
+def _heading_with(markdown: str, methods: str | None) -> str:
+    """The table with "; methods: ..." after its "### title" heading where it is a part's."""
+    if methods is None:
+        return markdown
+    heading, rest = markdown.split("\n", 1)
+    return f"{heading}; methods: {methods}\n{rest}"
 
 
 RULES = (
