@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow demo demo-report heads-report-gpu lint oracle oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
+.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
 
 install: $(STAMP)
 
@@ -37,6 +37,18 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m "slow and not gpu"
 
+# On a GPU host: the tests that need CUDA (graph capture and replay against eager runs, the zero-bubble step,
+# the GPU oracle); the two-GPU ones skip on one GPU.
+test-gpu: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m gpu tests/gpu
+
+# On a GPU host: random qwen3-8b bf16 through LLM.generate (no-spec TPOT async and sync, GPU idle, EAGLE k = 4 with
+# synthetic acceptance async against sync at c = 1, 8, 32, the spec step's profile) into reports/gpu-h200/
+# (gpu_bench.json and the trace summaries), which reports/gpu-h200.md quotes. About 4 minutes on one H200.
+gpu-report: install
+	PYTHONPATH=. $(PY) benchmarks/gpu_bench.py --out reports/gpu-h200 --budget-s 470 --commit $$(git rev-parse --short HEAD) \
+		--only engine,gpu_idle,async_ab,spec_profile
+
 # The main job: the embedded SmolLM2 laddered on ShareGPT prompts on refengine (spec off, ngram, eagle) and llama.cpp,
 # then `ladder compare` into runs/demo/report.md and runs/demo/plots/*.png (gitignored: the tree stays clean).
 demo: install
@@ -50,11 +62,11 @@ demo-report: install
 
 # On a GPU host: SmolLM2 served with --device cuda, spec off, ngram and every trained head (k = 4, async), laddered
 # at c = 1..32 through HTTP on held-out ShareGPT conversations (no head trained on them), into reports/heads-gpu.md
-# and reports/heads-gpu/*.png. A host without a package registry runs the two commands after `install` by hand.
+# and reports/heads-gpu/*.png (12·c prompts per rung; about 6 minutes on an H200). A host without a package registry runs the two commands after `install` by hand.
 HEADS_GPU_ARMS ?= refengine-off refengine-ngram refengine-eagle refengine-eagle3 refengine-mtp refengine-dflash
 heads-report-gpu: install
 	$(VENV)/bin/refengine export-prompts --out runs/sharegpt-prompts.jsonl.gz --held-out-sharegpt runs/held-out-sharegpt.json
-	DEMO_DEVICE=cuda DEMO_K=4 DEMO_MAX_NUM_SEQS=32 DEMO_C=1,2,4,8,16,32 DEMO_DATASET=sharegpt:runs/held-out-sharegpt.json \
+	DEMO_DEVICE=cuda DEMO_K=4 DEMO_MAX_NUM_SEQS=32 DEMO_C=1,2,4,8,16,32 DEMO_PROMPTS=12 DEMO_DATASET=sharegpt:runs/held-out-sharegpt.json \
 		DEMO_ARMS="$(HEADS_GPU_ARMS)" DEMO_RUNS=runs/heads-gpu DEMO_REPORT=reports/heads-gpu.md DEMO_PLOTS=reports/heads-gpu \
 		DEMO_TARGET=heads-report-gpu bash scripts/demo.sh
 
@@ -75,6 +87,18 @@ ORACLE_REPORT ?= reports/oracle.md
 # `refengine oracle merge reports/oracle-slices/*.json --out reports/oracle.md`.
 oracle: install
 	$(VENV)/bin/refengine oracle --model smollm2 --c $(ORACLE_C) --prompts 8 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) --write-report --report $(ORACLE_REPORT)
+
+# On a GPU host: the oracle matrix on random qwen3-0.6b in fp32 batch-invariant mode, every method, greedy and seeded,
+# with chunked prefill, preemption and bad_words: c = 1, 4 and 8 on 8 prompts (merged into
+# reports/oracle-gpu-qwen3-0.6b.md) and c = 32 on 32 prompts (its own slice). About 12 minutes on one H200.
+ORACLE_GPU_DIR := reports/oracle-gpu-qwen3-0.6b
+ORACLE_GPU := $(VENV)/bin/refengine oracle --model random:qwen3-0.6b --max-tokens 12 --no-structured --prefix-cache off \
+	--jobs $(ORACLE_JOBS) --device cuda:0 --write-report
+oracle-gpu: install
+	$(ORACLE_GPU) --c 1 --prompts 8 --report $(ORACLE_GPU_DIR)/c1.md
+	$(ORACLE_GPU) --c 4,8 --prompts 8 --report $(ORACLE_GPU_DIR)/c4-8.md
+	$(ORACLE_GPU) --c 32 --prompts 32 --report $(ORACLE_GPU_DIR)/c32.md
+	$(VENV)/bin/refengine oracle merge $(ORACLE_GPU_DIR)/c1.json $(ORACLE_GPU_DIR)/c4-8.json --out reports/oracle-gpu-qwen3-0.6b.md
 
 # The full oracle matrix at tensor-parallel size 2 (every engine method and variant, c = 1 and 4; the teacher
 # methods replace one rank's drafter and are left out): on tiny-qwen3 on the CPU (gloo; each job runs two
