@@ -21,7 +21,15 @@ from rich.table import Table
 
 from mutations.catalogue import CatalogueError, load_catalogue
 from mutations.clean_run import CleanRunError, load_clean_run
-from mutations.gate import STATS_PATH, GateError, evaluate, load_stats, load_threshold, run_mutmut
+from mutations.gate import (
+    STATS_PATH,
+    GateError,
+    evaluate,
+    export_scoped_stats,
+    load_stats,
+    load_threshold,
+    run_mutmut,
+)
 from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
@@ -281,6 +289,12 @@ def restore(ctx: Context, force: bool) -> None:
 @click.option("--run", "run_first", is_flag=True, help="First do a fresh `mutmut run` + `export-cicd-stats`.")
 @click.option("--max-children", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--timeout-seconds", type=click.FloatRange(min=1), default=None, help="Wall limit for mutmut.")
+@click.option(
+    "--scope",
+    multiple=True,
+    help="A file glob within mutmut's selection (e.g. 'refengine/sample/*'); repeatable. Only its mutants run "
+    "and the score covers them alone. With no --run, the stats are recomputed over it from mutants/.",
+)
 @pass_context
 def gate(
     ctx: Context,
@@ -289,6 +303,7 @@ def gate(
     run_first: bool,
     max_children: int,
     timeout_seconds: float | None,
+    scope: tuple[str, ...],
 ) -> None:
     """The mutmut gate: strict score killed/(everything but skipped) against the threshold in the repo."""
     try:
@@ -296,10 +311,15 @@ def gate(
     except GateError as exc:
         raise ConfigError(str(exc)) from exc
     if run_first:
-        failure = run_mutmut(ctx.root, max_children, timeout_seconds)
+        failure = run_mutmut(ctx.root, max_children, timeout_seconds, scope)
         if failure is not None:
             click.echo(f"mutmut-gate: FAIL ({failure})")
             raise SystemExit(1)
+    elif scope:
+        try:
+            export_scoped_stats(ctx.root, scope)
+        except GateError as exc:
+            raise ConfigError(str(exc)) from exc
     try:
         stats = load_stats(stats_path or ctx.root / STATS_PATH)
     except GateError as exc:

@@ -9,10 +9,15 @@ mutmut 3.8's export (mutants/mutmut-cicd-stats.json) has keys killed, survived, 
 suspicious, timeout, check_was_interrupted_by_user and segfault. "not checked" and "caught by type check"
 have no key of their own but are in `total`; the gate counts that residual as not checked, which is exact
 while no `type_check_command` is configured, and errs strict otherwise.
+
+A scope (file globs such as `refengine/sample/*`) gates part of mutmut's selection: only its mutants run, and
+the stats file is mutmut's own summary (`calculate_summary_stats`) over the matching source files, so the
+mutants outside the scope, never run, are not counted as unchecked.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -150,21 +155,60 @@ def mutmut_env() -> dict[str, str]:
     return env
 
 
-def run_mutmut(root: Path, max_children: int, timeout_s: float | None) -> str | None:
-    """Fresh `mutmut run` plus `export-cicd-stats` in `root`. Returns None on success, else why it failed.
+def mutant_patterns(scope: tuple[str, ...]) -> list[str]:
+    """mutmut's mutant-name patterns for file globs: `refengine/sample/*` -> `refengine.sample.*`."""
+    patterns = []
+    for glob in scope:
+        dotted = glob.removesuffix(".py").replace("/", ".")
+        patterns.append(dotted if dotted.endswith("*") else dotted + ".*")
+    return patterns
 
-    `mutants/` is removed first: mutmut does not retest survivors when only the tests changed.
+
+def export_scoped_stats(root: Path, scope: tuple[str, ...]) -> None:
+    """Write STATS_PATH in `export-cicd-stats`'s format over the source files that match `scope` only."""
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.stats import calculate_summary_stats
+
+    mutants = root / "mutants"
+    data = {}
+    for meta in sorted(mutants.rglob("*.py.meta")):
+        source = meta.relative_to(mutants).as_posix().removesuffix(".meta")
+        if any(fnmatch.fnmatch(source, glob) for glob in scope):
+            file_data = SourceFileMutationData(path=source)
+            file_data.meta_path = meta  # mutmut's own path is relative to the working directory
+            file_data.load()
+            data[source] = file_data
+    if not data:
+        raise GateError(f"no mutated source file matches the scope {', '.join(scope)}")
+    summary = calculate_summary_stats(data)
+    (root / STATS_PATH).write_text(json.dumps({key: getattr(summary, key) for key in _KEYS}, indent=4))
+
+
+def run_mutmut(root: Path, max_children: int, timeout_s: float | None, scope: tuple[str, ...] = ()) -> str | None:
+    """Fresh `mutmut run` plus its stats in `root`. Returns None on success, else why it failed.
+
+    `mutants/` is removed first: mutmut does not retest survivors when only the tests changed. With a
+    scope, only the mutants of those files run and the stats cover them alone.
     """
     shutil.rmtree(root / "mutants", ignore_errors=True)
     env = mutmut_env()
     mutmut = [sys.executable, "-m", "mutmut"]
     rc = run_group(
-        [*mutmut, "run", "--max-children", str(max_children)], cwd=root, env=env, timeout_s=timeout_s
+        [*mutmut, "run", "--max-children", str(max_children), *mutant_patterns(scope)],
+        cwd=root,
+        env=env,
+        timeout_s=timeout_s,
     )
     if rc is None:
         return f"mutmut run did not finish within {timeout_s}s"
     if rc != 0:
         return f"mutmut run exited {rc} (red baseline, no covered mutants, or tests not importing mutants/)"
+    if scope:
+        try:
+            export_scoped_stats(root, scope)
+        except GateError as exc:
+            return str(exc)
+        return None
     rc = run_group([*mutmut, "export-cicd-stats"], cwd=root, env=env, timeout_s=timeout_s)
     if rc != 0 or not (root / STATS_PATH).is_file():
         return f"mutmut export-cicd-stats exited {rc} without writing {STATS_PATH}"

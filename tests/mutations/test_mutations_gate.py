@@ -125,3 +125,35 @@ def test_gate_runs_mutmut_fresh_with_one_openmp_thread(tmp_path, monkeypatch):
     assert stats.killed > 0 and stats.survived > 0  # `max(0, ...)` is never tested below zero
     assert stats.killed + stats.survived == stats.total
     assert result.output.splitlines()[-1].endswith("(min 0.5000) PASS")
+
+
+def test_a_scoped_gate_runs_and_scores_only_its_files(tmp_path):
+    root = tmp_path / "project"
+    shutil.copytree(
+        Path(__file__).parent / "mutmut_project", root, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    # A second module that no test reaches: mutmut scores its mutants "no tests", so any of them in the
+    # scoped stats would fail the gate below.
+    (root / "toy" / "untested.py").write_text("def double(x: int) -> int:\n    return x * 2 + 0\n")
+    threshold = str(threshold_file(tmp_path, 0.5, 0))
+    scoped = CliRunner().invoke(
+        main, ["--root", str(root), "gate", "--run", "--scope", "toy/ledger.py", "--threshold-file", threshold]
+    )
+    assert scoped.exit_code == 0, scoped.output
+    ledger = load_stats(root / "mutants" / "mutmut-cicd-stats.json")
+    assert ledger.killed > 0 and ledger.no_tests == 0 and ledger.not_checked == 0
+    assert ledger.killed + ledger.survived == ledger.total
+    # The same mutants/ rescored over the other file: its mutants were never run, so they are unchecked.
+    other = CliRunner().invoke(
+        main, ["--root", str(root), "gate", "--scope", "toy/untested.py", "--threshold-file", threshold]
+    )
+    assert other.exit_code == 1, other.output
+    untested = load_stats(root / "mutants" / "mutmut-cicd-stats.json")
+    assert untested.total > 0 and untested.killed == 0
+    assert set(json.loads((root / "mutants" / "mutmut-cicd-stats.json").read_text())) == set(
+        json.loads(DATA.read_text())
+    )
+    nothing = CliRunner().invoke(
+        main, ["--root", str(root), "gate", "--scope", "toy/absent.py", "--threshold-file", threshold]
+    )
+    assert nothing.exit_code == 2 and "no mutated source file matches" in nothing.output
