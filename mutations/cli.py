@@ -310,6 +310,8 @@ def gate(
         threshold = load_threshold(threshold_file or ctx.root / "mutations" / "threshold.toml")
     except GateError as exc:
         raise ConfigError(str(exc)) from exc
+    if scope and stats_path is not None:
+        raise ConfigError(f"--scope writes its own stats to {STATS_PATH}: drop --stats")
     if run_first:
         failure = run_mutmut(ctx.root, max_children, timeout_seconds, scope)
         if failure is not None:

@@ -157,3 +157,7 @@ def test_a_scoped_gate_runs_and_scores_only_its_files(tmp_path):
         main, ["--root", str(root), "gate", "--scope", "toy/absent.py", "--threshold-file", threshold]
     )
     assert nothing.exit_code == 2 and "no mutated source file matches" in nothing.output
+    both = CliRunner().invoke(
+        main, ["--root", str(root), "gate", "--scope", "toy/ledger.py", "--stats", str(DATA), "--threshold-file", threshold]
+    )
+    assert both.exit_code == 2 and "drop --stats" in both.output
