@@ -166,6 +166,8 @@ def mutant_patterns(scope: tuple[str, ...]) -> list[str]:
 
 def export_scoped_stats(root: Path, scope: tuple[str, ...]) -> None:
     """Write STATS_PATH in `export-cicd-stats`'s format over the source files that match `scope` only."""
+    # mutmut's own summary, so a scoped score counts exactly as `export-cicd-stats` would; imported here
+    # because every other path drives mutmut as a subprocess.
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.stats import calculate_summary_stats
 
