@@ -317,7 +317,7 @@ def gate(
         if failure is not None:
             click.echo(f"mutmut-gate: FAIL ({failure})")
             raise SystemExit(1)
-    elif scope:
+    if scope:
         try:
             export_scoped_stats(ctx.root, scope)
         except GateError as exc:

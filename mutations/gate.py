@@ -187,10 +187,10 @@ def export_scoped_stats(root: Path, scope: tuple[str, ...]) -> None:
 
 
 def run_mutmut(root: Path, max_children: int, timeout_s: float | None, scope: tuple[str, ...] = ()) -> str | None:
-    """Fresh `mutmut run` plus its stats in `root`. Returns None on success, else why it failed.
+    """Fresh `mutmut run` (and, unscoped, `export-cicd-stats`) in `root`. None on success, else why it failed.
 
     `mutants/` is removed first: mutmut does not retest survivors when only the tests changed. With a
-    scope, only the mutants of those files run and the stats cover them alone.
+    scope, only the mutants of those files run and no stats are written here.
     """
     shutil.rmtree(root / "mutants", ignore_errors=True)
     env = mutmut_env()
@@ -206,11 +206,7 @@ def run_mutmut(root: Path, max_children: int, timeout_s: float | None, scope: tu
     if rc != 0:
         return f"mutmut run exited {rc} (red baseline, no covered mutants, or tests not importing mutants/)"
     if scope:
-        try:
-            export_scoped_stats(root, scope)
-        except GateError as exc:
-            return str(exc)
-        return None
+        return None  # the caller scores the scope with export_scoped_stats
     rc = run_group([*mutmut, "export-cicd-stats"], cwd=root, env=env, timeout_s=timeout_s)
     if rc != 0 or not (root / STATS_PATH).is_file():
         return f"mutmut export-cicd-stats exited {rc} without writing {STATS_PATH}"
