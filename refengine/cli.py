@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "serve": ("refengine.entrypoints.cli_serve", "serve_command", "Serve MODEL over the OpenAI API."),
     "oracle": ("refengine.oracle.command", "oracle_command", "The token-identity oracle over the scheduling x drafting matrix."),
     "train-drafter": ("refengine.train.command", "train_drafter_command", "Train a drafter head by self-distillation."),
+    "draft-vocab": ("refengine.train.draft_vocab", "draft_vocab_command", "Give an EAGLE3 head a reduced draft vocabulary."),
     "export-prompts": ("refengine.train.sharegpt", "export_prompts_command", "Write ShareGPT's human turns for train-drafter."),
 }
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from refengine.spec_decode.dflash import DFlashNetwork
 from refengine.train.batches import Batch
 from refengine.train.data import FINAL, layer_key
+from refengine.train.draft_vocab import most_frequent
 from refengine.train.forward import HiddenHead, dflash_blocks, final_norm, hidden_head_pass, num_kv_layers
 
 
@@ -36,10 +37,7 @@ class Shortlist:
 
     @classmethod
     def of(cls, tokens: torch.Tensor, lm_head: torch.Tensor, size: int) -> "Shortlist":
-        counts = torch.bincount(tokens.to(lm_head.device), minlength=lm_head.shape[0])
-        # A stable sort breaks ties by token id, so the shortlist is a pure function of the data.
-        top = torch.argsort(counts, descending=True, stable=True)[:size]
-        ids = top[counts[top] > 0].sort().values
+        ids = most_frequent(torch.bincount(tokens.to(lm_head.device), minlength=lm_head.shape[0]), size)
         member = torch.zeros(lm_head.shape[0], dtype=torch.bool, device=lm_head.device)
         member[ids] = True
         return cls(lm_head[ids].detach(), member)

@@ -19,6 +19,8 @@ from refengine.heads import shipped_head_path
 from refengine.model.loader import LoadedModel, load_model
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.head_checkpoint import read_head_checkpoint
+from refengine.train.draft_vocab import without_draft_vocab
 from refengine.train.evaluate import Acceptance, engine_acceptance
 from refengine.train.regenerate import chat_ids
 from refengine.train.sharegpt import file_sha256, held_out_first_turns
@@ -37,9 +39,13 @@ class Row:
 
 
 def drafters(
-    heads: dict[str, Path], old_heads: dict[str, Path], reproduced: dict[str, Path] | None = None
+    heads: dict[str, Path],
+    old_heads: dict[str, Path],
+    reproduced: dict[str, Path] | None = None,
+    full_vocabulary: dict[str, Path] | None = None,
 ) -> dict[str, dict]:
     configs = {m: {"method": m, "model": str(path)} for m, path in heads.items()}
+    configs |= {f"{m} (full vocabulary)": {"method": m, "model": str(path)} for m, path in (full_vocabulary or {}).items()}
     configs |= {f"{m} (old)": {"method": m, "model": str(path)} for m, path in old_heads.items()}
     configs |= {f"{m} (reproduced)": {"method": m, "model": str(path)} for m, path in (reproduced or {}).items()}
     configs["ngram"] = {"method": "ngram"}
@@ -83,6 +89,12 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
             " `(reproduced)`: a head trained again with the shipped head's command and seed, its data regenerated "
             "by that command (the training's reproducibility)."
             if any(r.name.endswith("(reproduced)") for r in rows)
+            else ""
+        )
+        + (
+            " `(full vocabulary)`: the shipped head without its draft vocabulary, drafting over the target's whole "
+            "lm_head as the trainer left it (the heads' section says how the vocabulary was made)."
+            if any(r.name.endswith("(full vocabulary)") for r in rows)
             else ""
         ),
         f"Commit {commit}, torch {torch.__version__}, Python {platform.python_version()}, {torch.get_num_threads()} threads.",
@@ -157,6 +169,13 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
                 f"- offline held-out check at the end of training ({counted}): per position "
                 + " ".join(f"{a:.2f}" for a in offline["per_position"])
                 + f"; mean accepted length {lengths}"
+            )
+        if "draft_vocab" in config:
+            vocab = config["draft_vocab"]
+            lines.append(
+                f"- draft vocabulary: its own lm_head over the {config['draft_vocab_size']} most frequent tokens of the "
+                f"training split ({vocab['coverage']:.1%} of its {vocab['training_split_tokens']} tokens; `(full "
+                f"vocabulary)` above is the head without it): `{vocab['command']}`"
             )
         lines.append("")
     return "\n".join(lines)
@@ -248,13 +267,19 @@ def main(
     old = {m: old_heads / m for m in chosen if old_heads and (old_heads / m / "config.json").is_file()}
     loaded = load_model(target, numerics="fast")
     again = {m: reproduced / m for m in chosen if reproduced and (reproduced / m / "config.json").is_file()}
-    configs = drafters(heads, old, again)
+    # A head with a draft vocabulary is measured without it too (the trained head as the trainer left it).
+    full = {
+        m: without_draft_vocab(p, results.parent / "acceptance-full-vocabulary" / m)
+        for m, p in heads.items()
+        if "draft_vocab" in read_head_checkpoint(p).config
+    }
+    configs = drafters(heads, old, again, full)
     if not baselines:
         configs = {m: c for m, c in configs.items() if c["method"] != "ngram"}
     held = held_out_first_turns(prompts_file, num_prompts)
     prompt_ids = [chat_ids(loaded, p) for p in held]
     fresh = measure(loaded, configs, prompt_ids, max_tokens, log=click.echo)
-    order = [*METHODS, *(f"{m} (reproduced)" for m in METHODS), *(f"{m} (old)" for m in METHODS), "ngram"]
+    order = [*METHODS, *(f"{m} (full vocabulary)" for m in METHODS), *(f"{m} (reproduced)" for m in METHODS), *(f"{m} (old)" for m in METHODS), "ngram"]
     rows = {(r.name, r.k): r for r in load_rows(results)} | {(r.name, r.k): r for r in fresh}
     rows = sorted(
         rows.values(), key=lambda r: (order.index(r.name) if r.name in order else len(order), r.name, r.k)

@@ -50,14 +50,19 @@ def test_shipped_head_fits_the_target(smollm2, method):
     assert config["training"]["command"].startswith(
         f"refengine train-drafter --target smollm2 --method {method} "
     )
-    assert (folder / "COMMAND").read_text().strip() == config["training"]["command"]
+    # COMMAND holds every command that made the head, in order: the training, then any draft vocabulary.
+    commands = [config["training"]["command"]] + ([config["draft_vocab"]["command"]] if "draft_vocab" in config else [])
+    assert (folder / "COMMAND").read_text().strip().split("\n") == commands
     head = build_network(SpeculativeConfig(method, 4), smollm2, KVLayout(4, 16), checkpoint)
     expected = {head.checkpoint_name(n): t.shape for n, t in head_state_dict(head).items()}
     assert {n: t.shape for n, t in checkpoint.tensors.items()} == expected
-    assert all(t.dtype == torch.float16 for t in checkpoint.tensors.values())
+    assert all(t.dtype == torch.float16 for n, t in checkpoint.tensors.items() if n != "d2t")
     if method == "eagle3":
         aux = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-        assert all(2 <= i < target.num_hidden_layers for i in aux) and head.lm_head is None
+        assert all(2 <= i < target.num_hidden_layers for i in aux)
+        # Its draft vocabulary (draft_vocab.py): its own lm_head over the most frequent training-split tokens.
+        assert config["draft_vocab"]["command"].startswith(f"refengine draft-vocab --head refengine/heads/smollm2/{method} ")
+        assert head.lm_head is not None and head.lm_head.weight.shape[0] == config["draft_vocab_size"] < target.vocab_size
     if method == "dflash":
         ids = config["dflash_config"]["target_layer_ids"]
         assert all(0 <= i < target.num_hidden_layers for i in ids) and head.capture_layers == tuple(ids)
