@@ -15,7 +15,7 @@ from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.spec_decode.head_checkpoint import read_head_checkpoint, save_head
 from refengine.spec_decode.registry import KVLayout, build_network, build_proposer
-from refengine.train.draft_vocab import most_frequent
+from refengine.train.draft_vocab import most_frequent, without_draft_vocab
 from refengine.train.sharegpt import is_held_out
 
 LAYOUT = KVLayout(num_blocks=32, block_size=4)
@@ -102,6 +102,16 @@ def test_a_second_run_replaces_the_vocabulary(target, head, sharegpt):
     assert _run("--head", head, "--target", TARGET, "--size", 2, "--source", sharegpt).exit_code == 0
     checkpoint = read_head_checkpoint(head)
     assert checkpoint.tensors["lm_head.weight"].shape[0] == checkpoint.config["draft_vocab_size"] == 2
+
+
+def test_the_head_without_its_vocabulary_is_the_trained_head_again(target, head, sharegpt, tmp_path):
+    trained = read_head_checkpoint(head)
+    assert _run("--head", head, "--target", TARGET, "--size", 3, "--source", sharegpt).exit_code == 0
+    stripped = read_head_checkpoint(without_draft_vocab(head, tmp_path / "full"))
+    assert stripped.config == trained.config
+    assert stripped.tensors.keys() == trained.tensors.keys()
+    assert all(torch.equal(t, trained.tensors[n]) for n, t in stripped.tensors.items())
+    assert build_network(SpeculativeConfig("eagle3", 3), target, LAYOUT, stripped).lm_head is None
 
 
 def test_engine_with_a_draft_vocabulary_head_is_lossless(target, head, sharegpt):
