@@ -29,6 +29,9 @@ from refengine.model.ops import GPU_TILE_ROWS, linear  # noqa: E402
 from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
+from refengine.spec_decode.head_checkpoint import save_head  # noqa: E402
+from refengine.spec_decode.registry import KVLayout, build_network  # noqa: E402
+from refengine.train.draft_vocab import add_draft_vocab, target_lm_head_rows  # noqa: E402
 
 REAL = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
 
@@ -167,6 +170,23 @@ def test_drafter_step_graphs_replay_the_eager_drafters_tokens(method):
     assert graphed == eager == base
     assert runner.drafter.step_graphs.num_replays > 0
     assert runner.sampler_graphs.num_replays > 0
+
+
+def test_eagle3_with_a_draft_vocabulary_replays_its_own_lm_head(tmp_path):
+    """An eagle3 head with its own lm_head over a draft vocabulary (draft_vocab.py, as the shipped
+    SmolLM2 head has one) drafts from its graphs on the GPU: the tokens of eager drafting and spec off's."""
+    loaded = tiny(Numerics.BATCH_INVARIANT, layers=4)
+    network = build_network(SpeculativeConfig("eagle3", 3), loaded, KVLayout(64, 16))
+    folder = save_head(network.cpu(), {"model_type": "eagle3"}, tmp_path / "head")
+    ids = torch.arange(0, loaded.config.vocab_size, 4)
+    add_draft_vocab(folder, ids, target_lm_head_rows(loaded, ids), {})
+    spec = SpeculativeConfig("eagle3", 3, model=str(folder))
+    base, _ = generate(loaded, cuda_graphs=False)
+    eager, _ = generate(loaded, speculative_config=spec, cuda_graphs=False)
+    graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
+    assert graphed == eager == base
+    assert runner.drafter.network.lm_head.weight.shape[0] == len(ids)
+    assert runner.drafter.step_graphs.num_replays > 0
 
 
 # Steps of every sampler graph variant: seeded rows, top-k and top-p, (row, token) masks (stop tokens
