@@ -22,11 +22,12 @@ import torch
 from safetensors.torch import save_file
 
 from refengine.model.loader import LoadedModel, load_model
-from refengine.spec_decode.head_checkpoint import HeadLoadError, read_head_checkpoint
+from refengine.spec_decode.head_checkpoint import HeadCheckpoint, HeadLoadError, read_head_checkpoint
 from refengine.train.sharegpt import conversation_of, file_sha256, is_held_out
 
 DEFAULT_SIZE = 8192
 VOCAB_TENSORS = ("lm_head.weight", "d2t", "t2d")
+VOCAB_CONFIG_KEYS = ("draft_vocab_size", "draft_vocab")
 
 
 def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
@@ -64,31 +65,36 @@ def target_lm_head_rows(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     return weight.detach().cpu()[ids]
 
 
-def add_draft_vocab(folder: Path, ids: torch.Tensor, rows: torch.Tensor, record: dict) -> None:
-    """Rewrite the head in `folder` with its own lm_head over `ids` (in the head's floating dtype) and
-    d2t; config.json gets draft_vocab_size (vLLM's key) and `record`. A previous draft vocabulary is
-    replaced."""
-    checkpoint = read_head_checkpoint(folder)
+def _without_vocab(checkpoint: HeadCheckpoint) -> tuple[dict[str, torch.Tensor], dict]:
+    """The head's tensors and config with any draft vocabulary taken out."""
     tensors = {n: t for n, t in checkpoint.tensors.items() if n not in VOCAB_TENSORS}
+    config = {k: v for k, v in checkpoint.config.items() if k not in VOCAB_CONFIG_KEYS}
+    return tensors, config
+
+
+def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def add_draft_vocab(checkpoint: HeadCheckpoint, ids: torch.Tensor, rows: torch.Tensor, record: dict) -> None:
+    """Rewrite the checkpoint's head in its folder with its own lm_head over `ids` (in the head's
+    floating dtype) and d2t; config.json gets draft_vocab_size (vLLM's key) and `record`. A previous
+    draft vocabulary is replaced."""
+    tensors, config = _without_vocab(checkpoint)
     dtype = next(t.dtype for t in tensors.values() if t.is_floating_point())
     tensors["lm_head.weight"] = rows.to(dtype).contiguous()
     tensors["d2t"] = (ids - torch.arange(len(ids))).contiguous()
-    files = sorted(folder.glob("*.safetensors"))
-    for extra in files[1:]:
-        extra.unlink()
-    save_file(tensors, str(files[0]))
-    config = {**checkpoint.config, "draft_vocab_size": len(ids), "draft_vocab": record}
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for old in checkpoint.folder.glob("*.safetensors"):
+        old.unlink()  # one file holds the whole head again
+    _write(checkpoint.folder, tensors, {**config, "draft_vocab_size": len(ids), "draft_vocab": record})
 
 
 def without_draft_vocab(folder: Path, out: Path) -> Path:
     """A copy of the head in `folder` at `out` that drafts over the target's whole lm_head again: what
     its draft vocabulary costs or gains is measured against it."""
-    checkpoint = read_head_checkpoint(folder)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({n: t for n, t in checkpoint.tensors.items() if n not in VOCAB_TENSORS}, str(out / "model.safetensors"))
-    config = {k: v for k, v in checkpoint.config.items() if k not in ("draft_vocab_size", "draft_vocab")}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _write(out, *_without_vocab(read_head_checkpoint(folder)))
     return out
 
 
@@ -128,5 +134,5 @@ def draft_vocab_command(folder: Path, target: str, size: int, source: Path | Non
         "coverage": round(coverage, 4),
         "ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
     }
-    add_draft_vocab(folder, ids, target_lm_head_rows(loaded, ids), record)
+    add_draft_vocab(checkpoint, ids, target_lm_head_rows(loaded, ids), record)
     click.echo(f"{folder}: draft vocabulary of {len(ids)} tokens, {coverage:.1%} of {total} training-split tokens")

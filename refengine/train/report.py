@@ -19,7 +19,6 @@ from refengine.heads import shipped_head_path
 from refengine.model.loader import LoadedModel, load_model
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.head_checkpoint import read_head_checkpoint
 from refengine.train.draft_vocab import without_draft_vocab
 from refengine.train.evaluate import Acceptance, engine_acceptance
 from refengine.train.regenerate import chat_ids
@@ -38,16 +37,18 @@ class Row:
     seconds: float
 
 
-def drafters(
-    heads: dict[str, Path],
-    old_heads: dict[str, Path],
-    reproduced: dict[str, Path] | None = None,
-    full_vocabulary: dict[str, Path] | None = None,
-) -> dict[str, dict]:
-    configs = {m: {"method": m, "model": str(path)} for m, path in heads.items()}
-    configs |= {f"{m} (full vocabulary)": {"method": m, "model": str(path)} for m, path in (full_vocabulary or {}).items()}
-    configs |= {f"{m} (old)": {"method": m, "model": str(path)} for m, path in old_heads.items()}
-    configs |= {f"{m} (reproduced)": {"method": m, "model": str(path)} for m, path in (reproduced or {}).items()}
+# The measured groups beside the shipped heads, by the label suffix their rows carry, in the report's order.
+FULL_VOCABULARY, REPRODUCED, OLD = " (full vocabulary)", " (reproduced)", " (old)"
+SUFFIXES = ("", FULL_VOCABULARY, REPRODUCED, OLD)
+
+
+def drafters(groups: dict[str, dict[str, Path]]) -> dict[str, dict]:
+    """`groups[suffix]`: head folders by method; each becomes the drafter `method + suffix`, then ngram."""
+    configs = {
+        f"{m}{suffix}": {"method": m, "model": str(path)}
+        for suffix in SUFFIXES
+        for m, path in groups.get(suffix, {}).items()
+    }
     configs["ngram"] = {"method": "ngram"}
     return configs
 
@@ -88,13 +89,13 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
         + (
             " `(reproduced)`: a head trained again with the shipped head's command and seed, its data regenerated "
             "by that command (the training's reproducibility)."
-            if any(r.name.endswith("(reproduced)") for r in rows)
+            if any(r.name.endswith(REPRODUCED) for r in rows)
             else ""
         )
         + (
             " `(full vocabulary)`: the shipped head without its draft vocabulary, drafting over the target's whole "
             "lm_head as the trainer left it (the heads' section says how the vocabulary was made)."
-            if any(r.name.endswith("(full vocabulary)") for r in rows)
+            if any(r.name.endswith(FULL_VOCABULARY) for r in rows)
             else ""
         ),
         f"Commit {commit}, torch {torch.__version__}, Python {platform.python_version()}, {torch.get_num_threads()} threads.",
@@ -271,15 +272,15 @@ def main(
     full = {
         m: without_draft_vocab(p, results.parent / "acceptance-full-vocabulary" / m)
         for m, p in heads.items()
-        if "draft_vocab" in read_head_checkpoint(p).config
+        if "draft_vocab" in json.loads((p / "config.json").read_text())
     }
-    configs = drafters(heads, old, again, full)
+    configs = drafters({"": heads, FULL_VOCABULARY: full, REPRODUCED: again, OLD: old})
     if not baselines:
         configs = {m: c for m, c in configs.items() if c["method"] != "ngram"}
     held = held_out_first_turns(prompts_file, num_prompts)
     prompt_ids = [chat_ids(loaded, p) for p in held]
     fresh = measure(loaded, configs, prompt_ids, max_tokens, log=click.echo)
-    order = [*METHODS, *(f"{m} (full vocabulary)" for m in METHODS), *(f"{m} (reproduced)" for m in METHODS), *(f"{m} (old)" for m in METHODS), "ngram"]
+    order = [*(f"{m}{suffix}" for suffix in SUFFIXES for m in METHODS), "ngram"]
     rows = {(r.name, r.k): r for r in load_rows(results)} | {(r.name, r.k): r for r in fresh}
     rows = sorted(
         rows.values(), key=lambda r: (order.index(r.name) if r.name in order else len(order), r.name, r.k)

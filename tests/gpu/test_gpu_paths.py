@@ -29,7 +29,7 @@ from refengine.model.ops import GPU_TILE_ROWS, linear  # noqa: E402
 from refengine.model.shapes import build_random_model  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
-from refengine.spec_decode.head_checkpoint import save_head  # noqa: E402
+from refengine.spec_decode.head_checkpoint import read_head_checkpoint, save_head  # noqa: E402
 from refengine.spec_decode.registry import KVLayout, build_network  # noqa: E402
 from refengine.train.draft_vocab import add_draft_vocab, target_lm_head_rows  # noqa: E402
 
@@ -179,7 +179,7 @@ def test_eagle3_with_a_draft_vocabulary_replays_its_own_lm_head(tmp_path):
     network = build_network(SpeculativeConfig("eagle3", 3), loaded, KVLayout(64, 16))
     folder = save_head(network.cpu(), {"model_type": "eagle3"}, tmp_path / "head")
     ids = torch.arange(0, loaded.config.vocab_size, 4)
-    add_draft_vocab(folder, ids, target_lm_head_rows(loaded, ids), {})
+    add_draft_vocab(read_head_checkpoint(folder), ids, target_lm_head_rows(loaded, ids), {})
     spec = SpeculativeConfig("eagle3", 3, model=str(folder))
     base, _ = generate(loaded, cuda_graphs=False)
     eager, _ = generate(loaded, speculative_config=spec, cuda_graphs=False)
