@@ -289,8 +289,9 @@ def model_steps(bench: Bench) -> None:
         for key, numerics, fused in setups if DEV == "cuda" else ():
             set_numerics(model, numerics)
             set_kernels(model, Kernels(fused_ops=fused))
+            # A budget of the largest batch's tokens: the uniform sizes alone, no mixed-step graphs.
             g = CudaGraphs(model, cache, max_num_seqs=max(batches), max_blocks_per_seq=blocks_per_seq, query_lens=(q,),
-                           batch_sizes=list(batches))
+                           batch_sizes=list(batches), max_num_batched_tokens=max(batches) * q)
             t0 = time.perf_counter()
             try:
                 g.capture()
@@ -318,7 +319,7 @@ def model_steps(bench: Bench) -> None:
                 replays = g.num_replays if g else 0
                 with torch.inference_mode():
                     if mode == "graph":
-                        fn = lambda g=g, ids=ids, positions=positions, meta=meta, q=q: g.run(ids, positions, meta, q, None)  # noqa: E731
+                        fn = lambda g=g, ids=ids, positions=positions, meta=meta: g.run(ids, positions, meta, torch.arange(ids.shape[0]), None)  # noqa: E731
                     else:
                         dev_ids, dev_pos = ids.to(DEV), positions.to(DEV)
 
@@ -367,15 +368,16 @@ def profile_step(bench: Bench) -> None:
     cache = getattr(Qwen8b, "cache", None) or random_cache(loaded, 90)
     blocks_per_seq = -(-(PROMPT_LEN + OUTPUT_LEN + 8) // BLOCK)
     ids, positions, meta = step_inputs(1, 1, MID_CONTEXT, blocks_per_seq, loaded.config.vocab_size)
-    g = CudaGraphs(model, cache, max_num_seqs=1, max_blocks_per_seq=blocks_per_seq, query_lens=(1,), batch_sizes=[1])
+    g = CudaGraphs(model, cache, max_num_seqs=1, max_blocks_per_seq=blocks_per_seq, query_lens=(1,), batch_sizes=[1],
+                   max_num_batched_tokens=1)
     g.capture()
     with torch.inference_mode():
         for _ in range(3):
-            g.run(ids, positions, meta, 1, None)
+            g.run(ids, positions, meta, torch.arange(1), None)
         sync()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
-                g.run(ids, positions, meta, 1, None)
+                g.run(ids, positions, meta, torch.arange(1), None)
             sync()
     kinds: dict[str, float] = defaultdict(float)
     names: dict[str, float] = defaultdict(float)

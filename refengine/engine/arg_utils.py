@@ -42,8 +42,9 @@ class EngineArgs:
     record_steps: bool = False  # keep each request's per-step drafts and acceptance (the oracle reads them)
     device: str | None = None  # None: where the loaded model's weights are (the CPU for files)
     cuda_graphs: bool | None = None  # None: on when the device is a GPU and attention runs in Triton
-    # The padded batch sizes captured (vLLM's cuda_graph_sizes); a bigger batch runs eagerly. None: 1, 2,
-    # 4, 8, then every 8 up to max_num_seqs.
+    # The padded batch sizes captured (vLLM's cuda_graph_sizes); a bigger decode batch runs eagerly. None:
+    # 1, 2, 4, 8, then every 8 up to max_num_seqs. Mixed steps (a prefill beside decodes) replay graphs of
+    # up to 512 tokens whatever these are (model/cuda_graph_sizes.py).
     cuda_graph_sizes: tuple[int, ...] | None = None
     attention_backend: str = "auto"  # for CUDA tensors: auto (Triton when installed), triton, reference
     fused_ops: bool = True  # for CUDA tensors: the fused Triton token-local ops

@@ -239,6 +239,7 @@ def _cuda_graphs(args: EngineArgs, model: nn.Module, kv_cache: KVCache, config: 
         kv_cache,
         max_num_seqs=config.max_num_seqs,
         max_blocks_per_seq=_max_blocks_per_req(config),
+        max_num_batched_tokens=config.max_num_batched_tokens,
         query_lens=query_lens,
         capture_layers=() if drafter is None else tuple(drafter.capture_layers),
         batch_sizes=None if args.cuda_graph_sizes is None else sorted(set(args.cuda_graph_sizes)),

@@ -64,7 +64,7 @@ def _device_name(device: str, results: list[Results]) -> str:
         return "the CPU"
     arms = [r for done in results for r in done.values()]
     replayed, steps = sum(r.num_graph_steps for r in arms), sum(r.num_engine_steps for r in arms)
-    return f"{torch.cuda.get_device_name(device)} ({device}, CUDA graphs at batch size c: {replayed} of {steps} engine steps replayed)"
+    return f"{torch.cuda.get_device_name(device)} ({device}, CUDA graphs at batch size c and for mixed steps: {replayed} of {steps} engine steps replayed)"
 
 
 def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:

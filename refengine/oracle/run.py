@@ -127,8 +127,9 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,
         "record_steps": True,
-        # On a GPU the uniform steps replay CUDA graphs, as a server's do. Graphs are captured per engine and
-        # the oracle builds one per arm, so only the batch size c: a smaller batch pads up to it.
+        # On a GPU the steps replay CUDA graphs, as a server's do. Graphs are captured per engine and the
+        # oracle builds one per arm, so only the batch size c (a smaller batch pads up to it) and the token
+        # counts of mixed steps.
         "cuda_graph_sizes": (workload.concurrency,),
     }
 

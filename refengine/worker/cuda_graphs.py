@@ -1,12 +1,16 @@
-"""CUDA graphs of the model's decode and verify steps: forward plus logits, one graph per
-(query length, padded batch size).
+"""CUDA graphs of the model's steps: forward plus the sampled rows' logits, one graph per token count.
 
-A step qualifies when every sequence feeds the same number of tokens q (1 for decode, k + 1 for a
-verify of k drafts), every row is sampled, and the batch fits a captured size. Its inputs are copied
-into static buffers (one host-to-device copy from a pinned staging buffer) and the smallest captured
-batch of at least its size is replayed. Padded sequences have seq_len 0 and slot -1: they write no KV
-(the store skips slot -1) and attend over nothing (their rows come out zero), and the rows are cut off
-before anyone sees them.
+A graph captured for T tokens replays any step of at most T tokens and max_num_seqs sequences: decode
+rows, verify blocks of k + 1 rows and prefill chunks alike, mixed as the scheduler mixes them (the
+attention kernels find each token's sequence from the metadata). The token counts captured are every
+captured batch size times each query length (1, and k + 1 with drafts), so a uniform step pads no more
+than it did per batch, and a few larger counts up to MAX_MIXED_TOKENS for the steps that admit a
+request: its prefill beside the others' decodes would otherwise run eagerly, a Python launch per
+kernel, and stall every running request. Longer steps are compute, not launches, and run eagerly.
+
+A step's inputs are staged into one pinned buffer (graph_layout.py), copied to the static buffers in
+one host-to-device copy, and the smallest captured T of at least its tokens is replayed. Padding writes
+no KV and attends over nothing, and its rows are cut off before anyone sees them.
 
 Capture needs attention that never reads device values on the host, i.e. the Triton backend.
 """
@@ -20,11 +24,13 @@ import torch
 
 from refengine.model import attention
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.cuda_graph_sizes import default_batch_sizes, padded_batch_size
+from refengine.model.cuda_graph_sizes import default_batch_sizes, graph_token_sizes, padded_batch_size
 from refengine.model.graph_capture import graph_capture
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.worker.device_inputs import DeviceInputs
+from refengine.worker.errors import RunnerInvariantError
+from refengine.worker.graph_layout import GraphLayout
 
 
 @dataclass
@@ -35,6 +41,17 @@ class _Graph:
     logits: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class GraphStep:
+    """A replayed step's outputs: views of the graph's static buffers, valid until the next replay."""
+
+    model_output: ModelOutput  # every fed row
+    logits: torch.Tensor  # the sampled rows, in order
+    positions: torch.Tensor  # every fed row's, after the device's corrections
+    attn_metadata: AttentionMetadata  # the step's own sequences
+    logits_indices: torch.Tensor  # the sampled rows' indices among the fed rows
+
+
 class CudaGraphs:
     def __init__(
         self,
@@ -43,6 +60,7 @@ class CudaGraphs:
         *,
         max_num_seqs: int,
         max_blocks_per_seq: int,
+        max_num_batched_tokens: int,
         query_lens: tuple[int, ...] = (1,),
         capture_layers: tuple[int, ...] = (),
         batch_sizes: list[int] | None = None,
@@ -50,67 +68,34 @@ class CudaGraphs:
         self.model = model
         self.kv_cache = kv_cache
         self.device = kv_cache.device
-        self.query_lens = tuple(sorted(set(query_lens)))
         self.capture_layers = tuple(capture_layers)
         self.batch_sizes = batch_sizes or default_batch_sizes(max_num_seqs)
-        self.max_batch = max(self.batch_sizes)
-        self.width = max_blocks_per_seq
-        self.max_tokens = self.max_batch * max(self.query_lens)
-        # One int64 buffer: [ids | positions | slots] x max_tokens, [query_start_loc] x (max_batch + 1),
-        # [seq_lens] x max_batch, [block_tables] x max_batch * width.
-        t, b = self.max_tokens, self.max_batch
-        self._offsets = (0, t, 2 * t, 3 * t, 3 * t + b + 1, 3 * t + 2 * b + 1)
-        size = self._offsets[-1] + b * self.width
-        self._staging = torch.zeros(size, dtype=torch.int64).pin_memory()
-        self._static = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self.token_sizes = graph_token_sizes(self.batch_sizes, query_lens, max_num_batched_tokens)
+        self.layout = GraphLayout(
+            max_tokens=max(self.token_sizes, default=0),
+            max_seqs=max_num_seqs,
+            max_logits=max_num_seqs * max(query_lens),
+            width=max_blocks_per_seq,
+        )
+        self._staging = torch.zeros(self.layout.size, dtype=torch.int64).pin_memory()
+        self._static = torch.zeros(self.layout.size, dtype=torch.int64, device=self.device)
         self._copied = torch.cuda.Event()
-        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._graphs: dict[int, _Graph] = {}
         self.num_replays = 0
+        # Replays of steps with rows that sample nothing (a prefill chunk): the mixed path ran.
+        self.num_mixed_replays = 0
 
-    # ---- views ---------------------------------------------------------------------------------
-    def _views(self, buffer: torch.Tensor, q: int, batch: int):
-        o = self._offsets
-        tokens = batch * q
-        ids = buffer[o[0] : o[0] + tokens]
-        positions = buffer[o[1] : o[1] + tokens]
-        slots = buffer[o[2] : o[2] + tokens]
-        starts = buffer[o[3] : o[3] + batch + 1]
-        seq_lens = buffer[o[4] : o[4] + batch]
-        tables = buffer[o[5] :].view(self.max_batch, self.width)[:batch]
-        return ids, positions, slots, starts, seq_lens, tables
-
-    def _fill(self, q: int, padded: int, ids=None, positions=None, meta: AttentionMetadata | None = None) -> None:
+    def _fill(self, num_tokens: int, ids=None, positions=None, meta: AttentionMetadata | None = None, logits_indices=None) -> None:
         """Stage a step (or, without one, pure padding) and copy it to the static buffers."""
         self._copied.synchronize()  # the previous copy has left the staging buffer
-        s_ids, s_pos, s_slots, s_starts, s_lens, s_tables = self._views(self._staging, q, padded)
-        num_seqs = 0 if meta is None else meta.seq_lens.shape[0]
-        tokens = num_seqs * q
-        if meta is not None:
-            s_ids[:tokens] = ids
-            s_pos[:tokens] = positions
-            s_slots[:tokens] = meta.slot_mapping
-            s_starts[: num_seqs + 1] = meta.query_start_loc
-            s_lens[:num_seqs] = meta.seq_lens
-            width = meta.block_tables.shape[1]
-            s_tables[:num_seqs, :width] = meta.block_tables
-            s_tables[:num_seqs, width:] = 0
-        s_ids[tokens:] = 0
-        s_pos[tokens:] = 0
-        s_slots[tokens:] = -1  # padding writes no KV
-        s_starts[num_seqs + 1 :] = torch.arange(1, padded - num_seqs + 1) * q + tokens
-        if meta is None:
-            s_starts[0] = 0
-        s_lens[num_seqs:] = 0  # and attends over nothing
-        s_tables[num_seqs:] = 0
-        used = self._offsets[-1] + padded * self.width
-        self._static[:used].copy_(self._staging[:used], non_blocking=True)
+        self.layout.stage(self._staging, num_tokens, ids, positions, meta, logits_indices)
+        self._static.copy_(self._staging, non_blocking=True)
         self._copied.record()
 
-    def _forward(self, q: int, padded: int) -> _Graph:
-        ids, positions, slots, starts, seq_lens, tables = self._views(self._static, q, padded)
-        meta = AttentionMetadata(starts, seq_lens, tables, slots, causal=True)
-        out = self.model(ids, positions, meta, self.kv_cache, capture_layers=self.capture_layers)
-        logits = self.model.compute_logits(out.hidden_states)
+    def _forward(self, num_tokens: int) -> _Graph:
+        v = self.layout.views(self._static, num_tokens)
+        out = self.model(v.ids, v.positions, v.metadata(), self.kv_cache, capture_layers=self.capture_layers)
+        logits = self.model.compute_logits(out.hidden_states[v.logits_indices])
         return _Graph(None, out.hidden_states, out.aux_hidden_states, logits)  # type: ignore[arg-type]
 
     # ---- capture -------------------------------------------------------------------------------
@@ -118,51 +103,57 @@ class CudaGraphs:
         if attention.attention_implementation(self.model.kernels, self.device) != "triton":
             raise RuntimeError("CUDA graphs need the Triton attention backend (the reference reads metadata on the host)")
         with graph_capture(self.device) as capture:
-            for q in self.query_lens:
-                for padded in sorted(self.batch_sizes, reverse=True):
-                    self._fill(q, padded)
-                    graph, captured = capture(partial(self._forward, q, padded))
-                    captured.graph = graph
-                    self._graphs[(q, padded)] = captured
+            for num_tokens in sorted(self.token_sizes, reverse=True):
+                self._fill(num_tokens)
+                graph, captured = capture(partial(self._forward, num_tokens))
+                captured.graph = graph
+                self._graphs[num_tokens] = captured
 
     # ---- replay --------------------------------------------------------------------------------
-    def padded_size(self, num_seqs: int, q: int) -> int | None:
-        if q not in self.query_lens:
-            return None
-        return padded_batch_size(num_seqs, (b for captured_q, b in self._graphs if captured_q == q))
+    def padded_tokens(self, num_tokens: int) -> int | None:
+        return padded_batch_size(num_tokens, self._graphs)
 
-    def can_run(self, num_scheduled: list[int], meta: AttentionMetadata, capture_layers: tuple[int, ...]) -> bool:
-        if not num_scheduled or len(set(num_scheduled)) != 1 or tuple(capture_layers) != self.capture_layers:
+    def can_run(self, num_tokens: int, num_sampled: int, meta: AttentionMetadata, capture_layers: tuple[int, ...]) -> bool:
+        if tuple(capture_layers) != self.capture_layers or not meta.causal:
             return False
-        if meta.block_tables.shape[1] > self.width or not meta.causal:
+        if meta.seq_lens.shape[0] > self.layout.max_seqs or meta.block_tables.shape[1] > self.layout.width:
             return False
-        return self.padded_size(len(num_scheduled), num_scheduled[0]) is not None
+        padded = self.padded_tokens(num_tokens)
+        return padded is not None and num_sampled <= self.layout.num_logits(padded)
 
     def run(
-        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, q: int, device_inputs: DeviceInputs | None
-    ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Replay for host tensors `ids`, `positions` and host metadata, completed on the device by
-        `device_inputs` (ids in flight from the previous step, positions it moved back). Returns the
-        outputs, logits, positions and metadata of the step's real rows: views of the graph's static
-        buffers, valid until the next replay."""
-        num_seqs = meta.seq_lens.shape[0]
-        padded = self.padded_size(num_seqs, q)
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+        device_inputs: DeviceInputs | None,
+    ) -> GraphStep:
+        """Replay for host tensors `ids`, `positions`, host metadata and the sampled rows `logits_indices`,
+        completed on the device by `device_inputs` (ids in flight from the previous step, positions it
+        moved back)."""
+        num_tokens, num_seqs = ids.shape[0], meta.seq_lens.shape[0]
+        padded = self.padded_tokens(num_tokens)
         # Invariant: run() is only called for a step that can_run() accepted.
         if padded is None:
-            raise RuntimeError(f"no captured graph for {num_seqs} sequences of {q} tokens")
-        self._fill(q, padded, ids, positions, meta)
-        s_ids, s_pos, s_slots, s_starts, s_lens, s_tables = self._views(self._static, q, padded)
-        static_meta = AttentionMetadata(s_starts, s_lens, s_tables, s_slots, causal=True)
+            raise RunnerInvariantError(f"no captured graph holds a step of {num_tokens} tokens")
+        self._fill(padded, ids, positions, meta, logits_indices)
+        v = self.layout.views(self._static, padded)
         if device_inputs is not None:
-            device_inputs.apply(s_ids, s_pos, static_meta, self.kv_cache.block_size)
-        captured = self._graphs[(q, padded)]
+            device_inputs.apply(v.ids, v.positions, v.metadata(), self.kv_cache.block_size)
+        captured = self._graphs[padded]
         captured.graph.replay()
         self.num_replays += 1
-        tokens = num_seqs * q
-        aux = {i: t[:tokens] for i, t in captured.aux.items()}
+        num_sampled = logits_indices.shape[0]
+        self.num_mixed_replays += num_sampled < num_tokens
+        aux = {i: t[:num_tokens] for i, t in captured.aux.items()}
         # The step's own rows of the metadata, as of its outputs: an eager drafter after this replay attends
-        # over the real sequences only (the padded ones have no input rows).
+        # over the real sequences only (the padding has no input rows).
         meta = AttentionMetadata(
-            s_starts[: num_seqs + 1], s_lens[:num_seqs], s_tables[:num_seqs], s_slots[:tokens], causal=True
+            v.query_start_loc[: num_seqs + 1], v.seq_lens[:num_seqs], v.block_tables[:num_seqs], v.slots[:num_tokens],
+            causal=True,
         )
-        return ModelOutput(captured.hidden[:tokens], aux), captured.logits[:tokens], s_pos[:tokens], meta
+        return GraphStep(
+            ModelOutput(captured.hidden[:num_tokens], aux), captured.logits[:num_sampled], v.positions[:num_tokens],
+            meta, v.logits_indices[:num_sampled],
+        )  # fmt: skip

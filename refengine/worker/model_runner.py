@@ -227,13 +227,13 @@ class ModelRunner:
         with torch.inference_mode():
             if (
                 self.cuda_graphs is not None
-                and len(sample_rows) == num_fed  # every row sampled, in order  # pragma: no mutate
-                and self.cuda_graphs.can_run(num_scheduled, meta, capture_layers)  # pragma: no mutate
+                and self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers)  # pragma: no mutate
             ):
                 # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
                 # pragma: no mutate block
-                out, logits, positions_t, meta = self.cuda_graphs.run(ids_t, positions_t, meta, num_scheduled[0], device_inputs)
-                sample_t = torch.arange(num_fed, device=self.device)
+                step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, device_inputs)
+                out, logits, positions_t, meta = step.model_output, step.logits, step.positions, step.attn_metadata
+                sample_t = step.logits_indices
                 self.num_graph_steps += 1
             else:
                 ids_t, positions_t, sample_t = (to_device(t, self.device) for t in (ids_t, positions_t, sample_t))

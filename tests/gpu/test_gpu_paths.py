@@ -105,6 +105,19 @@ def test_cuda_graphs_replay_eager_tokens_bitwise():
     assert graphed == eager
 
 
+@pytest.mark.parametrize("method", [None, "eagle3"])
+def test_steps_that_mix_a_prefill_with_decodes_replay_graphs_with_eager_tokens(method):
+    """Chunked prefill puts the long prompt's chunks beside the others' decode (or verify) rows: those
+    steps replay the token-count graphs (worker/cuda_graphs.py), counted, with the eager steps' tokens."""
+    loaded = tiny(Numerics.BATCH_INVARIANT, layers=4)
+    spec = None if method is None else SpeculativeConfig(method, 3)
+    eager, _ = generate(loaded, cuda_graphs=False, long_prefill_token_threshold=8, speculative_config=spec)
+    graphed, runner = generate(loaded, long_prefill_token_threshold=8, speculative_config=spec)
+    assert runner.cuda_graphs.num_mixed_replays > 0
+    assert runner.num_eager_steps == 0 and runner.cuda_graphs.num_replays == runner.num_graph_steps
+    assert graphed == eager
+
+
 def test_eagle_on_the_gpu_is_lossless_and_graphs_verify():
     loaded = tiny(Numerics.BATCH_INVARIANT)
     base, _ = generate(loaded, cuda_graphs=False)

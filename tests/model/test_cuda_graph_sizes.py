@@ -6,7 +6,12 @@ batch it has now: a batch that grows between steps never replays the smaller gra
 import pytest
 import torch
 
-from refengine.model.cuda_graph_sizes import default_batch_sizes, padded_batch_size
+from refengine.model.cuda_graph_sizes import (
+    MAX_MIXED_TOKENS,
+    default_batch_sizes,
+    graph_token_sizes,
+    padded_batch_size,
+)
 from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 
 
@@ -46,3 +51,20 @@ def test_a_proposal_padded_to_its_bucket_keeps_its_rows_and_pads_with_rows_that_
     assert padded.num_drafts.tolist() == [3, 1, 2, 0]  # the padded row wants no drafts: no KV, no attention
     assert padded.block_tables.tolist() == [[1, 2, 0], [3, 4, 0], [5, 6, 0], [0, 0, 0]]
     assert padded.hidden.tolist() == [[1, 1], [1, 1], [1, 1], [0, 0]]
+
+
+def test_token_sizes_hold_every_uniform_batch_and_the_mixed_steps_up_to_the_cap():
+    """Batch b of q-token rows pads to exactly b * q tokens; mixed steps up to MAX_MIXED_TOKENS find a
+    graph; nothing beyond the step budget is captured."""
+    sizes = graph_token_sizes([1, 2, 4, 8], (1, 5), 2048)
+    assert {1, 2, 4, 8, 5, 10, 20, 40} <= set(sizes)
+    assert max(sizes) == MAX_MIXED_TOKENS
+    for num_tokens in range(1, MAX_MIXED_TOKENS + 1):
+        assert padded_batch_size(num_tokens, sizes) is not None, num_tokens
+    assert padded_batch_size(MAX_MIXED_TOKENS + 1, sizes) is None  # a long prefill runs eagerly
+
+
+def test_a_small_step_budget_caps_the_token_sizes_and_is_itself_a_size():
+    sizes = graph_token_sizes([1, 2, 4], (1, 5), 13)
+    assert sizes == [1, 2, 4, 5, 10, 13]
+    assert all(padded_batch_size(n, sizes) is not None for n in range(1, 14))

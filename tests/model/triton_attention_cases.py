@@ -18,6 +18,7 @@ from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
 from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
+from refengine.worker.graph_layout import GraphLayout  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -125,6 +126,31 @@ def test_batch_invariant_rows(split_keys, monkeypatch):
         q[:3], k[:3], v[:3], clone_cache(cache), alone_meta, 0.25, Numerics.BATCH_INVARIANT
     )
     assert torch.equal(together[:3], alone)
+
+
+@pytest.mark.parametrize("numerics", [Numerics.BATCH_INVARIANT, Numerics.FAST])
+def test_a_mixed_step_in_a_graphs_padded_layout_attends_as_it_does_unpadded(numerics):
+    """worker/graph_layout.py: decode, verify and prefill rows staged into a larger graph's buffers, with
+    a padding sequence behind them and empty sequences past it, give each real row its unpadded result
+    (bit for bit under batch-invariant numerics), store the same KV, and give the padding zeros."""
+    q, k, v, cache, meta = make_case(*MIXED)
+    t, padded = q.shape[0], q.shape[0] + 7
+    layout = GraphLayout(max_tokens=padded, max_seqs=6, max_logits=padded, width=meta.block_tables.shape[1] + 2)
+    buffer = torch.zeros(layout.size, dtype=torch.int64)
+    views = layout.stage(buffer, padded, torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64), meta)
+    staged = AttentionMetadata(*(x.to(DEVICE) for x in (views.query_start_loc, views.seq_lens, views.block_tables, views.slots)))
+    noise = torch.randn(padded - t, *q.shape[1:]).to(DEVICE)
+    pad = lambda x: torch.cat([x, noise[:, : x.shape[1]]])  # noqa: E731
+    unpadded_cache, padded_cache = clone_cache(cache), clone_cache(cache)
+    alone = kernels.triton_paged_attention(q, k, v, unpadded_cache, meta, 0.25, numerics)
+    out = kernels.triton_paged_attention(pad(q), pad(k), pad(v), padded_cache, staged, 0.25, numerics)
+    if numerics is Numerics.BATCH_INVARIANT:
+        assert torch.equal(out[:t], alone)
+    ref, ref_cache = reference(q, k, v, cache, meta, scale=0.25)
+    assert rel_err(out[:t], ref) < 1e-5
+    assert torch.equal(out[t:].cpu(), torch.zeros_like(out[t:].cpu()))
+    assert torch.equal(padded_cache.key.cpu(), ref_cache.key.float())
+    assert torch.equal(padded_cache.value.cpu(), ref_cache.value.float())
 
 
 def test_odd_shapes_and_non_causal():

@@ -1,0 +1,62 @@
+"""The CUDA graphs' staging layout on the CPU (worker/graph_layout.py): what a GPU replays for a step
+that mixes a prefill chunk with decode and verify rows. The attention over the padded layout runs in
+tests/model/triton_attention_cases.py."""
+
+import pytest
+import torch
+
+from refengine.model.attention_metadata_builder import build_attention_metadata
+from refengine.worker.errors import RunnerInvariantError
+from refengine.worker.graph_layout import GraphLayout
+
+LAYOUT = GraphLayout(max_tokens=32, max_seqs=4, max_logits=20, width=6)
+
+
+def mixed_step():
+    # a decode row, a verify block of 4 drafts, a prefill chunk of 6 that reaches its last token
+    meta = build_attention_metadata([7, 20, 0], [1, 5, 6], [[3, 4], [5, 6, 7], [8, 9]], 16, causal=True)
+    ids = torch.arange(100, 112)
+    positions = torch.arange(12) + 1000
+    sampled = torch.tensor([0, 1, 2, 3, 4, 5, 11])
+    return ids, positions, meta, sampled
+
+
+def test_a_mixed_step_keeps_its_rows_first_and_pads_behind_them():
+    ids, positions, meta, sampled = mixed_step()
+    buffer = torch.full((LAYOUT.size,), 77, dtype=torch.int64)  # whatever an earlier step left
+    v = LAYOUT.stage(buffer, 16, ids, positions, meta, sampled)
+    assert v.ids.tolist() == list(range(100, 112)) + [0] * 4
+    assert v.positions.tolist()[:12] == list(range(1000, 1012)) and v.positions.tolist()[12:] == [0] * 4
+    assert v.slots.tolist() == meta.slot_mapping.tolist() + [-1] * 4  # padding writes no KV
+    # the step's sequences, then the padding sequence (tokens 12..15, no keys), then empty ones at T
+    assert v.query_start_loc.tolist() == [0, 1, 6, 12, 16, 16]
+    assert v.seq_lens.tolist() == [8, 25, 6, 0, 0]
+    assert v.block_tables[:3, :3].tolist() == meta.block_tables.tolist()
+    assert (v.block_tables[:3, 3:] == 0).all() and (v.block_tables[3:] == 0).all()
+    assert v.logits_indices.tolist() == sampled.tolist() + [0] * 9  # min(16, 20) rows, sampled first
+    assert v.metadata().slot_mapping.shape[0] == 16
+
+
+def test_pure_padding_is_one_sequence_without_keys():
+    buffer = torch.full((LAYOUT.size,), 77, dtype=torch.int64)
+    v = LAYOUT.stage(buffer, 8)
+    assert v.query_start_loc.tolist() == [0, 8, 8, 8, 8, 8]
+    assert v.seq_lens.tolist() == [0] * 5 and v.slots.tolist() == [-1] * 8
+    assert v.ids.tolist() == [0] * 8 and v.logits_indices.tolist() == [0] * 8
+
+
+@pytest.mark.parametrize("num_tokens", [8, 11])
+def test_a_step_that_does_not_fit_its_graph_is_refused(num_tokens):
+    ids, positions, meta, sampled = mixed_step()
+    with pytest.raises(RunnerInvariantError, match="does not fit a graph"):
+        LAYOUT.stage(torch.zeros(LAYOUT.size, dtype=torch.int64), num_tokens, ids, positions, meta, sampled)
+
+
+def test_views_of_different_token_counts_share_one_buffer_without_overlap():
+    buffer = torch.zeros(LAYOUT.size, dtype=torch.int64)
+    v = LAYOUT.views(buffer, LAYOUT.max_tokens)
+    fields = [v.ids, v.positions, v.slots, v.query_start_loc, v.seq_lens, v.logits_indices, v.block_tables]
+    for i, field in enumerate(fields):
+        field.fill_(i + 1)
+    assert sorted(buffer.tolist()) == sorted(x for i, f in enumerate(fields) for x in [i + 1] * f.numel())
+    assert buffer.numel() == sum(f.numel() for f in fields)
