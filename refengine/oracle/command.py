@@ -3,7 +3,6 @@
 import collections
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from refengine.oracle.runner import Job, OnDone, Runner, arm_runner, resolve_mod
 from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, render, summary
 from refengine.oracle.teacher import TEACHER_METHODS
 from refengine.tokenizer.tokenizer import Tokenizer
+from refengine.version import build
 
 REPORT_PATH = Path("reports/oracle.md")
 BASELINE = Arm("sync", None, False, False, False)
@@ -288,7 +288,12 @@ def _judge(arm: Arm, results: Results, workload: Workload) -> Verdict:
 
 
 def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    """The source tree's commit, marked dirty where it has uncommitted changes: a slice run from a copy of
+    a tree ahead of its repository's HEAD (a GPU host's) must not name HEAD as if it were that tree."""
+    tree = build()
+    if tree.commit is None:
+        return "no git commit"
+    return f"{tree.commit} (dirty)" if tree.dirty else tree.commit
 
 
 def _host(jobs: int, device: str, results: list[Results]) -> str:

@@ -4,7 +4,9 @@ import dataclasses
 
 import pytest
 
+from refengine.oracle import command
 from refengine.oracle.slices import Section, SliceMismatchError, SliceReport, render
+from refengine.version import Build
 
 ALL = "none, mtp, eagle, eagle3, dflash, ngram, draft_model, teacher, teacher-corrupt"
 FIRST_HALF = "none, mtp, eagle, eagle3, dflash"
@@ -76,3 +78,14 @@ def test_merge_refuses_slices_differing_in_another_shared_field():
 def test_merge_refuses_an_unknown_method():
     with pytest.raises(SliceMismatchError, match="unknown methods medusa"):
         render([slice_report(1, "none, medusa", "a", {})])
+
+
+@pytest.mark.parametrize(
+    "tree,stamp",
+    [(Build("0.1", "abc123def456", False), "abc123def456"), (Build("0.1", "abc123def456", True), "abc123def456 (dirty)"),
+     (Build("0.1", None, None), "no git commit")],
+)  # fmt: skip
+def test_a_slice_names_its_tree_dirty_when_it_is(monkeypatch, tree, stamp):
+    """A slice run from a tree with uncommitted changes (a GPU host's copy ahead of its HEAD) says so."""
+    monkeypatch.setattr(command, "build", lambda: tree)
+    assert command._commit() == stamp
