@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
+.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
 
 install: $(STAMP)
 
@@ -59,6 +59,13 @@ demo: install
 # The same job, regenerating the committed reports/demo.md and reports/demo/*.png.
 demo-report: install
 	DEMO_REPORT=reports/demo.md DEMO_PLOTS=reports/demo DEMO_TARGET=demo-report bash scripts/demo.sh
+
+# On a GPU host with the embedded SmolLM2 and the shipped heads: spec off and each head (k = 4, async, CUDA graphs)
+# through LLM.generate at c = 1 and 8, the device's busy time and kernels per step from a profiler trace, into
+# reports/heads-profile-gpu/ (gpu_bench.json and trace summaries). What the heads' TPOT at c = 1 is bounded by.
+heads-profile-gpu: install
+	PYTHONPATH=. $(PY) benchmarks/gpu_bench.py --out reports/heads-profile-gpu --budget-s 400 --commit $$(git rev-parse --short HEAD) \
+		--only heads_profile
 
 # On a GPU host: SmolLM2 served with --device cuda, spec off, ngram and every trained head (k = 4, async), laddered
 # at c = 1..32 through HTTP on held-out ShareGPT conversations (no head trained on them), into reports/heads-gpu.md

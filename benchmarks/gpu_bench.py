@@ -18,6 +18,8 @@ would start past the budget is skipped and recorded as such):
   spec_profile  that EAGLE step at c = 1 and 8 (async, acceptance 0.7, 16 in / 64 out), phase by phase: host
               ms, host waits on the device and device stream ms per step, device busy and idle from a trace
   hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
+  heads_profile  the embedded SmolLM2 with spec off and each shipped head (k = 4, async), c = 1 and 8: wall
+              per step, the device's busy time and kernels per step by kind, acceptance length
   oracle      the token-identity oracle's arms on the GPU for qwen3-0.6b in float32 batch-invariant mode
 
 Every figure carries: the attention implementation that ran (counted), whether CUDA graphs replayed,
@@ -51,8 +53,10 @@ from refengine.model.kv_cache import KVCache  # noqa: E402
 from refengine.model.layers import set_kernels  # noqa: E402
 from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
 from refengine.model.shapes import build_random_model  # noqa: E402
+from refengine.oracle.prompts import TEXT_PROMPTS  # noqa: E402
 from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
+from refengine.tokenizer.chat_template import ChatMessage  # noqa: E402
 from refengine.worker import model_runner  # noqa: E402
 from refengine.worker.cuda_graphs import CudaGraphs  # noqa: E402
 
@@ -795,6 +799,59 @@ def spec_profile(bench: Bench) -> None:
         empty_cache()
 
 
+HEAD_METHODS = ("eagle", "eagle3", "mtp", "dflash")
+
+
+def heads_profile(bench: Bench) -> None:
+    """The embedded SmolLM2 (fast numerics, async, CUDA graphs) with spec off and each shipped head at
+    k = 4, c = 1 and 8, 2·c chat prompts (the oracle's varied texts) of 64 new tokens, after a warm-up
+    generate: the wall per runner step (a plain run), the device's busy time and kernels per step, by
+    kind (a traced run), and the mean acceptance length. busy(head) / busy(off) / acceptance length is
+    the floor under a head's TPOT ratio to spec off where the host keeps up: what a spec step of a
+    small target costs on the device, in kernels more than in bytes. The dry run: tiny-llama with a
+    randomly initialised eagle head, on the CPU."""
+    model, methods = ("smollm2", ("off", *HEAD_METHODS)) if DEV == "cuda" else ("tiny-llama", ("off", "eagle"))
+    params = SamplingParams(temperature=0.0, max_tokens=64 if DEV == "cuda" else 8, ignore_eos=True)
+    for method in methods:
+        for c in (1, 8):
+            spec = None if method == "off" else SpeculativeConfig(method, 4)
+            llm = LLM(model, numerics="fast", device=DEV, max_num_seqs=c, max_model_len=256, speculative_config=spec)
+            tok = llm.tokenizer
+            prompts = [tok.encode(tok.apply_chat_template([ChatMessage("user", t)]), add_special_tokens=False)
+                       if tok.chat_template is not None else tok.encode(t) for t in TEXT_PROMPTS[: 2 * c]]
+            prompts = [prompts[i % len(prompts)] for i in range(2 * c)]
+            core = llm.engine.core
+            runner, stats = core.runner, core.scheduler.spec_decoding_stats
+            llm.generate(prompts, params)  # warm-up: kernels compiled, graphs captured
+            before = (runner.num_steps, stats.num_drafts, stats.num_accepted_tokens, runner.num_eager_steps)
+            plain = timed_generate(llm, prompts, params, None)
+            steps, drafts, accepted, eager = (
+                b - a for a, b in zip(before, (runner.num_steps, stats.num_drafts, stats.num_accepted_tokens,
+                                               runner.num_eager_steps), strict=True))
+            with device_trace() as prof:
+                n0 = runner.num_steps
+                llm.generate(prompts, params)
+                t_steps = runner.num_steps - n0
+            spans = device_spans(prof)
+            busy = idle_summary(spans)["busy_ms"] if spans else None
+            kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+            for start, stop, name in spans:
+                kinds[kernel_kind(name)][0] += (stop - start) / 1e3 / t_steps
+                kinds[kernel_kind(name)][1] += 1 / t_steps
+            bench.row(section="heads_profile", what=f"{model} fast, {method} k=4, async, graphs, {params.max_tokens} out", c=c,
+                      method=method, requests=len(prompts), runner_steps=steps, eager_steps=eager,
+                      wall_ms_per_step=round(plain["wall_s"] * 1e3 / steps, 3), tpot_ms=round(plain["tpot_ms"], 3),
+                      tokens_per_step=round(plain["tokens"] / steps, 3),
+                      acceptance_length=round(1 + accepted / drafts, 3) if drafts else None,
+                      gpu_busy_ms_per_step=busy and round(busy / t_steps, 3),
+                      kernels_per_step=round(len(spans) / t_steps, 1),
+                      kernel_ms_and_count_per_step_by_kind={k: [round(ms, 3), round(n, 1)] for k, (ms, n) in kinds.items()})
+            write_trace_summary(bench.out / f"trace_summary_heads_{method}_c{c}.txt", {"method": method, "c": c}, prof)
+            core.shutdown()
+            del llm, core, runner
+            empty_cache()
+
+
 def hf_peer(bench: Bench) -> None:
     import transformers
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -951,6 +1008,7 @@ def main() -> None:
         ("host", lambda: host_breakdown(bench), 20),
         ("async_ab", lambda: async_ab(bench), 50),
         ("spec_profile", lambda: spec_profile(bench), 30),
+        ("heads_profile", lambda: heads_profile(bench), 120),
         ("oracle_triton", lambda: oracle(bench, "auto"), 60),
         ("oracle_reference", lambda: oracle(bench, "reference"), 60),
     ]

@@ -1,6 +1,7 @@
 """benchmarks/gpu_bench.py --dry-run: the GPU benchmark's code on the CPU at tiny shapes, so that a mistake
 in a section shows before a GPU run. Here the spec_profile section, which wraps the engine's methods from
-the outside: if the engine stopped calling one of them, its figures would silently read 0 ms."""
+the outside (if the engine stopped calling one of them, its figures would silently read 0 ms), and the
+heads_profile section."""
 
 import json
 import os
@@ -37,3 +38,22 @@ def test_spec_profile_dry_run_times_every_phase(tmp_path: Path) -> None:
         assert row["runner_steps"] > 0 and row["async_scheduling"] and row["batch_queue"]
         summary = (tmp_path / f"trace_summary_spec_c{row['c']}.txt").read_text()
         assert json.loads(summary.split("\n\n", 1)[0])["c"] == row["c"]
+
+
+def test_heads_profile_dry_run_counts_the_device_work_of_each_arm(tmp_path: Path) -> None:
+    """On the CPU: tiny-llama, spec off and a random eagle head; the trace sees the CPU's ops instead."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_bench.py"), "--dry-run", "--out", str(tmp_path),
+         "--only", "heads_profile"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert results["sections"]["heads_profile"]["status"] == "ok", done.stdout[-3000:]
+    rows = [r for r in results["rows"] if r["section"] == "heads_profile"]
+    assert [(r["method"], r["c"]) for r in rows] == [("off", 1), ("off", 8), ("eagle", 1), ("eagle", 8)]
+    for row in rows:
+        assert row["runner_steps"] > 0 and row["requests"] == 2 * row["c"]
+        # spec off has no acceptance; the head drafted and was verified (a random head accepts little)
+        assert (row["acceptance_length"] is None) == (row["method"] == "off")
+        assert (tmp_path / f"trace_summary_heads_{row['method']}_c{row['c']}.txt").exists()
