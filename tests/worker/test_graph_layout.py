@@ -60,3 +60,40 @@ def test_views_of_different_token_counts_share_one_buffer_without_overlap():
         field.fill_(i + 1)
     assert sorted(buffer.tolist()) == sorted(x for i, f in enumerate(fields) for x in [i + 1] * f.numel())
     assert buffer.numel() == sum(f.numel() for f in fields)
+
+
+def step_of(num_seqs: int, tokens_each: int, width: int, num_sampled: int):
+    meta = build_attention_metadata(
+        [3] * num_seqs, [tokens_each] * num_seqs, [list(range(width))] * num_seqs, 16, causal=True
+    )
+    t = num_seqs * tokens_each
+    return torch.arange(t), torch.arange(t), meta, torch.arange(num_sampled)
+
+
+def test_a_step_that_fills_its_graph_exactly_is_staged():
+    """As many tokens as the graph, max_seqs sequences, num_logits sampled rows and a full block-table row."""
+    layout = GraphLayout(max_tokens=16, max_seqs=4, max_logits=12, width=3)
+    ids, positions, meta, sampled = step_of(4, 4, 3, 12)
+    v = layout.stage(torch.zeros(layout.size, dtype=torch.int64), 16, ids, positions, meta, sampled)
+    assert v.query_start_loc.tolist() == [0, 4, 8, 12, 16, 16]  # no token left for the padding sequence
+    assert v.logits_indices.tolist() == list(range(12))
+
+
+@pytest.mark.parametrize(
+    "num_seqs,tokens_each,width,num_sampled",
+    [(5, 3, 3, 5), (4, 4, 3, 13), (4, 4, 4, 12)],
+    ids=["one sequence too many", "one sampled row too many", "one block column too many"],
+)
+def test_a_step_one_over_any_limit_of_its_graph_is_refused(num_seqs, tokens_each, width, num_sampled):
+    layout = GraphLayout(max_tokens=16, max_seqs=4, max_logits=12, width=3)
+    ids, positions, meta, sampled = step_of(num_seqs, tokens_each, width, num_sampled)
+    with pytest.raises(RunnerInvariantError, match="does not fit a graph"):
+        layout.stage(torch.zeros(layout.size, dtype=torch.int64), 16, ids, positions, meta, sampled)
+
+
+def test_the_graphs_metadata_is_its_views_and_causal():
+    v = LAYOUT.views(torch.zeros(LAYOUT.size, dtype=torch.int64), 16)
+    meta = v.metadata()
+    fields = (meta.query_start_loc, meta.seq_lens, meta.block_tables, meta.slot_mapping)
+    assert all(a is b for a, b in zip(fields, (v.query_start_loc, v.seq_lens, v.block_tables, v.slots), strict=True))
+    assert meta.causal is True
