@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from ladder.sse import SSEParser
+
 from .config import SoakConfig
 
 MAX_OUTPUT_TOKENS = 256
@@ -87,26 +89,30 @@ class Recorder:
             if response.status_code != 200:
                 self.tally.malformed[f"unexpected {response.status_code}"] += 1
                 return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    self.tally.server_errors[event["error"].get("code") or "error_event"] += 1
-                    return
-                for choice in event.get("choices", []):
-                    text = choice.get("text") or choice.get("delta", {}).get("content")
-                    if text and ttft is None:
-                        ttft = time.monotonic() - t0
-                    finish = choice.get("finish_reason") or finish
-                    seen += bool(text)  # events with text: never more than the tokens they carry
-                usage = event.get("usage") or usage
-                if abort_after is not None and finish is None and seen >= abort_after:
-                    self.tally.aborted_by_client += 1
-                    self.tally.aborted_seen_tokens += seen
-                    return  # leaving the block closes the connection mid-stream
-                if read_delay:
-                    await asyncio.sleep(read_delay)
+            # SSE lines end at CR, LF or CRLF only: httpx's aiter_lines also splits at U+2028, U+0085 and
+            # the like, which a completion's text may hold raw inside one JSON event.
+            parser = SSEParser()
+            async for chunk in response.aiter_bytes():
+                for data in parser.feed(chunk):
+                    if data == b"[DONE]":
+                        continue
+                    event = json.loads(data)
+                    if "error" in event:
+                        self.tally.server_errors[event["error"].get("code") or "error_event"] += 1
+                        return
+                    for choice in event.get("choices", []):
+                        text = choice.get("text") or choice.get("delta", {}).get("content")
+                        if text and ttft is None:
+                            ttft = time.monotonic() - t0
+                        finish = choice.get("finish_reason") or finish
+                        seen += bool(text)  # events with text: never more than the tokens they carry
+                    usage = event.get("usage") or usage
+                    if abort_after is not None and finish is None and seen >= abort_after:
+                        self.tally.aborted_by_client += 1
+                        self.tally.aborted_seen_tokens += seen
+                        return  # leaving the block closes the connection mid-stream
+                    if read_delay:
+                        await asyncio.sleep(read_delay)
         end = time.monotonic()
         if finish is None or usage is None:
             self.tally.server_errors["stream_ended_without_finish"] += 1
