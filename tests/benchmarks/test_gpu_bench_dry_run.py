@@ -13,16 +13,21 @@ ROOT = Path(__file__).resolve().parents[2]
 WAITS = {"wait: frames landing (ids, counts, drafts)"}
 
 
-def test_spec_profile_dry_run_times_every_phase(tmp_path: Path) -> None:
+def dry_run_rows(tmp_path: Path, section: str) -> list[dict]:
+    """Run one section of gpu_bench.py --dry-run; its rows, once the section reported ok."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_bench.py"), "--dry-run", "--out", str(tmp_path),
-         "--only", "spec_profile"],
+         "--only", section],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "gpu_bench.json").read_text())
-    assert results["sections"]["spec_profile"]["status"] == "ok", done.stdout[-3000:]
-    rows = [r for r in results["rows"] if r["section"] == "spec_profile"]
+    assert results["sections"][section]["status"] == "ok", done.stdout[-3000:]
+    return [r for r in results["rows"] if r["section"] == section]
+
+
+def test_spec_profile_dry_run_times_every_phase(tmp_path: Path) -> None:
+    rows = dry_run_rows(tmp_path, "spec_profile")
     assert [r["c"] for r in rows] == [1, 8]
     for row in rows:
         calls = row["calls"]
@@ -42,15 +47,7 @@ def test_spec_profile_dry_run_times_every_phase(tmp_path: Path) -> None:
 
 def test_heads_profile_dry_run_counts_the_device_work_of_each_arm(tmp_path: Path) -> None:
     """On the CPU: tiny-llama, spec off and a random eagle head; the trace sees the CPU's ops instead."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_bench.py"), "--dry-run", "--out", str(tmp_path),
-         "--only", "heads_profile"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads((tmp_path / "gpu_bench.json").read_text())
-    assert results["sections"]["heads_profile"]["status"] == "ok", done.stdout[-3000:]
-    rows = [r for r in results["rows"] if r["section"] == "heads_profile"]
+    rows = dry_run_rows(tmp_path, "heads_profile")
     assert [(r["method"], r["c"]) for r in rows] == [("off", 1), ("off", 8), ("eagle", 1), ("eagle", 8)]
     for row in rows:
         assert row["runner_steps"] > 0 and row["requests"] == 2 * row["c"]
