@@ -802,11 +802,40 @@ def spec_profile(bench: Bench) -> None:
 HEAD_METHODS = ("eagle", "eagle3", "mtp", "dflash")
 
 
+def graph_replay_us(runner, k: int) -> dict[str, float]:
+    """Device microseconds of one replay of each CUDA graph a one-request step runs, replayed alone 200
+    times after 20 (the static buffers hold the last step's inputs, so each replay redoes that step):
+    the target's forward of 1 and of k + 1 tokens, the greedy rejection sampler and the drafter's step.
+    It reads the graph dicts directly: no engine path replays a graph without filling it. {} on the CPU."""
+    if DEV != "cuda" or runner.cuda_graphs is None:
+        return {}
+    graphs = {f"target {t} tokens": g.graph for t, g in runner.cuda_graphs._graphs.items() if t in (1, k + 1)}
+    if runner.sampler_graphs is not None:
+        graphs.update({"rejection sampler (greedy)": g for key, (g, _) in runner.sampler_graphs._graphs.items()
+                       if key.padded == 1 and key.greedy and not key.masked})
+    step_graphs = getattr(runner.drafter, "step_graphs", None)
+    if step_graphs is not None:
+        graphs["drafter step (pass 1 + proposal)"] = step_graphs._graphs[1].graph
+    timings = {}
+    for name, graph in graphs.items():
+        for _ in range(20):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(200):
+            graph.replay()
+        end.record()
+        sync()
+        timings[name] = round(start.elapsed_time(end) * 1e3 / 200, 1)
+    return timings
+
+
 def heads_profile(bench: Bench) -> None:
     """The embedded SmolLM2 (fast numerics, async, CUDA graphs) with spec off and each shipped head at
     k = 4, c = 1 and 8, 2·c chat prompts (the oracle's varied texts) of 64 new tokens, after a warm-up
     generate: the wall per runner step (a plain run), the device's busy time and kernels per step, by
-    kind (a traced run), and the mean acceptance length. busy(head) / busy(off) / acceptance length is
+    kind (a traced run), each captured graph's device time replayed alone (graph_replay_us), and the mean
+    acceptance length. busy(head) / busy(off) / acceptance length is
     the floor under a head's TPOT ratio to spec off where the host keeps up: what a spec step of a
     small target costs on the device, in kernels more than in bytes. The dry run: tiny-llama with a
     randomly initialised eagle head, on the CPU."""
@@ -845,7 +874,8 @@ def heads_profile(bench: Bench) -> None:
                       acceptance_length=round(1 + accepted / drafts, 3) if drafts else None,
                       gpu_busy_ms_per_step=busy and round(busy / t_steps, 3),
                       kernels_per_step=round(len(spans) / t_steps, 1),
-                      kernel_ms_and_count_per_step_by_kind={k: [round(ms, 3), round(n, 1)] for k, (ms, n) in kinds.items()})
+                      kernel_ms_and_count_per_step_by_kind={k: [round(ms, 3), round(n, 1)] for k, (ms, n) in kinds.items()},
+                      graph_replay_us=graph_replay_us(runner, 4))
             write_trace_summary(bench.out / f"trace_summary_heads_{method}_c{c}.txt", {"method": method, "c": c}, prof)
             core.shutdown()
             del llm, core, runner

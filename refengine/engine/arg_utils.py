@@ -48,6 +48,7 @@ class EngineArgs:
     cuda_graph_sizes: tuple[int, ...] | None = None
     attention_backend: str = "auto"  # for CUDA tensors: auto (Triton when installed), triton, reference
     fused_ops: bool = True  # for CUDA tensors: the fused Triton token-local ops
+    skinny_gemm: bool = True  # fast numerics on a GPU: products of 1..8 float32 rows in one Triton kernel
     # SYNTHETIC acceptance for speed studies only: drafts accepted at this fixed rate whatever the
     # target says, so the output is NOT the model's. None: real verification.
     synthetic_acceptance_rate: float | None = None

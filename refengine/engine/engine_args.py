@@ -64,7 +64,7 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     is already joined."""
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
-    kernels = Kernels(args.attention_backend, args.fused_ops)
+    kernels = Kernels(args.attention_backend, args.fused_ops, args.skinny_gemm)
     resolution = resolve_async_scheduling(args.async_scheduling, args.speculative_config)
     logger.info("async scheduling %s", resolution.reason)
     loaded = (

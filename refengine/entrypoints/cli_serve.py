@@ -234,6 +234,12 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         help="The fused Triton token-local ops for CUDA tensors.",
     )
     @click.option(
+        "--skinny-gemm/--no-skinny-gemm",
+        default=ENGINE_DEFAULTS.skinny_gemm,
+        show_default=True,
+        help="Fast numerics on a GPU: products of 1..8 float32 rows in one Triton kernel instead of cuBLAS.",
+    )
+    @click.option(
         "--max-request-bytes",
         type=click.IntRange(min=1),
         default=SERVE_DEFAULTS.max_request_bytes,
@@ -310,6 +316,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
         batch_invariant: bool,
         attention_backend: str,
         fused_ops: bool,
+        skinny_gemm: bool,
         max_request_bytes: int,
         fault_after_steps: int | None,
         threads: int | None,
@@ -342,6 +349,7 @@ def make_serve_command(engine_factory: EngineFactory) -> click.Command:
             fault_after_steps=fault_after_steps,
             attention_backend=attention_backend,
             fused_ops=fused_ops,
+            skinny_gemm=skinny_gemm,
             tensor_parallel_size=tensor_parallel_size,
             tp_invariant=tp_invariant,
         )

@@ -29,10 +29,12 @@ class Kernels:
 
     attention: auto (the Triton kernels when triton is installed), triton, or reference.
     fused_ops: the fused Triton token-local ops of triton_ops.py (RMSNorm, q/k norm with the rotary
-    embedding, SiLU-and-multiply, residual add with the next norm)."""
+    embedding, SiLU-and-multiply, residual add with the next norm).
+    skinny_gemm: under fast numerics, skinny_linear.py's kernel for products of 1..8 float32 rows."""
 
     attention: str = "auto"
     fused_ops: bool = True
+    skinny_gemm: bool = True
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

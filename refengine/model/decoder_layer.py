@@ -14,6 +14,28 @@ from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
 from refengine.model.ops import silu_and_mul
 
 
+def fuses_norm_rope(q: torch.Tensor, kernels: Kernels) -> bool:
+    """Whether `fused_norm_rope` runs for these queries: fused ops asked for, on a GPU, a head size the
+    kernel takes."""
+    return triton_ops.use_fused(q, kernels.fused_ops) and q.shape[-1] in (32, 64, 128, 256)
+
+
+def fused_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_norm: RMSNorm | None,
+    k_norm: RMSNorm | None,
+    rotary: RotaryEmbedding,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q/k head norms (where the layer has them) and the rotary embedding in one launch
+    (triton_ops.py)."""
+    q_weight = None if q_norm is None else q_norm.weight
+    k_weight = None if k_norm is None else k_norm.weight
+    eps = 0.0 if q_norm is None else q_norm.eps
+    return triton_ops.norm_rope(q, k, q_weight, k_weight, eps, positions.to(q.device), rotary.cos, rotary.sin)
+
+
 class Attention(nn.Module):
     kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
 
@@ -39,14 +61,8 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if triton_ops.use_fused(q, self.kernels.fused_ops) and self.head_dim in (32, 64, 128, 256):
-            # q/k head norms and the rotary embedding in one launch each (triton_ops.py)
-            positions = positions.to(q.device)
-            rotary = self.rotary
-            q_weight = None if self.q_norm is None else self.q_norm.weight
-            k_weight = None if self.k_norm is None else self.k_norm.weight
-            eps = 0.0 if self.q_norm is None else self.q_norm.eps
-            q, k = triton_ops.norm_rope(q, k, q_weight, k_weight, eps, positions, rotary.cos, rotary.sin)
+        if fuses_norm_rope(q, self.kernels):
+            q, k = fused_norm_rope(q, k, self.q_norm, self.k_norm, self.rotary, positions)
         elif self.q_norm is not None and self.k_norm is not None:
             q, k = self.rotary(positions, self.q_norm(q), self.k_norm(k))
         else:

@@ -15,6 +15,8 @@ from refengine.model.packed_weight import PackedWeight
 class Linear(nn.Module):
     """A bias-free projection; `weight` is `[out_features, in_features]` as in the checkpoints."""
 
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
+
     def __init__(self, in_features: int, out_features: int, numerics: Numerics, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
@@ -22,7 +24,7 @@ class Linear(nn.Module):
         self.packed = PackedWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.numerics, self.packed)
+        return ops.linear(x, self.weight, self.numerics, self.packed, skinny=self.kernels.skinny_gemm)
 
 
 class RMSNorm(nn.Module):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from refengine.model import triton_ops
+from refengine.model import skinny_linear, triton_ops
 from refengine.model.config import Numerics
 from refengine.model.packed_weight import PackedWeight
 
@@ -32,12 +32,20 @@ GPU_TILE_ROWS = 64
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, numerics: Numerics, packed: PackedWeight | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    numerics: Numerics,
+    packed: PackedWeight | None = None,
+    *,
+    skinny: bool = True,
 ) -> torch.Tensor:
-    """`x[T, K] @ weight[N, K].T`. `packed`: the caller's packed copy of `weight`, which fast numerics
-    use where it applies (packed_weight.py)."""
+    """`x[T, K] @ weight[N, K].T`. Fast numerics use the caller's packed copy of `weight` on the CPU
+    (`packed`, packed_weight.py) and, for a few float32 rows on a GPU, the skinny kernel
+    (`skinny`: Kernels.skinny_gemm, skinny_linear.py)."""
     if numerics is Numerics.BATCH_INVARIANT:
         return _tiled_linear(x, weight)
+    if skinny and skinny_linear.applies(x, weight):
+        return skinny_linear.skinny_linear(x, weight)
     if packed is not None and packed.applies(x, weight):
         return packed.linear(x, weight)
     return F.linear(x, weight)

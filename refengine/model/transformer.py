@@ -96,4 +96,6 @@ class Transformer(nn.Module):
         """`hidden[N, H]` -> float32 `logits[N, vocab]`."""
         if self.lm_head is not None:
             return self.lm_head(hidden).float()
-        return ops.linear(hidden, self.embed_tokens.weight, self.numerics, self.packed_tied_lm_head).float()
+        return ops.linear(
+            hidden, self.embed_tokens.weight, self.numerics, self.packed_tied_lm_head, skinny=self.kernels.skinny_gemm
+        ).float()

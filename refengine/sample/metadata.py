@@ -36,7 +36,9 @@ class SamplingMetadata:
     temperature: torch.Tensor  # [N] float32; 0 means greedy
     top_p: torch.Tensor  # [N] float32; 1 means off
     top_k: torch.Tensor  # [N] int64; 0 means off
-    seeds: torch.Tensor  # [N] int64: rng.row_seed of (request key, the position the row decides, STREAM_SAMPLE)
+    # [N] int64: rng.row_seed of (request key, the position the row decides, STREAM_SAMPLE); empty when
+    # every row is greedy, for the sampler never reads them then (their hash was ~35 kernels a verify step).
+    seeds: torch.Tensor
     # The two halves of that seed, so that the rejection sampler hashes its other streams on the device.
     key_words: torch.Tensor  # [N] int64: rng.key_word of the row's request key
     positions: torch.Tensor  # [N] int64: the position the row decides
@@ -92,12 +94,14 @@ class SamplingMetadata:
     ) -> "SamplingMetadata":
         """From per-row host arrays (a runner gathers them from its persistent rows): the seeds are hashed
         for the whole batch at once and `masked` lists (row, token) pairs, so nothing here loops over rows.
-        Greedy rows get seeds too; the sampler never reads them. Row bitmask_rows[g] is masked by row g
-        of `token_bitmask`."""
+        In a batch with a sampled row greedy rows get seeds too; the sampler never reads them. Row
+        bitmask_rows[g] is masked by row g of `token_bitmask`."""
         n, m = len(temperature), len(masked)
+        all_greedy = not temperature.any()
         # Hashed in numpy on the host: the same integer arithmetic as on tensors, at a fraction of the
         # per-operation cost for a batch of rows.
-        seeds = rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE)
+        seeds = np.zeros(0, dtype=np.int64) if all_greedy else rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE)
+        s = len(seeds)
         pairs = np.asarray(masked, dtype=np.int64).reshape(m, 2)
         ints = torch.from_numpy(
             np.concatenate(
@@ -111,14 +115,14 @@ class SamplingMetadata:
             temperature=floats[:n],
             top_p=floats[n:],
             top_k=ints[:n],
-            seeds=ints[n : 2 * n],
-            key_words=ints[2 * n : 3 * n],
-            positions=ints[3 * n : 4 * n],
-            masked_rows=ints[4 * n : 4 * n + m],
-            masked_token_ids=ints[4 * n + m : 4 * n + 2 * m],
-            bitmask_rows=ints[4 * n + 2 * m :],
+            seeds=ints[n : n + s],
+            key_words=ints[n + s : 2 * n + s],
+            positions=ints[2 * n + s : 3 * n + s],
+            masked_rows=ints[3 * n + s : 3 * n + s + m],
+            masked_token_ids=ints[3 * n + s + m : 3 * n + s + 2 * m],
+            bitmask_rows=ints[3 * n + s + 2 * m :],
             token_bitmask=bitmask,
-            all_greedy=not temperature.any(),
+            all_greedy=all_greedy,
             any_top_k=bool((top_k > 0).any()),
             any_top_p=bool((top_p < 1.0).any()),
             num_masked=m,
@@ -138,14 +142,15 @@ class SamplingMetadata:
         any_top_k: bool,
         any_top_p: bool,
     ) -> "SamplingMetadata":
-        """Rows without (row, token) pairs or grammar masks, their seeds hashed on their device from
-        `key_words` and `positions`: a CUDA graph's static rows, which apply their masks before sampling."""
+        """Rows without (row, token) pairs or grammar masks, their seeds (unless all are greedy) hashed on
+        their device from `key_words` and `positions`: a CUDA graph's static rows, which apply their masks
+        before sampling."""
         none = torch.zeros(0, dtype=torch.int64, device=temperature.device)
         return cls(
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
-            seeds=rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE),
+            seeds=none if all_greedy else rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE),
             key_words=key_words,
             positions=positions,
             masked_rows=none,
@@ -162,5 +167,7 @@ class SamplingMetadata:
     def at_positions(self, positions: torch.Tensor) -> "SamplingMetadata":
         """The same rows deciding `positions` (on the device, computed there: a step's exact positions
         under async speculative decoding), their seeds hashed there too."""
+        if self.all_greedy:
+            return dataclasses.replace(self, positions=positions)
         seeds = rng.row_seeds(self.key_words, positions, rng.STREAM_SAMPLE)
         return dataclasses.replace(self, positions=positions, seeds=seeds)

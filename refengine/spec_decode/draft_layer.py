@@ -11,7 +11,7 @@ from torch import nn
 from refengine.model.attention import paged_attention
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import DEFAULT_KERNELS, Kernels, ModelConfig, Numerics
-from refengine.model.decoder_layer import MLP
+from refengine.model.decoder_layer import MLP, fused_norm_rope, fuses_norm_rope
 from refengine.model.kv_cache import LayerKVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
 from refengine.model.ops import linear
@@ -50,9 +50,13 @@ class DraftAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k, v = self._shape_kv(k, v)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        q, k = self.rotary(positions, q, self._norm_k(k))
+        if fuses_norm_rope(q, self.kernels):
+            # One launch where the unfused rotary is some ten kernels: each draft pass pays it again.
+            q, k = fused_norm_rope(q, k, self.q_norm, self.k_norm, self.rotary, positions)
+        else:
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            q, k = self.rotary(positions, q, self._norm_k(k))
         out = paged_attention(q, k, v, cache, meta, self.head_dim**-0.5, self.numerics, self.kernels)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

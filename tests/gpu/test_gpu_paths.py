@@ -19,6 +19,7 @@ pytestmark = [
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 
+from skinny_linear_cases import *  # noqa: E402,F403
 from triton_attention_cases import *  # noqa: E402,F403  (the interpreter's cases, compiled here)
 from triton_attention_cases import clone_cache, make_case, reference, rel_err  # noqa: E402
 
@@ -115,6 +116,32 @@ def test_steps_that_mix_a_prefill_with_decodes_replay_graphs_with_eager_tokens(m
     graphed, runner = generate(loaded, long_prefill_token_threshold=8, speculative_config=spec)
     assert runner.cuda_graphs.num_mixed_replays > 0
     assert runner.num_eager_steps == 0 and runner.cuda_graphs.num_replays == runner.num_graph_steps
+    assert graphed == eager
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "dflash"])
+def test_fast_spec_steps_run_the_skinny_products_and_graphs_replay_eager_tokens(method, monkeypatch):
+    """Fast numerics in float32: products of at most 8 rows (here the drafters' passes over 3 requests)
+    run in the skinny kernels (counted: capture and eager steps call them), the drafters rotate q/k in
+    the fused kernel, and the graphs replay the eager steps' tokens (the same kernels at the same
+    shapes)."""
+    from refengine.model import skinny_linear
+
+    calls = []
+    original = skinny_linear.skinny_linear
+
+    def counted(x, weight):
+        calls.append(x.shape[0])
+        return original(x, weight)
+
+    monkeypatch.setattr(skinny_linear, "skinny_linear", counted)
+    loaded = tiny(Numerics.FAST, layers=4)
+    spec = SpeculativeConfig(method, 3)
+    eager, eager_runner = generate(loaded, speculative_config=spec, cuda_graphs=False)
+    assert any(2 <= rows <= skinny_linear.MAX_ROWS for rows in calls)  # the drafters' passes at least
+    graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
+    assert eager_runner.num_graph_steps == 0 and runner.num_graph_steps > 0
+    assert runner.drafter.step_graphs.num_replays > 0
     assert graphed == eager
 
 

@@ -23,7 +23,7 @@ from refengine.model.kv_cache import LayerKVCache  # noqa: E402
 # The kernels alone, and the drafters' fixed-shape proposals on them (with the CUDA graphs' padding), each
 # against the reference attention.
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests/gpu runs the cases compiled")
-@pytest.mark.parametrize("cases", ["triton_attention_cases.py", "triton_draft_cases.py"])
+@pytest.mark.parametrize("cases", ["triton_attention_cases.py", "triton_draft_cases.py", "skinny_linear_cases.py"])
 def test_kernels_under_the_interpreter(cases):
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(

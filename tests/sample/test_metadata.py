@@ -40,6 +40,26 @@ def test_sampling_metadata_flags_of_plain_greedy_rows():
     assert md.token_bitmask.shape == (0, 0)
 
 
+def test_all_greedy_rows_hash_no_seeds_and_the_other_fields_stay_in_place():
+    """The sampler reads seeds only for sampled rows, so an all-greedy batch carries none (their hash
+    was some 35 kernels in each verify step's sampler graph); the fields packed after them keep their
+    values."""
+    params = [RowParams(0.0, 3, 1.0, 0, (), (), rng_key=7)] * 2
+    md = SamplingMetadata.build(params, [5, 6], [[4], []], CPU, [1], np.array([[3]], dtype=np.int32))
+    assert md.seeds.shape == (0,)
+    assert md.key_words.tolist() == [rng.key_word(7)] * 2 and md.positions.tolist() == [5, 6]
+    assert md.masked_rows.tolist() == [0] and md.masked_token_ids.tolist() == [4] and md.bitmask_rows.tolist() == [1]
+    moved = md.at_positions(torch.tensor([8, 9]))
+    assert moved.positions.tolist() == [8, 9] and moved.seeds.shape == (0,)
+    graph_rows = SamplingMetadata.unmasked(
+        temperature=torch.zeros(2), top_p=torch.ones(2), top_k=torch.zeros(2, dtype=torch.int64),
+        key_words=md.key_words, positions=md.positions, all_greedy=True, any_top_k=False, any_top_p=False,
+    )  # fmt: skip
+    assert graph_rows.seeds.shape == (0,)
+    sampled = SamplingMetadata.build([RowParams(0.5, 0, 1.0, 0, (), (), rng_key=7)], [5], [[]], CPU)
+    assert sampled.at_positions(torch.tensor([6])).seeds.tolist() == [rng.row_seed(7, 6, rng.STREAM_SAMPLE)]
+
+
 def test_empty_batches_keep_the_documented_dtypes():
     md = SamplingMetadata.build([], [], [], CPU)
     assert all(getattr(md, name).dtype == torch.int64 and getattr(md, name).numel() == 0 for name in INTS)
