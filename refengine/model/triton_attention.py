@@ -339,6 +339,13 @@ if triton is not None:
         )
 
 
+# The kernels find a row's sequence among BLOCK_B sequence ends. A floor of 64 keeps every batch of up to
+# 64 sequences on one compiled variant: with BLOCK_B the next power of two, an eager drafter pass (its
+# variant is not one that graph capture compiles) stalled about a second in Triton's compiler at each new
+# power of two of running requests (reports/heads-gpu.md). 64 ends are 512 bytes a program, beside its keys.
+MIN_BLOCK_B = 64
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -448,7 +455,7 @@ def _paged_attention(
         "GROUP": group,
         "BLOCK_G": max(16, _next_pow2(group)),
         "BLOCK_D": block_d,
-        "BLOCK_B": max(2, _next_pow2(num_seqs)),
+        "BLOCK_B": max(MIN_BLOCK_B, _next_pow2(num_seqs)),
         "CAUSAL": bool(meta.causal),
     }
     _split_kernel[(num_tokens, num_kv_heads, num_splits)](
