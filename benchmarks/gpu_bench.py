@@ -811,8 +811,8 @@ def graph_replay_us(runner, k: int) -> dict[str, float]:
         return {}
     graphs = {f"target {t} tokens": g.graph for t, g in runner.cuda_graphs._graphs.items() if t in (1, k + 1)}
     if runner.sampler_graphs is not None:
-        graphs.update({"rejection sampler (greedy)": g for key, (g, _) in runner.sampler_graphs._graphs.items()
-                       if key.padded == 1 and key.greedy and not key.masked})
+        graphs["rejection sampler (greedy)"] = next(g for key, (g, _) in runner.sampler_graphs._graphs.items()
+                                                    if key.padded == 1 and key.greedy and not key.masked)
     step_graphs = getattr(runner.drafter, "step_graphs", None)
     if step_graphs is not None:
         graphs["drafter step (pass 1 + proposal)"] = step_graphs._graphs[1].graph

@@ -38,17 +38,22 @@ FEW_ROWS_CONFIG = (4, 256, 4)
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Float32 rows on a GPU under inference mode (the kernels have no backward), one of them, or up to
-    MAX_ROWS against a weight narrower than WIDE_N, the weight with unit stride in K."""
+    """Float32 rows on a GPU under inference mode (the kernels have no backward) in a shape the kernels
+    take, against a weight with unit stride in K."""
     return (
         triton is not None
         and x.is_cuda
         and torch.is_inference_mode_enabled()
         and x.dim() == 2
-        and (x.shape[0] == 1 or (1 < x.shape[0] <= MAX_ROWS and weight.shape[0] < WIDE_N))
+        and takes_shape(x.shape[0], weight.shape[0])
         and x.dtype == weight.dtype == torch.float32
         and weight.stride(1) == 1
     )
+
+
+def takes_shape(num_rows: int, n: int) -> bool:
+    """One row against any weight, or 2..MAX_ROWS rows against fewer than WIDE_N outputs."""
+    return num_rows == 1 or (1 < num_rows <= MAX_ROWS and n < WIDE_N)
 
 
 if triton is not None:

@@ -122,23 +122,30 @@ def test_steps_that_mix_a_prefill_with_decodes_replay_graphs_with_eager_tokens(m
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "dflash"])
 def test_fast_spec_steps_run_the_skinny_products_and_graphs_replay_eager_tokens(method, monkeypatch):
     """Fast numerics in float32: products of at most 8 rows (here the drafters' passes over 3 requests)
-    run in the skinny kernels (counted: capture and eager steps call them), the drafters rotate q/k in
-    the fused kernel, and the graphs replay the eager steps' tokens (the same kernels at the same
+    run in the skinny kernels, the drafters rotate q/k in the fused kernel (both counted: capture and
+    eager steps call them), and the graphs replay the eager steps' tokens (the same kernels at the same
     shapes)."""
     from refengine.model import skinny_linear
+    from refengine.spec_decode import draft_layer
 
-    calls = []
-    original = skinny_linear.skinny_linear
+    calls, rotations = [], []
+    original, original_rotation = skinny_linear.skinny_linear, draft_layer.fused_norm_rope
 
     def counted(x, weight):
         calls.append(x.shape[0])
         return original(x, weight)
 
+    def counted_rotation(*args):
+        rotations.append(args[0].shape[0])
+        return original_rotation(*args)
+
     monkeypatch.setattr(skinny_linear, "skinny_linear", counted)
+    monkeypatch.setattr(draft_layer, "fused_norm_rope", counted_rotation)
     loaded = tiny(Numerics.FAST, layers=4)
     spec = SpeculativeConfig(method, 3)
     eager, eager_runner = generate(loaded, speculative_config=spec, cuda_graphs=False)
     assert any(2 <= rows <= skinny_linear.MAX_ROWS for rows in calls)  # the drafters' passes at least
+    assert rotations  # the drafter's attention took the fused rotary
     graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
     assert eager_runner.num_graph_steps == 0 and runner.num_graph_steps > 0
     assert runner.drafter.step_graphs.num_replays > 0

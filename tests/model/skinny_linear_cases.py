@@ -70,6 +70,16 @@ def test_the_kernel_takes_only_what_it_is_for():
     assert not skinny_linear.applies(x, w)  # outside inference mode: the kernel has no backward
 
 
+def test_the_shapes_the_kernels_take():
+    """One row against any width (a decode step's lm_head too); 2..8 rows only against fewer than WIDE_N
+    outputs, where the skinny kernel beat cuBLAS on an H200; never none or more than 8 rows."""
+    wide = skinny_linear.WIDE_N
+    assert skinny_linear.takes_shape(1, 49152) and skinny_linear.takes_shape(1, 16)
+    assert skinny_linear.takes_shape(2, wide - 1) and skinny_linear.takes_shape(8, wide - 1)
+    assert not skinny_linear.takes_shape(2, wide) and not skinny_linear.takes_shape(8, 49152)
+    assert not skinny_linear.takes_shape(9, 16) and not skinny_linear.takes_shape(0, 16)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="ops.linear sends only CUDA tensors to the kernel")
 def test_fast_linear_runs_the_kernel_and_batch_invariant_never_does():
     x, w = operands(5, 576, 960)
