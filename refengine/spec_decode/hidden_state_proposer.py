@@ -88,20 +88,21 @@ class HiddenStateProposer(FixedShapeProposer):
         num_seqs, num_passes = inputs.num_seqs, self.k - 1
         # Every later pass's metadata in one call, pass s's requests at entries s * B .. (s + 1) * B: a
         # call per pass launched some fifteen small kernels each, a share of a small target's step.
-        passes = torch.arange(num_passes, device=inputs.starts.device)[:, None]
+        # On the CPU every tensor is there anyway: only a GPU test can tell a device left out.
+        passes = torch.arange(num_passes, device=inputs.starts.device)[:, None]  # pragma: no mutate
         meta, positions = uniform_query_metadata(
             (inputs.starts[None, :] + passes).flatten(),
             (inputs.num_drafts[None, :] > passes + 1).long().flatten(),
-            inputs.block_tables.repeat(num_passes, 1),
+            inputs.block_tables.expand(num_passes, -1, -1).flatten(0, 1),
             self.block_size,
             num_query=1,
         )
         for step in range(num_passes):
             part = slice(step * num_seqs, (step + 1) * num_seqs)
+            # One query row per sequence: causal, the default, as uniform_query_metadata builds it.
             pass_meta = AttentionMetadata(
-                meta.query_start_loc[: num_seqs + 1], meta.seq_lens[part], inputs.block_tables, meta.slot_mapping[part],
-                causal=True,
-            )  # fmt: skip
+                meta.query_start_loc[: num_seqs + 1], meta.seq_lens[part], inputs.block_tables, meta.slot_mapping[part]
+            )
             rows = self.network.forward(tokens[-1], rows, positions[part], pass_meta)
             tokens.append(self.network.greedy_tokens(rows))
         return torch.stack(tokens, dim=1)
