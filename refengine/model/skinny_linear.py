@@ -12,8 +12,9 @@ reduces once at the end:
 * 2..MAX_ROWS rows (a verify step at small batch): every row against the same weight block, the rows
   padded to MAX_ROWS inside the kernel. For wide outputs (N >= WIDE_N: SmolLM2's gate/up and lm_head)
   cuBLAS's tiles win and keep the product.
-Per-shape timings on an H200 (reports/heads-gpu.md) chose the block sizes. Each kernel compiles once per
-weight shape class: `num_rows` is not specialised.
+The block sizes, and WIDE_N, were picked from timings on an H200 of SmolLM2's and its heads' products alone
+in CUDA graphs, cuBLAS against a sweep of block sizes (reports/heads-gpu.md quotes them). Each kernel
+compiles once per weight shape class: `num_rows` is not specialised.
 """
 
 from __future__ import annotations

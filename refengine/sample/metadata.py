@@ -166,7 +166,7 @@ class SamplingMetadata:
 
     def at_positions(self, positions: torch.Tensor) -> "SamplingMetadata":
         """The same rows deciding `positions` (on the device, computed there: a step's exact positions
-        under async speculative decoding), their seeds hashed there too."""
+        under async speculative decoding), their seeds (unless all are greedy) hashed there too."""
         if self.all_greedy:
             return dataclasses.replace(self, positions=positions)
         seeds = rng.row_seeds(self.key_words, positions, rng.STREAM_SAMPLE)

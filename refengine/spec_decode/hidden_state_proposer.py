@@ -87,7 +87,7 @@ class HiddenStateProposer(FixedShapeProposer):
         tokens = [self.network.greedy_tokens(rows)]
         num_seqs, num_passes = inputs.num_seqs, self.k - 1
         # Every later pass's metadata in one call, pass s's requests at entries s * B .. (s + 1) * B: a
-        # call per pass launched some fifteen small kernels each, a share of a small target's step.
+        # call per pass launched about a dozen small kernels each, a share of a small target's step.
         # On the CPU every tensor is there anyway: only a GPU test can tell a device left out.
         passes = torch.arange(num_passes, device=inputs.starts.device)[:, None]  # pragma: no mutate
         meta, positions = uniform_query_metadata(
