@@ -42,7 +42,7 @@ def test_sampling_metadata_flags_of_plain_greedy_rows():
 
 def test_all_greedy_rows_hash_no_seeds_and_the_other_fields_stay_in_place():
     """The sampler reads seeds only for sampled rows, so an all-greedy batch carries none (their hash
-    was some 35 kernels in each verify step's sampler graph); the fields packed after them keep their
+    was most of the greedy sampler graph's 58 kernels); the fields packed after them keep their
     values."""
     params = [RowParams(0.0, 3, 1.0, 0, (), (), rng_key=7)] * 2
     md = SamplingMetadata.build(params, [5, 6], [[4], []], CPU, [1], np.array([[3]], dtype=np.int32))
