@@ -70,6 +70,8 @@ heads-profile-gpu: install
 # On a GPU host: SmolLM2 served with --device cuda, spec off, ngram and every trained head (k = 4, async), laddered
 # at c = 1..32 through HTTP on held-out ShareGPT conversations (no head trained on them), into reports/heads-gpu.md
 # and reports/heads-gpu/*.png (12·c prompts per rung; about 6 minutes on an H200). A host without a package registry runs the two commands after `install` by hand.
+# Each refengine arm has a `-cublas` twin served with --no-skinny-gemm: HEADS_GPU_ARMS="refengine-eagle3
+# refengine-eagle3-cublas" is the A/B of the skinny float32 kernels.
 HEADS_GPU_ARMS ?= refengine-off refengine-ngram refengine-eagle refengine-eagle3 refengine-mtp refengine-dflash
 heads-report-gpu: install
 	$(VENV)/bin/refengine export-prompts --out runs/sharegpt-prompts.jsonl.gz --held-out-sharegpt runs/held-out-sharegpt.json

@@ -60,6 +60,11 @@ declare -A SERVE=(
 for method in ngram eagle eagle3 mtp dflash; do  # ngram forces sync scheduling; the heads keep async on
     SERVE[refengine-$method]="$REFENGINE --speculative-config '{\"method\": \"$method\", \"num_speculative_tokens\": $K}'"
 done
+# Every refengine arm again with cuBLAS for every product (`refengine-eagle3-cublas`...): the A/B of the skinny
+# float32 kernels (refengine/model/skinny_linear.py), which only a GPU runs.
+for arm in "${!SERVE[@]}"; do
+    if [[ $arm == refengine-* ]]; then SERVE[$arm-cublas]="${SERVE[$arm]} --no-skinny-gemm"; fi
+done
 
 start=$(date +%s)
 load=$(cut -d' ' -f1 /proc/loadavg)  # other work on the machine slows every ladder alike
