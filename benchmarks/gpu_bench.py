@@ -820,13 +820,12 @@ def graph_replay_us(runner, k: int) -> dict[str, float]:
     for name, graph in graphs.items():
         for _ in range(20):
             graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = mark()
         for _ in range(200):
             graph.replay()
-        end.record()
+        end = mark()
         sync()
-        timings[name] = round(start.elapsed_time(end) * 1e3 / 200, 1)
+        timings[name] = round(marks_ms(start, end) * 1e3 / 200, 1)
     return timings
 
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from refengine.distributed.parallel_state import NUM_TP_INVARIANT_SLICES, TensorParallelConfigError, TPGroup
 from refengine.model import ops
-from refengine.model.config import ModelConfig, Numerics
+from refengine.model.config import DEFAULT_KERNELS, Kernels, ModelConfig, Numerics
 from refengine.model.layers import Linear
 from refengine.model.packed_weight import PackedWeight
 from refengine.model.transformer import Transformer
@@ -42,6 +42,8 @@ class RowParallelLinear(nn.Module):
     subtree of that tree, so each rank sums its subtree, the subtrees are all-gathered, and the tree is
     finished in rank order: the same additions in the same order as at TP=1 (TBIK, arXiv 2511.17826). No
     all-reduce, fused all-reduce + norm or message-size-chosen algorithm takes part in the sum."""
+
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
 
     def __init__(self, weight: torch.Tensor, numerics: Numerics, group: TPGroup) -> None:
         super().__init__()
@@ -63,10 +65,13 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.group.invariant:
-            return self.group.all_reduce(ops.linear(x, self.weight, self.numerics, self.packed))
+            return self.group.all_reduce(
+                ops.linear(x, self.weight, self.numerics, self.packed, skinny=self.kernels.skinny_gemm)
+            )
         width = self.slices.shape[2]
+        skinny = self.kernels.skinny_gemm
         partials = [
-            ops.linear(x[:, i * width : (i + 1) * width].contiguous(), w, self.numerics)
+            ops.linear(x[:, i * width : (i + 1) * width].contiguous(), w, self.numerics, skinny=skinny)
             for i, w in enumerate(self.slices)
         ]
         return tree_sum(self.group.all_gather(tree_sum(partials)))
@@ -100,6 +105,8 @@ class ParallelLMHead(nn.Module):
     """This rank's vocabulary slice of the output projection; the slices are gathered (not summed, so
     exact) into every rank's full float32 logits row."""
 
+    kernels: Kernels = DEFAULT_KERNELS  # set_kernels chooses per model
+
     def __init__(self, weight: torch.Tensor, numerics: Numerics, group: TPGroup) -> None:
         super().__init__()
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight.contiguous(), requires_grad=False)
@@ -107,7 +114,8 @@ class ParallelLMHead(nn.Module):
         self.group = group
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.cat(self.group.all_gather(ops.linear(hidden, self.weight, self.numerics).float()), dim=-1)
+        logits = ops.linear(hidden, self.weight, self.numerics, skinny=self.kernels.skinny_gemm).float()
+        return torch.cat(self.group.all_gather(logits), dim=-1)
 
 
 def local_config(config: ModelConfig, tp: int) -> ModelConfig:

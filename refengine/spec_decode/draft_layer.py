@@ -66,7 +66,8 @@ class DraftAttention(nn.Module):
         """Write K/V for rows that are keys only (DFlash's context): the K/V rows of qkv_proj, k_norm
         and the rotary embedding at the rows' own positions, stored at meta.slot_mapping."""
         num_tokens = context.shape[0]
-        kv = linear(context, self.qkv_proj.weight[self.q_size :], self.numerics)
+        kv_weight = self.qkv_proj.weight[self.q_size :]
+        kv = linear(context, kv_weight, self.numerics, skinny=self.kernels.skinny_gemm)
         k, v = self._shape_kv(*kv.split([self.kv_size, self.kv_size], dim=-1))
         no_queries = k.new_zeros(num_tokens, self.num_heads, self.head_dim)
         _, k = self.rotary(positions, no_queries, self._norm_k(k))

@@ -61,3 +61,23 @@ def test_dispatch_counts_the_backend():
     assert attention.attention_implementation(Kernels(attention="triton"), "cpu") == "triton"
     with pytest.raises(ValueError, match="attention backend must be one of auto, triton, reference"):
         Kernels(attention="flash")
+
+
+def test_the_engine_kernel_choice_reaches_every_product_of_target_and_drafter():
+    """`--no-skinny-gemm` is the A/B switch of skinny_linear.py: every module that calls ops.linear (the
+    target's projections and lm_head, the drafter's layers, DFlash's context K/V) must see it."""
+    from refengine.engine.llm import LLM
+    from refengine.model.layers import Linear
+    from refengine.model.transformer import Transformer
+    from refengine.spec_decode.config import SpeculativeConfig
+    from refengine.spec_decode.draft_layer import DraftAttention
+
+    llm = LLM("tiny-qwen3", numerics="fast", skinny_gemm=False, speculative_config=SpeculativeConfig("dflash", 3))
+    try:
+        core = llm.engine.core
+        modules = [*core.runner.model.modules(), *core.runner.drafter.network.modules()]
+        choosers = [m for m in modules if isinstance(m, Linear | Transformer | DraftAttention)]
+        assert {type(m) for m in choosers} >= {Linear, Transformer, DraftAttention}
+        assert all(m.kernels.skinny_gemm is False for m in choosers)
+    finally:
+        llm.engine.core.shutdown()
