@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from typing import TypeVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -28,6 +30,39 @@ def to_device(value: _Moved, device: torch.device) -> _Moved:
         return value  # on the host for the host, or already on the device
     # Runs only on a GPU: CPU mutation testing cannot reach it (pytest -m gpu checks it).
     return value.pin_memory().to(device, non_blocking=True)  # pragma: no mutate
+
+
+# The dtypes the runner's host arrays have, as torch names them.
+_TORCH_DTYPES = {
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.bool_): torch.bool,
+}
+# Each array starts at a multiple of this many bytes in the packed buffer, so a slice of it can be
+# viewed as any of those dtypes.
+_ALIGN = 8
+
+
+def arrays_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Host arrays on `device` in one host-to-device copy: packed end to end into one byte buffer, each
+    at an aligned offset, moved by `to_device`, then cut back into views of their dtypes and shapes.
+    Every copy costs the host a pinned allocation and a launch, which a step's small arrays repeated."""
+    offsets: list[int] = []
+    size = 0
+    for array in arrays:
+        offsets.append(size)
+        size += -(-array.nbytes // _ALIGN) * _ALIGN
+    # Never empty: torch cannot view a zero-length byte buffer as a wider dtype.
+    packed = np.empty(max(size, _ALIGN), dtype=np.uint8)
+    for array, offset in zip(arrays, offsets, strict=True):
+        packed[offset : offset + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    moved = to_device(torch.from_numpy(packed), device)
+    return [
+        moved[offset : offset + array.nbytes].view(_TORCH_DTYPES[array.dtype]).view(array.shape)
+        for array, offset in zip(arrays, offsets, strict=True)
+    ]
 
 
 def on_device(device: torch.device | str) -> contextlib.AbstractContextManager:

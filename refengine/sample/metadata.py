@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from refengine.model.device import to_device
+from refengine.model.device import arrays_to_device
 from refengine.sample import rng
 
 
@@ -104,14 +104,12 @@ class SamplingMetadata:
         seeds = np.zeros(0, dtype=np.int64) if all_greedy else rng.row_seeds(key_words, positions, rng.STREAM_SAMPLE)
         s = len(seeds)
         pairs = np.asarray(masked, dtype=np.int64).reshape(m, 2)
-        ints = torch.from_numpy(
-            np.concatenate(
-                [top_k, seeds, key_words, positions, pairs[:, 0], pairs[:, 1], np.asarray(bitmask_rows, dtype=np.int64)]
-            )
+        ints = np.concatenate(
+            [top_k, seeds, key_words, positions, pairs[:, 0], pairs[:, 1], np.asarray(bitmask_rows, dtype=np.int64)]
         )
-        floats = torch.from_numpy(np.concatenate([temperature, top_p]))
-        bitmask = torch.from_numpy(token_bitmask if len(bitmask_rows) else np.zeros((0, 0), dtype=np.int32))
-        ints, floats, bitmask = (to_device(t, device) for t in (ints, floats, bitmask))
+        floats = np.concatenate([temperature, top_p])
+        bitmask = token_bitmask if len(bitmask_rows) else np.zeros((0, 0), dtype=np.int32)
+        ints, floats, bitmask = arrays_to_device([ints, floats, bitmask], device)
         return cls(
             temperature=floats[:n],
             top_p=floats[n:],

@@ -72,6 +72,15 @@ def draft_row_masks(
     ]
 
 
+def padded_draft_ids(drafts: Sequence[Sequence[int]]) -> np.ndarray:
+    """[R, W] each request's drafts on the host, -1 padded to the widest."""
+    width = max((len(d) for d in drafts), default=0)
+    padded = np.full((len(drafts), width), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+    for r, row in enumerate(drafts):
+        padded[r, : len(row)] = row
+    return padded
+
+
 @dataclass(frozen=True, slots=True)
 class SpecDecodeMetadata:
     """Where each verified request's drafts and logits rows are (vLLM's name), on the logits' device."""
@@ -99,9 +108,7 @@ class SpecDecodeMetadata:
             none = torch.zeros(len(drafts), 0, dtype=torch.long, device=device)
             index = torch.arange(len(drafts), dtype=torch.long, device=device)[:, None]
             return cls(none, none.new_zeros(len(drafts)), index, draft_probs)
-        padded = np.full((len(drafts), width), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
-        for r, row in enumerate(drafts):
-            padded[r, : len(row)] = row
+        padded = padded_draft_ids(drafts)
         slots = np.arange(width + 1, dtype=np.int64)[None, :]
         first = np.asarray(first_logits_rows, dtype=np.int64)[:, None]
         index = first + np.where(slots <= num[:, None], slots, 0)

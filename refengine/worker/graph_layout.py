@@ -55,6 +55,7 @@ class GraphLayout:
         return 3 * self.max_tokens + (b + 1) + b + self.max_logits + b * self.width
 
     def views(self, buffer: torch.Tensor, num_tokens: int) -> GraphViews:
+        # Also called on the numpy view of a host buffer (stage): the slicing is the same.
         t, b = self.max_tokens, self.max_seqs + 1
         starts = 3 * t
         lens = starts + b + 1
@@ -66,7 +67,7 @@ class GraphLayout:
             slots=buffer[2 * t : 2 * t + num_tokens],
             query_start_loc=buffer[starts:lens],
             seq_lens=buffer[lens:logits],
-            block_tables=buffer[tables : tables + b * self.width].view(b, self.width),
+            block_tables=buffer[tables : tables + b * self.width].reshape(b, self.width),
             logits_indices=buffer[logits : logits + self.num_logits(num_tokens)],
         )
 
@@ -78,9 +79,11 @@ class GraphLayout:
         positions: torch.Tensor | None = None,
         meta: AttentionMetadata | None = None,
         logits_indices: torch.Tensor | None = None,
-    ) -> GraphViews:
-        """Write a step (or, without one, pure padding) into `buffer`'s views for a T = `num_tokens` graph."""
-        v = self.views(buffer, num_tokens)
+    ) -> None:
+        """Write a step (or, without one, pure padding) into host `buffer` for a T = `num_tokens` graph;
+        `views` reads it back. The writes go through numpy: a step stages every field, and a numpy
+        slice assignment costs the host a fraction of a torch op's dispatch."""
+        v = self.views(buffer.numpy(), num_tokens)
         n = 0 if meta is None else meta.seq_lens.shape[0]
         t = 0 if meta is None else meta.slot_mapping.shape[0]
         s = 0 if logits_indices is None else logits_indices.shape[0]
@@ -91,16 +94,16 @@ class GraphLayout:
                 raise RunnerInvariantError(
                     f"a step of {t} tokens, {n} sequences and {s} sampled rows does not fit a graph of {num_tokens} tokens"
                 )
-            v.ids[:t] = ids
-            v.positions[:t] = positions
-            v.slots[:t] = meta.slot_mapping
-            v.query_start_loc[: n + 1] = meta.query_start_loc
-            v.seq_lens[:n] = meta.seq_lens
+            v.ids[:t] = ids.numpy()
+            v.positions[:t] = positions.numpy()
+            v.slots[:t] = meta.slot_mapping.numpy()
+            v.query_start_loc[: n + 1] = meta.query_start_loc.numpy()
+            v.seq_lens[:n] = meta.seq_lens.numpy()
             width = meta.block_tables.shape[1]
-            v.block_tables[:n, :width] = meta.block_tables
+            v.block_tables[:n, :width] = meta.block_tables.numpy()
             v.block_tables[:n, width:] = 0
             if logits_indices is not None:
-                v.logits_indices[:s] = logits_indices
+                v.logits_indices[:s] = logits_indices.numpy()
         v.ids[t:] = 0
         v.positions[t:] = 0
         v.slots[t:] = -1  # padding writes no KV
@@ -110,4 +113,3 @@ class GraphLayout:
         v.seq_lens[n:] = 0  # and attends over nothing
         v.block_tables[n:] = 0
         v.logits_indices[s:] = 0
-        return v

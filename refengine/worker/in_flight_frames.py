@@ -4,10 +4,11 @@ frames, oldest first, once their copies are on the host (step_frame.py says what
 Invariant numbers refer to docs/invariants.md.
 """
 
+import numpy as np
 import torch
 
-from refengine.model.device import to_device
-from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+from refengine.model.device import arrays_to_device
+from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, padded_draft_ids
 from refengine.spec_decode.proposer import DraftInput, Proposer
 from refengine.worker.async_output import InFlightTokens
 from refengine.worker.errors import RunnerInvariantError
@@ -15,7 +16,7 @@ from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.step_frame import FrameRow, StepFrame
 from refengine.worker.step_rows import ExecutedBatch, ScheduledRow
-from refengine.worker.verify_step import draft_matrix
+from refengine.worker.verify_step import with_fed_drafts
 
 
 class InFlightFrames:
@@ -62,10 +63,11 @@ class InFlightFrames:
         if tokens is None:
             return self._push(StepFrame(rows, None, num_proposed=0 if proposed is None else proposed.shape[1]))
         num_verified = len(verified)
-        host = torch.tensor([r.first_row for r in verified] + [len(r.draft_ids) for r in verified], dtype=torch.int64)
-        host = to_device(host, self.device)
-        first_rows, num_drafts = host[:num_verified], host[num_verified:]
-        fed = draft_matrix(verified, {r.state.req_id: r.draft_ids for r in verified}, executed.fed, self.device)
+        counts = np.array([r.first_row for r in verified] + [len(r.draft_ids) for r in verified], dtype=np.int64)
+        padded = padded_draft_ids([r.draft_ids for r in verified])
+        counts, padded = arrays_to_device([counts, padded], self.device)
+        first_rows, num_drafts = counts[:num_verified], counts[num_verified:]
+        fed = with_fed_drafts(padded, executed.fed)
         valid = (tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1)
         last_tokens = tokens.gather(1, (valid - 1)[:, None])[:, 0]
         columns = [tokens, executed.positions[first_rows][:, None], fed]
@@ -150,8 +152,7 @@ class InFlightFrames:
                 proposed.append(frame.proposed_drafts(host_rows[row.sampled_row]))
         if drafter is None or not inputs:
             return
-        with torch.inference_mode():
-            proposals = drafter.commit(inputs, proposed if frame.num_proposed else None)
+        proposals = drafter.commit(inputs, proposed if frame.num_proposed else None)
         for req_id, drafts in proposals.items():
             state = self.requests[req_id]
             # A later frame already fed these drafts, on the device, and proposes its own.

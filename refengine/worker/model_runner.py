@@ -133,7 +133,9 @@ class ModelRunner:
     # ---- execute -----------------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> None:
         # Streams, events and graph replays go to the thread's current device: make it the model's.
-        with on_device(self.device):
+        # Inference mode for the whole step, host glue included: no tensor of a step is ever
+        # differentiated, and autograd's dispatch keys cost every one of its small ops host time.
+        with on_device(self.device), torch.inference_mode():
             self._execute_model(so)
 
     def _execute_model(self, so: SchedulerOutput) -> None:
@@ -224,25 +226,24 @@ class ModelRunner:
         self.num_corrected_launches += any(s >= 0 for s in sources)
         if latest is not None and not latest.copy.is_ready():
             self.num_overlapped_launches += 1
-        with torch.inference_mode():
-            if (
-                self.cuda_graphs is not None
-                and self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers)  # pragma: no mutate
-            ):
-                # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
-                # pragma: no mutate block
-                step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, device_inputs)
-                out, logits, positions_t, meta = step.model_output, step.logits, step.positions, step.attn_metadata
-                sample_t = step.logits_indices
-                self.num_graph_steps += 1
-            else:
-                ids_t, positions_t, sample_t = (to_device(t, self.device) for t in (ids_t, positions_t, sample_t))
-                meta = to_device(meta, self.device)
-                if device_inputs is not None:
-                    device_inputs.apply(ids_t, positions_t, meta, self.block_size)
-                out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
-                logits = self.model.compute_logits(out.hidden_states[sample_t])
-                self.num_eager_steps += 1
+        if (
+            self.cuda_graphs is not None
+            and self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers)  # pragma: no mutate
+        ):
+            # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
+            # pragma: no mutate block
+            step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, device_inputs)
+            out, logits, positions_t, meta = step.model_output, step.logits, step.positions, step.attn_metadata
+            sample_t = step.logits_indices
+            self.num_graph_steps += 1
+        else:
+            ids_t, positions_t, sample_t = (to_device(t, self.device) for t in (ids_t, positions_t, sample_t))
+            meta = to_device(meta, self.device)
+            if device_inputs is not None:
+                device_inputs.apply(ids_t, positions_t, meta, self.block_size)
+            out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
+            logits = self.model.compute_logits(out.hidden_states[sample_t])
+            self.num_eager_steps += 1
         fed = None
         if fill_slots:
             entries = to_device(torch.tensor(fill_slots + fill_entries, dtype=torch.int64), self.device)
@@ -285,7 +286,7 @@ class ModelRunner:
 
         The results stay on the device and the output comes back in flight, nothing here waiting for the
         device, unless the next step needs them on the host (`_needs_host`): then they are read back here."""
-        with on_device(self.device):
+        with on_device(self.device), torch.inference_mode():
             return self._sample_tokens(draft_overrides, grammar_output)
 
     def _sample_tokens(
@@ -312,8 +313,7 @@ class ModelRunner:
             tokens = self.tp_group.broadcast_sampled(tokens)
         proposed = None  # the drafter's device drafts, one row per verified request
         if self.drafter is not None and executed.model_output is not None:
-            with torch.inference_mode():
-                proposed = self.drafter.propose(padded_draft_batch(executed, verified, tokens, self.input_batch))
+            proposed = self.drafter.propose(padded_draft_batch(executed, verified, tokens, self.input_batch))
         frame = self._last_frame = self._in_flight.record(executed, verified, tokens, proposed)
         req_ids = [r.state.req_id for r in executed.rows]
         if frame.copy is None:
@@ -370,6 +370,6 @@ class ModelRunner:
         """The drafts proposed after the steps sampled so far, for the scheduler: under sync scheduling
         to schedule them, in the deferred branch to validate them. Lands every frame in flight."""
         self.num_readback_steps += sum(f.copy is not None for f in self._in_flight.frames)
-        with on_device(self.device):
+        with on_device(self.device), torch.inference_mode():
             self._in_flight.land(False, self.drafter)
         return {req_id: list(s.pending_drafts) for req_id, s in self.requests.items() if s.pending_drafts}

@@ -122,12 +122,16 @@ class RejectionSamplerGraphs:
             (self._positions, md.positions if positions is None else positions, 0),
         ):
             static[:rows].copy_(value)
-            static[rows:padded_rows].fill_(pad)
+            # An op on an empty slice still costs host time, and a full step has no padding (`>=` would
+            # fill an empty slice).
+            if padded_rows > rows:  # pragma: no mutate
+                static[rows:padded_rows].fill_(pad)
         if key.masked:
             self._masked[:padded_rows].zero_()
             mark_forbidden(self._masked, md, True)
         self._drafts[:num_seqs].copy_(spec.draft_token_ids)
-        self._drafts[num_seqs : key.padded].fill_(PLACEHOLDER_TOKEN_ID)
+        if key.padded > num_seqs:  # pragma: no mutate
+            self._drafts[num_seqs : key.padded].fill_(PLACEHOLDER_TOKEN_ID)
 
     def step(self, key: SamplerGraphKey) -> torch.Tensor:
         """[padded, k + 1] tokens from the static buffers: the eager sampler's code, tensor ops only."""

@@ -13,9 +13,7 @@ import numpy as np
 import torch
 
 from refengine.core.outputs import GrammarOutput, TokenLogprobs
-from refengine.model.device import to_device
 from refengine.sample.rejection_sampler import (
-    PLACEHOLDER_TOKEN_ID,
     SpecDecodeMetadata,
     StepAcceptRule,
     accept_matching_prefix,
@@ -39,20 +37,11 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> 
     return out
 
 
-def draft_matrix(
-    rows: list[ScheduledRow], drafts_by_req: Mapping[str, tuple[int, ...]], fed: FedDrafts | None, device: torch.device
-) -> torch.Tensor:
-    """[R, W] drafts of the verified rows on the device, -1 padded: the host's, and the device's where
-    the step fed drafts still on the device."""
-    width = max((len(drafts_by_req[r.state.req_id]) for r in rows), default=0)
-    padded = np.full((len(rows), width), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
-    for i, r in enumerate(rows):
-        drafts = drafts_by_req[r.state.req_id]
-        padded[i, : len(drafts)] = drafts
-    matrix = to_device(torch.from_numpy(padded), device)
-    if fed is not None:
-        matrix = matrix.view(-1).index_copy(0, fed.slots, fed.ids).view(len(rows), width)
-    return matrix
+def with_fed_drafts(matrix: torch.Tensor, fed: FedDrafts | None) -> torch.Tensor:
+    """The padded draft matrix on the device with the drafts the step fed while still on the device."""
+    if fed is None:
+        return matrix
+    return matrix.view(-1).index_copy(0, fed.slots, fed.ids).view(matrix.shape)
 
 
 def verify_rows(
@@ -93,7 +82,8 @@ def verify_rows(
         [drafts_by_req[r.state.req_id] for r in rows], [r.first_logits_row for r in rows], device
     )
     if fed is not None:
-        spec = dataclasses.replace(spec, draft_token_ids=draft_matrix(rows, drafts_by_req, fed, device))
+        # The metadata's draft matrix is the host's drafts, padded as padded_drafts pads them.
+        spec = dataclasses.replace(spec, draft_token_ids=with_fed_drafts(spec.draft_token_ids, fed))
     if sampler_graphs is not None:  # they hold the runner's accept rule and hash the seeds of `positions`
         # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
         tokens = sampler_graphs.run(logits, metadata, spec, positions)  # pragma: no mutate

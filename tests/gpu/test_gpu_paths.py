@@ -19,6 +19,7 @@ pytestmark = [
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 
+from device_cases import *  # noqa: E402,F403
 from skinny_linear_cases import *  # noqa: E402,F403
 from triton_attention_cases import *  # noqa: E402,F403  (the interpreter's cases, compiled here)
 from triton_attention_cases import clone_cache, make_case, reference, rel_err  # noqa: E402

@@ -137,7 +137,8 @@ def test_a_mixed_step_in_a_graphs_padded_layout_attends_as_it_does_unpadded(nume
     t, padded = q.shape[0], q.shape[0] + 7
     layout = GraphLayout(max_tokens=padded, max_seqs=6, max_logits=padded, width=meta.block_tables.shape[1] + 2)
     buffer = torch.zeros(layout.size, dtype=torch.int64)
-    views = layout.stage(buffer, padded, torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64), meta)
+    layout.stage(buffer, padded, torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64), meta)
+    views = layout.views(buffer, padded)
     staged = AttentionMetadata(*(x.to(DEVICE) for x in (views.query_start_loc, views.seq_lens, views.block_tables, views.slots)))
     noise = torch.randn(padded - t, *q.shape[1:]).to(DEVICE)
     pad = lambda x: torch.cat([x, noise[:, : x.shape[1]]])  # noqa: E731

@@ -24,7 +24,8 @@ def mixed_step():
 def test_a_mixed_step_keeps_its_rows_first_and_pads_behind_them():
     ids, positions, meta, sampled = mixed_step()
     buffer = torch.full((LAYOUT.size,), 77, dtype=torch.int64)  # whatever an earlier step left
-    v = LAYOUT.stage(buffer, 16, ids, positions, meta, sampled)
+    LAYOUT.stage(buffer, 16, ids, positions, meta, sampled)
+    v = LAYOUT.views(buffer, 16)
     assert v.ids.tolist() == list(range(100, 112)) + [0] * 4
     assert v.positions.tolist()[:12] == list(range(1000, 1012)) and v.positions.tolist()[12:] == [0] * 4
     assert v.slots.tolist() == meta.slot_mapping.tolist() + [-1] * 4  # padding writes no KV
@@ -39,7 +40,8 @@ def test_a_mixed_step_keeps_its_rows_first_and_pads_behind_them():
 
 def test_pure_padding_is_one_sequence_without_keys():
     buffer = torch.full((LAYOUT.size,), 77, dtype=torch.int64)
-    v = LAYOUT.stage(buffer, 8)
+    LAYOUT.stage(buffer, 8)
+    v = LAYOUT.views(buffer, 8)
     assert v.query_start_loc.tolist() == [0, 8, 8, 8, 8, 8]
     assert v.seq_lens.tolist() == [0] * 5 and v.slots.tolist() == [-1] * 8
     assert v.ids.tolist() == [0] * 8 and v.logits_indices.tolist() == [0] * 8
@@ -74,7 +76,9 @@ def test_a_step_that_fills_its_graph_exactly_is_staged():
     """As many tokens as the graph, max_seqs sequences, num_logits sampled rows and a full block-table row."""
     layout = GraphLayout(max_tokens=16, max_seqs=4, max_logits=12, width=3)
     ids, positions, meta, sampled = step_of(4, 4, 3, 12)
-    v = layout.stage(torch.zeros(layout.size, dtype=torch.int64), 16, ids, positions, meta, sampled)
+    buffer = torch.zeros(layout.size, dtype=torch.int64)
+    layout.stage(buffer, 16, ids, positions, meta, sampled)
+    v = layout.views(buffer, 16)
     assert v.query_start_loc.tolist() == [0, 4, 8, 12, 16, 16]  # no token left for the padding sequence
     assert v.logits_indices.tolist() == list(range(12))
 
