@@ -82,7 +82,7 @@ def verify_rows(
         [drafts_by_req[r.state.req_id] for r in rows], [r.first_logits_row for r in rows], device
     )
     if fed is not None:
-        # The metadata's draft matrix is the host's drafts, padded as padded_drafts pads them.
+        # The metadata's draft matrix is the host's drafts, -1 padded (padded_draft_ids), as the frame's is.
         spec = dataclasses.replace(spec, draft_token_ids=with_fed_drafts(spec.draft_token_ids, fed))
     if sampler_graphs is not None:  # they hold the runner's accept rule and hash the seeds of `positions`
         # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
