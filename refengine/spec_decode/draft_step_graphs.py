@@ -85,19 +85,19 @@ class DraftStepGraphs:
         num_tokens = num_seqs * self.q
         meta = batch.attn_metadata
         width = meta.block_tables.shape[1]
-        per_token = (
-            (self._ids, batch.input_ids),
-            (self._positions, batch.positions[:num_tokens]),
-            (self._slots, meta.slot_mapping[:num_tokens]),
-            (self._hidden, batch.hidden_states[:num_tokens]),
-            *((self._aux[i], batch.aux_hidden_states[i][:num_tokens]) for i in self._aux),
+        per_token = (  # (static buffer, the step's rows, what a padding row holds)
+            (self._ids, batch.input_ids, 0),
+            (self._positions, batch.positions[:num_tokens], 0),
+            (self._slots, meta.slot_mapping[:num_tokens], -1),  # padding writes no KV ...
+            (self._hidden, batch.hidden_states[:num_tokens], 0),
+            *((self._aux[i], batch.aux_hidden_states[i][:num_tokens], 0) for i in self._aux),
         )
         per_seq = (
             (self._seq_lens, meta.seq_lens[:num_seqs]),
             (self._num_rejected, batch.num_rejected_tokens),
             (self._limit, limit),
         )
-        for static, value in per_token:
+        for static, value, _ in per_token:
             static[:num_tokens].copy_(value)
         for static, value in per_seq:
             static[:num_seqs].copy_(value)
@@ -106,9 +106,8 @@ class DraftStepGraphs:
         # Padding rows only when the step has fewer requests than its graph: each op costs host time even on
         # an empty slice, and a full step (every step at c = 1) has none. (`>=` would pad an empty slice.)
         if padded > num_seqs:  # pragma: no mutate
-            for static, _ in per_token:
-                static[num_tokens : padded * self.q].zero_()
-            self._slots[num_tokens : padded * self.q].fill_(-1)  # padding writes no KV ...
+            for static, _, pad in per_token:
+                static[num_tokens : padded * self.q].fill_(pad)
             for static, _ in per_seq:
                 static[num_seqs:padded].zero_()  # ... attends over nothing and wants no drafts
             self._block_tables[num_seqs:padded].zero_()
