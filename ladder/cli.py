@@ -165,6 +165,10 @@ def cli() -> None:
               help="--dataset trace: replay the timestamps this many times faster (2: half the gaps).")
 @click.option("--max-input-len", type=click.IntRange(1),
               help="Datasets: drop prompts longer than this many tokens (counted with --tokenizer).")
+@click.option("--max-total-len", type=click.IntRange(2),
+              help="Datasets: drop requests whose prompt and output together pass this many tokens (counted with "
+                   "--tokenizer, the chat template's own tokens not included), as vLLM's ShareGPT sampler drops "
+                   "those past 2048: keep it under the server's max-model-len, which refuses longer requests.")
 @click.option("--input-len", type=click.IntRange(1),
               help=f"Random prompts: the server's prompt_tokens per request. [default: {cfg.DEFAULT_INPUT_LEN}]")
 @click.option("--prefix-len", type=click.IntRange(1),

@@ -64,6 +64,7 @@ def workload_caption(run: Run) -> str:
         prompts = f"{w.get('input_len') or '?'} tokens in"
     else:
         limit = f" of ≤ {data['max_input_len']} tokens" if data.get("max_input_len") else ""
+        limit += f", ≤ {data['max_total_len']} tokens with the output" if data.get("max_total_len") else ""
         prompts = f"{data['kind']} prompts{limit} ({data.get('num_usable', '?')} of {data.get('num_records', '?')} records)"
     out_len = w.get("output_len") or "dataset lengths"
     slos = f", goodput SLOs (ms) {run.slos}" if run.slos != "none" else ""

@@ -50,6 +50,7 @@ class RunConfig:
     max_duration_s: float | None = None  # per rung: no request is sent after this many seconds
     dataset: str = "random"  # random | sharegpt[:PATH] | jsonl:PATH | trace:PATH
     max_input_len: int | None = None  # datasets: drop prompts longer than this (needs --tokenizer)
+    max_total_len: int | None = None  # datasets: drop requests whose prompt + output exceed this (needs --tokenizer)
     input_len: int | None = None  # random only; None = DEFAULT_INPUT_LEN (with prefix_len: the suffix)
     prefix_len: int | None = None  # random only: every prompt starts with a shared prefix of this many tokens
     num_prefixes: int = 1  # distinct shared prefixes

@@ -186,9 +186,10 @@ def load(kind: str, path: Path | None, turns: int | None = None) -> Dataset:
 
 
 def _selected(req: DatasetRequest, kind: str, count_tokens: Callable[[str], int] | None, output_len: int | None,
-              max_input_len: int | None) -> DatasetRequest | None:
+              max_input_len: int | None, max_total_len: int | None = None) -> DatasetRequest | None:
     """The request with its output length fixed, or None when a filter drops it."""
-    if max_input_len is not None and count_tokens(req.text) > max_input_len:
+    num_input = count_tokens(req.text) if max_input_len is not None or max_total_len is not None else 0
+    if max_input_len is not None and num_input > max_input_len:
         return None
     n = output_len or req.output_len
     if n is None and req.reply is not None and count_tokens is not None:
@@ -198,16 +199,20 @@ def _selected(req: DatasetRequest, kind: str, count_tokens: Callable[[str], int]
                          f"(or --tokenizer, to count the reply's tokens)")
     if n < 2:  # vLLM prunes these too: a 1-token reply has no TPOT
         return None
+    # vLLM's ShareGPT sampler drops prompt + reply > 2048 too: a server refuses a request past its context.
+    if max_total_len is not None and num_input + n > max_total_len:
+        return None
     return DatasetRequest(req.messages, n, req.reply)
 
 
 def select(dataset: Dataset, count_tokens: Callable[[str], int] | None, output_len: int | None,
-           max_input_len: int | None) -> tuple:
+           max_input_len: int | None, max_total_len: int | None = None) -> tuple:
     """What a run may use: each request with its output length fixed (--output-len, else the data's, else
-    its tokenized reply), those whose prompt exceeds --max-input-len dropped. A session (--multi-turn) is
+    its tokenized reply), those whose prompt exceeds --max-input-len, or whose prompt and output together
+    exceed --max-total-len, dropped. A session (--multi-turn) is
     kept whole or dropped whole: every turn must pass."""
     def keep(req: DatasetRequest) -> DatasetRequest | None:
-        return _selected(req, dataset.kind, count_tokens, output_len, max_input_len)
+        return _selected(req, dataset.kind, count_tokens, output_len, max_input_len, max_total_len)
 
     if dataset.turns is not None:
         out = [kept for session in dataset.sessions if None not in (kept := tuple(map(keep, session)))]

@@ -88,7 +88,7 @@ def _dataset(run: Run) -> str | None:
     d = run.workload.get("dataset")
     if not d:
         return None
-    return ", ".join(f"{k}={d[k]}" for k in ("kind", "num_records", "max_input_len") if d.get(k) is not None)
+    return ", ".join(f"{k}={d[k]}" for k in ("kind", "num_records", "max_input_len", "max_total_len") if d.get(k) is not None)
 
 
 def workload_differences(runs: Sequence[Run]) -> list[Difference]:

@@ -157,6 +157,10 @@ def _checks(config: RunConfig, kind: str) -> None:
         raise SetupError("--max-input-len filters a dataset; a trace is replayed whole")
     if config.max_input_len is not None and config.tokenizer is None:
         raise SetupError("--max-input-len counts prompt tokens: it needs --tokenizer")
+    if config.max_total_len is not None and kind in ("random", "trace"):
+        raise SetupError(f"--max-total-len filters a dataset's requests; --dataset {kind} sizes its own")
+    if config.max_total_len is not None and config.tokenizer is None:
+        raise SetupError("--max-total-len counts prompt tokens: it needs --tokenizer")
 
 
 def as_sessions(requests: list[Request], turns: int, replies: list[str] | None) -> list[Request]:
@@ -179,9 +183,10 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
         data = datasets.load(kind, path, config.multi_turn)
         tok = prompts.load_tokenizer(config.tokenizer) if config.tokenizer is not None else None
         count = (lambda text: len(tok.encode(text, add_special_tokens=False).ids)) if tok else None
-        pool = datasets.select(data, count, config.output_len, config.max_input_len)
+        pool = datasets.select(data, count, config.output_len, config.max_input_len, config.max_total_len)
         dataset_info = {"kind": kind, "source": data.source, "num_records": data.num_records,
-                        "num_usable": len(pool), "max_input_len": config.max_input_len}
+                        "num_usable": len(pool), "max_input_len": config.max_input_len,
+                        "max_total_len": config.max_total_len}
 
     models = await ep.models()
     if not models and not config.model:

@@ -17,7 +17,10 @@
 # Overrides for a shortened smoke run: DEMO_ARMS="refengine-off refengine-ngram" (a subset of the labels),
 # DEMO_C=1 (the rungs), DEMO_PROMPTS=4 (prompts per c), and DEMO_RUNS / DEMO_REPORT / DEMO_PLOTS. The same
 # script makes `make heads-report-gpu`: DEMO_DEVICE=cuda, every trained head (refengine-eagle, -eagle3,
-# -mtp, -dflash), DEMO_K=4 drafts, DEMO_MAX_NUM_SEQS=32 and DEMO_DATASET=sharegpt:PATH (held-out conversations).
+# -mtp, -dflash), DEMO_K=4 drafts, DEMO_MAX_NUM_SEQS=32, DEMO_DATASET=sharegpt:PATH (held-out conversations)
+# and ShareGPT's own lengths (DEMO_MAX_INPUT_LEN=1024, DEMO_MAX_MODEL_LEN=2048, DEMO_OUTPUT_LEN=dataset): the
+# CPU's 64 forced tokens cut replies short where drafts are accepted most, and add text past EOS that no head
+# learned, so they understate what speculation gives a ShareGPT workload.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,24 +37,38 @@ DEVICE=${DEMO_DEVICE:-cpu}
 K=${DEMO_K:-3}
 SEQS=${DEMO_MAX_NUM_SEQS:-4}
 DATASET=${DEMO_DATASET:-sharegpt}
+MAX_INPUT_LEN=${DEMO_MAX_INPUT_LEN:-128}
+MAX_MODEL_LEN=${DEMO_MAX_MODEL_LEN:-256}
+# DEMO_OUTPUT_LEN=dataset: each request asks for its ShareGPT reply's length and may stop at EOS, as `vllm bench
+# serve` runs ShareGPT; requests whose prompt and reply pass the context less the chat template's tokens (64
+# spare) are dropped, as vLLM's sampler drops those past 2048.
+OUTPUT_LEN=${DEMO_OUTPUT_LEN:-64}
 GGUF=$($PY -c "from refengine.model.loader import embedded_smollm2_path; print(embedded_smollm2_path())") || exit 2
 
 rm -rf "$RUNS"
 mkdir -p "$RUNS"
-# The ladder counts prompt tokens (to keep prompts <= 128) with the model's own tokenizer, taken from the GGUF.
+# The ladder counts prompt (and reply) tokens with the model's own tokenizer, taken from the GGUF.
 $PY -c "import sys; from pathlib import Path
 from refengine.model.gguf_loader import read_gguf
 from refengine.tokenizer.tokenizer import Tokenizer
 Tokenizer.from_gguf_vocab(read_gguf(Path(sys.argv[1])).vocab).save_hf_folder(Path(sys.argv[2]))" \
     "$GGUF" "$RUNS" || exit 2
 
-WORKLOAD=(--dataset "$DATASET" --tokenizer "$RUNS" --max-input-len 128 --output-len 64 --ignore-eos
+WORKLOAD=(--dataset "$DATASET" --tokenizer "$RUNS" --max-input-len "$MAX_INPUT_LEN"
           --c "${DEMO_C:-1,2,4}" --prompts-per-concurrency "${DEMO_PROMPTS:-4}" --seed 0 --temperature 0)
+if [ "$OUTPUT_LEN" = dataset ]; then
+    WORKLOAD+=(--max-total-len $((MAX_MODEL_LEN - 64)))
+    LENGTHS="each asked for its ShareGPT reply's length in tokens and free to stop at EOS (prompt and reply \
+together at most $((MAX_MODEL_LEN - 64)) tokens)"
+else
+    WORKLOAD+=(--output-len "$OUTPUT_LEN" --ignore-eos)
+    LENGTHS="each asked for $OUTPUT_LEN tokens with ignore_eos"
+fi
 # --fast: refengine's batch-invariant default costs about 2x fast's time per token at c = 1 and 1.2-1.3x at
 # c = 4 to 16 on a 2-core CPU (reports/cpu-bench.md), more than the 15-minute budget leaves room for;
 # llama.cpp is not batch-invariant either. The banner names the numerics.
-REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs $SEQS --max-model-len 256 --fast --threads $THREADS --device $DEVICE"
-LLAMACPP="$PY -m ladder.peers.llamacpp --gguf $GGUF --port {port} --slots $SEQS --ctx-per-slot 256 --threads $THREADS"
+REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs $SEQS --max-model-len $MAX_MODEL_LEN --fast --threads $THREADS --device $DEVICE"
+LLAMACPP="$PY -m ladder.peers.llamacpp --gguf $GGUF --port {port} --slots $SEQS --ctx-per-slot $MAX_MODEL_LEN --threads $THREADS"
 
 declare -A SERVE=(
     [refengine-off]="$REFENGINE"
@@ -100,10 +117,10 @@ CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 NOTES=(--note "Made by \`make $TARGET\` (scripts/demo.sh): the ladders took ${wall} s of wall time on ${CORES} cores \
 ($(uname -m)), one server at a time; the load average was ${load} when they started and \
 $(cut -d' ' -f1 /proc/loadavg) when they ended. All serve the same file, $(basename "$GGUF"), with the same \
-per-sequence budget (256 tokens, ${SEQS} sequences), refengine on the device ${DEVICE}, every engine with \
+per-sequence budget (${MAX_MODEL_LEN} tokens, ${SEQS} sequences), refengine on the device ${DEVICE}, every engine with \
 ${THREADS} CPU thread (--threads ${THREADS}); the drafters propose ${K} tokens a step.")
-NOTES+=(--note "Prompts are first human turns of at most 128 tokens (seed 0) from ${DATASET}, each asked \
-for 64 tokens with ignore_eos. Acceptance per spec arm over the whole ladder: ${ACCEPTANCE:-no spec arm ran}.\
+NOTES+=(--note "Prompts are first human turns of at most ${MAX_INPUT_LEN} tokens (seed 0) from ${DATASET}, \
+${LENGTHS}. Acceptance per spec arm over the whole ladder: ${ACCEPTANCE:-no spec arm ran}.\
 $( [ "$DEVICE" = cpu ] && echo " On a CPU each draft pass of a 135M-parameter target costs a large share of a \
 target step, so a drafter pays for itself only when enough of its drafts are accepted.")")
 

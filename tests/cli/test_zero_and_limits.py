@@ -92,6 +92,7 @@ LADDER_RUN = [
     positive("--max-concurrency"),
     positive("--max-duration", value=float),
     positive("--max-input-len"),
+    positive("--max-total-len", low=2),
     positive("--input-len"),
     positive("--output-len", low=2),
     positive("--prompts-per-rung"),

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ladder import datasets
-from ladder.config import SetupError
+from ladder import datasets, workload
+from ladder.config import RunConfig, SetupError
 
 
 def conv(*turns):
@@ -48,6 +48,29 @@ def test_output_lengths_come_from_the_flag_the_data_or_the_tokenized_reply(tmp_p
     assert [r.output_len for r in datasets.select(ds, words, None, None)] == [3, 2]
     assert [r.output_len for r in datasets.select(ds, None, 64, None)] == [64, 64]
     assert len(datasets.select(ds, words, 64, max_input_len=10)) == 1  # the 50-word prompt is dropped
+
+
+def test_max_total_len_drops_requests_whose_prompt_and_output_pass_it():
+    # vLLM's ShareGPT sampler drops prompt + reply > 2048: a server refuses a request past its context.
+    ds = datasets.Dataset("sharegpt", "x", 3, (datasets.DatasetRequest((("user", "a b c"),), None, "one two three"),
+                                               datasets.DatasetRequest((("user", "a b"),), None, "w x y z"),
+                                               datasets.DatasetRequest((("user", "a " * 50),), None, "x y")))
+    words = lambda text: len(text.split())  # noqa: E731 - a word-level tokenizer
+    assert [r.output_len for r in datasets.select(ds, words, None, None, max_total_len=6)] == [3, 4]  # 6, 6, 52 tokens
+    assert [r.output_len for r in datasets.select(ds, words, 10, None, max_total_len=13)] == [10, 10]  # the flag's length
+    with pytest.raises(SetupError, match="no request is left"):
+        datasets.select(ds, words, None, None, max_total_len=5)
+
+
+@pytest.mark.parametrize("dataset, tokenizer, message", [
+    ("random", "tok", "--dataset random sizes its own"),
+    ("trace:t.jsonl", "tok", "--dataset trace sizes its own"),
+    ("sharegpt", None, "it needs --tokenizer"),
+])
+def test_max_total_len_is_refused_where_it_cannot_filter(dataset, tokenizer, message):
+    config = RunConfig(base_url="http://x", serve_cmd=None, dataset=dataset, tokenizer=tokenizer, max_total_len=100)
+    with pytest.raises(SetupError, match=message):
+        workload._checks(config, datasets.parse_spec(dataset)[0])
 
 
 @pytest.mark.parametrize("line, message", [
