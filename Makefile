@@ -70,15 +70,15 @@ heads-profile-gpu: install
 # On a GPU host: SmolLM2 served with --device cuda, spec off, ngram and every trained head (k = 4, async), laddered
 # at c = 1..32 through HTTP on held-out ShareGPT conversations (no head trained on them), each request asking for
 # its reply's length and free to stop at EOS, as `vllm bench serve` runs ShareGPT (prompts of at most 1024 tokens,
-# prompt and reply at most 1984), into reports/heads-gpu.md and reports/heads-gpu/*.png (6·c prompts per rung).
+# prompt and reply at most 1984), into reports/heads-gpu.md and reports/heads-gpu/*.png (32 prompts per rung).
 # A host without a package registry runs the two commands after `install` by hand.
 # Each refengine arm has a `-cublas` twin served with --no-skinny-gemm: HEADS_GPU_ARMS="refengine-eagle3
 # refengine-eagle3-cublas" is the A/B of the skinny float32 kernels.
 HEADS_GPU_ARMS ?= refengine-off refengine-ngram refengine-eagle refengine-eagle3 refengine-mtp refengine-dflash
-HEADS_GPU_PROMPTS ?= 6
+HEADS_GPU_PROMPTS_PER_RUNG ?= 32
 heads-report-gpu: install
 	$(VENV)/bin/refengine export-prompts --out runs/sharegpt-prompts.jsonl.gz --held-out-sharegpt runs/held-out-sharegpt.json
-	DEMO_DEVICE=cuda DEMO_K=4 DEMO_MAX_NUM_SEQS=32 DEMO_C=1,2,4,8,16,32 DEMO_PROMPTS=$(HEADS_GPU_PROMPTS) DEMO_DATASET=sharegpt:runs/held-out-sharegpt.json \
+	DEMO_DEVICE=cuda DEMO_K=4 DEMO_MAX_NUM_SEQS=32 DEMO_C=1,2,4,8,16,32 DEMO_PROMPTS_PER_RUNG=$(HEADS_GPU_PROMPTS_PER_RUNG) DEMO_DATASET=sharegpt:runs/held-out-sharegpt.json \
 		DEMO_MAX_INPUT_LEN=1024 DEMO_MAX_MODEL_LEN=2048 DEMO_OUTPUT_LEN=dataset \
 		DEMO_ARMS="$(HEADS_GPU_ARMS)" DEMO_RUNS=runs/heads-gpu DEMO_REPORT=reports/heads-gpu.md DEMO_PLOTS=reports/heads-gpu \
 		DEMO_TARGET=heads-report-gpu bash scripts/demo.sh

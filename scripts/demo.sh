@@ -55,7 +55,14 @@ Tokenizer.from_gguf_vocab(read_gguf(Path(sys.argv[1])).vocab).save_hf_folder(Pat
     "$GGUF" "$RUNS" || exit 2
 
 WORKLOAD=(--dataset "$DATASET" --tokenizer "$RUNS" --max-input-len "$MAX_INPUT_LEN"
-          --c "${DEMO_C:-1,2,4}" --prompts-per-concurrency "${DEMO_PROMPTS:-4}" --seed 0 --temperature 0)
+          --c "${DEMO_C:-1,2,4}" --seed 0 --temperature 0)
+# DEMO_PROMPTS_PER_RUNG: as many requests at every c (a c = 1 rung of 4 or 6 requests leaves its p50 to which
+# prompts came up); else DEMO_PROMPTS·c.
+if [ -n "${DEMO_PROMPTS_PER_RUNG:-}" ]; then
+    WORKLOAD+=(--prompts-per-rung "$DEMO_PROMPTS_PER_RUNG")
+else
+    WORKLOAD+=(--prompts-per-concurrency "${DEMO_PROMPTS:-4}")
+fi
 if [ "$OUTPUT_LEN" = dataset ]; then
     WORKLOAD+=(--max-total-len $((MAX_MODEL_LEN - 64)))
     LENGTHS="each asked for its ShareGPT reply's length in tokens and free to stop at EOS (prompt and reply \
