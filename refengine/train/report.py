@@ -82,7 +82,7 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
         "# Acceptance of the shipped SmolLM2 drafter heads",
         "",
         f"Engine runs (greedy, fast numerics, one batch of {num_prompts}) on {basis}, under the chat "
-        f"template, {max_tokens} new tokens each. Acceptance at draft "
+        f"template, at most {max_tokens} new tokens each, a reply stopping at EOS. Acceptance at draft "
         "position i is the share of verify steps whose i-th draft was accepted; mean accepted length is "
         "1 + accepted drafts per verify step (vLLM's definition, the bonus token included). "
         "`(old)`: the heads shipped before, trained on 48,000 positions of synthetic prompts on two CPU cores."
@@ -182,7 +182,9 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
     return "\n".join(lines)
 
 
-def load_rows(path: Path) -> list[Row]:
+def load_rows(path: Path, num_prompts: int, max_tokens: int) -> list[Row]:
+    """The rows kept from earlier invocations on the same basis: a row measured on other prompts or
+    lengths would sit in the tables beside rows it cannot be compared with."""
     if not path.is_file():
         return []
     return [
@@ -195,10 +197,11 @@ def load_rows(path: Path) -> list[Row]:
             r["seconds"],
         )
         for r in json.loads(path.read_text())
+        if (r.get("num_prompts"), r.get("max_tokens")) == (num_prompts, max_tokens)
     ]
 
 
-def save_rows(path: Path, rows: list[Row]) -> None:
+def save_rows(path: Path, rows: list[Row], num_prompts: int, max_tokens: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     records = [
         {
@@ -209,6 +212,8 @@ def save_rows(path: Path, rows: list[Row]) -> None:
             "mean_accepted_length": r.acceptance.mean_accepted_length,
             "tokens_per_step": r.acceptance.tokens_per_step,
             "seconds": r.seconds,
+            "num_prompts": num_prompts,
+            "max_tokens": max_tokens,
         }
         for r in rows
     ]
@@ -248,7 +253,14 @@ def save_rows(path: Path, rows: list[Row]) -> None:
     "--out", default="reports/acceptance.md", show_default=True, type=click.Path(path_type=Path)
 )
 @click.option("--num-prompts", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--max-tokens",
+    default=256,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="New tokens at most per prompt; each reply may stop at EOS first. 256 is the reply length the heads "
+    "were trained on; a shorter cap scores only a reply's opening, where drafts are accepted least.",
+)
 @click.option("--methods", default=",".join(METHODS), show_default=True)
 @click.option("--baselines/--no-baselines", default=True, show_default=True)
 def main(
@@ -281,11 +293,12 @@ def main(
     prompt_ids = [chat_ids(loaded, p) for p in held]
     fresh = measure(loaded, configs, prompt_ids, max_tokens, log=click.echo)
     order = [*(f"{m}{suffix}" for suffix in SUFFIXES for m in METHODS), "ngram"]
-    rows = {(r.name, r.k): r for r in load_rows(results)} | {(r.name, r.k): r for r in fresh}
+    kept = load_rows(results, len(held), max_tokens)
+    rows = {(r.name, r.k): r for r in kept} | {(r.name, r.k): r for r in fresh}
     rows = sorted(
         rows.values(), key=lambda r: (order.index(r.name) if r.name in order else len(order), r.name, r.k)
     )
-    save_rows(results, rows)
+    save_rows(results, rows, len(held), max_tokens)
     all_heads = {m: p for m in METHODS if (p := shipped_head_path(target, m)) is not None}
     basis = (
         f"the opening turns of the first {len(held)} held-out ShareGPT conversations (`{prompts_file.name}`, "
