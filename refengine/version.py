@@ -63,7 +63,6 @@ def build() -> Build:
     return Build(package_version(), commit, is_dirty(SOURCE_ROOT))
 
 
-
 def is_dirty(root: Path) -> bool | None:
     """Uncommitted changes to tracked files of the checkout at `root`, outside `OUTPUTS`; None when unknown."""
     changed = _git_in(root, "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){OUTPUTS}")
