@@ -166,7 +166,7 @@ mutmut: install
 		$(foreach glob,$(MUTMUT_SCOPE),--scope '$(glob)')
 
 # reports/acceptance.md: the shipped SmolLM2 heads, the heads shipped before them (commit 6078575) and ngram on the
-# held-out ShareGPT split (greedy, k = 4), on the CPU; about 5 minutes on two cores. With
+# held-out ShareGPT split (greedy, k = 4), on the CPU; about 8 minutes on two cores (replies of up to 256 tokens). With
 # REPRODUCED_HEADS=DIR (one subfolder per method, heads retrained by their COMMAND files), those beside them.
 OLD_HEADS_COMMIT ?= 6078575
 acceptance-report: install
