@@ -202,10 +202,9 @@ def cpu_main(opts: argparse.Namespace) -> None:
     lines = [
         "# Prefix caching: TTFT with cached prefixes, CPU, SmolLM2", "",
         f"Made by `make prefix-cache-report` (benchmarks/prefix_cache_report.py) on {build().describe()}, engine "
-        f"of the same tree, on {cpu_model()} x{os.cpu_count()}: a shared machine that other developers' test "
-        f"runs were loading (1-minute load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at "
-        f"the end, {minutes:.0f} minutes in all), so absolute times are inflated and noisy; the ratios are the "
-        "figures. Model: the embedded SmolLM2-135M, batch-invariant numerics, float32, one torch thread; "
+        f"of the same tree, on {cpu_model()} x{os.cpu_count()} (1-minute load average {load_start:.1f} at the "
+        f"start, {os.getloadavg()[0]:.1f} at the end, {minutes:.0f} minutes in all; other work on the machine "
+        "slows both arms, so the ratios are the figures). Model: the embedded SmolLM2-135M, batch-invariant numerics, float32, one torch thread; "
         "`refengine serve` through HTTP, one server at a time. The H200 figure (an 8,192-token shared prefix on "
         "random qwen3-8b) is in [prefix-cache-h200.md](prefix-cache-h200.md).", ""]
     lines += multi_turn_section(*multi_rungs, multi_arms, opts.turns, opts.sessions)
