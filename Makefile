@@ -79,7 +79,7 @@ HEADS_GPU_PROMPTS_PER_RUNG ?= 32
 heads-report-gpu: install
 	$(VENV)/bin/refengine export-prompts --out runs/sharegpt-prompts.jsonl.gz --held-out-sharegpt runs/held-out-sharegpt.json
 	DEMO_DEVICE=cuda DEMO_K=4 DEMO_MAX_NUM_SEQS=32 DEMO_C=1,2,4,8,16,32 DEMO_PROMPTS_PER_RUNG=$(HEADS_GPU_PROMPTS_PER_RUNG) DEMO_DATASET=sharegpt:runs/held-out-sharegpt.json \
-		DEMO_MAX_INPUT_LEN=1024 DEMO_MAX_MODEL_LEN=2048 DEMO_OUTPUT_LEN=dataset \
+		DEMO_MAX_INPUT_LEN=1024 DEMO_MAX_MODEL_LEN=2048 \
 		DEMO_ARMS="$(HEADS_GPU_ARMS)" DEMO_RUNS=runs/heads-gpu DEMO_REPORT=reports/heads-gpu.md DEMO_PLOTS=reports/heads-gpu \
 		DEMO_TARGET=heads-report-gpu bash scripts/demo.sh
 

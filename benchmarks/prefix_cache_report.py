@@ -204,9 +204,10 @@ def cpu_main(opts: argparse.Namespace) -> None:
         f"Made by `make prefix-cache-report` (benchmarks/prefix_cache_report.py) on {build().describe()}, engine "
         f"of the same tree, on {cpu_model()} x{os.cpu_count()} (1-minute load average {load_start:.1f} at the "
         f"start, {os.getloadavg()[0]:.1f} at the end, {minutes:.0f} minutes in all; other work on the machine "
-        "slows both arms, so the ratios are the figures). Model: the embedded SmolLM2-135M, batch-invariant numerics, float32, one torch thread; "
-        "`refengine serve` through HTTP, one server at a time. The H200 figure (an 8,192-token shared prefix on "
-        "random qwen3-8b) is in [prefix-cache-h200.md](prefix-cache-h200.md).", ""]
+        "slows both arms, so the ratios are the figures). Model: the embedded SmolLM2-135M, batch-invariant "
+        "numerics, float32, one torch thread; `refengine serve` through HTTP, one server at a time. The H200 "
+        "figure (an 8,192-token shared prefix on random qwen3-8b) is in [prefix-cache-h200.md](prefix-cache-h200.md).",
+        ""]
     lines += multi_turn_section(*multi_rungs, multi_arms, opts.turns, opts.sessions)
     lines += shared_prefix_section(*shared_rungs, shared_arms)
     opts.out.write_text("\n".join(lines))
