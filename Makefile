@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu
+.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report
 
 install: $(STAMP)
 
@@ -136,6 +136,17 @@ prefix-cache-report: install
 # reports/prefix-cache-h200.md, on a GPU host: an 8,192-token shared prefix on random qwen3-8b, c = 1 and 8.
 prefix-cache-report-gpu: install
 	$(PY) benchmarks/prefix_cache_report.py --gpu --out reports/prefix-cache-h200.md
+
+# reports/structured.md: structured output on SmolLM2 on the CPU (eagle k = 3 with the shipped head, async, one torch
+# thread), 6 prompts each with a JSON schema and free: mask time per row, drafts the grammar cut, acceptance and TPOT.
+# About 3 minutes.
+structured-report: install
+	OMP_NUM_THREADS=1 $(PY) benchmarks/structured_bench.py --prompts 6 --out reports/structured.md
+
+# reports/async-overlap.md: host time the depth-2 batch queue hides, SmolLM2 with eagle (k = 3) at c = 4 on the CPU,
+# one torch thread, depth 1 against depth 2. About 3 minutes.
+overlap-report: install
+	OMP_NUM_THREADS=1 $(PY) benchmarks/overlap_bench.py --out reports/async-overlap.md
 
 # A benchmark, not a test: client CPU per SSE event at c = 1, 8, 32, ladder's aiohttp client beside httpx.
 bench-client: install

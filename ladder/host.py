@@ -7,10 +7,12 @@ server alike, so such a run is flagged (`overloaded`) rather than silently trust
 
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -63,6 +65,21 @@ def describe() -> dict:
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
             "cpu_count": cores, "cpu_model": cpu_model(), "gpus": gpus(),
             "load_average": {"start": start, "end": None}, "overloaded": overloaded(start, cores)}
+
+
+def summary() -> str:
+    """The host in one phrase for a report's header: CPU model and count, kernel, 1-minute load average now."""
+    load = load_average()
+    return (f"{cpu_model()} x{os.cpu_count()}, {platform.system()} {platform.release()}"
+            + (f", 1-minute load average {load['1m']:.1f}" if load else ""))
+
+
+def provenance(target: str) -> str:
+    """A report's first line: the make target, this process's exact command, the build, the date and the host."""
+    from ladder.own_version import build
+
+    return (f"Made by `make {target}` (`{shlex.join(['python', *sys.argv])}`) on {build().describe()}, "
+            f"{time.strftime('%Y-%m-%d')}, {summary()}.")
 
 
 def finish(host: dict) -> None:
