@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report
+.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report loaded-test-report
 
 install: $(STAMP)
 
@@ -160,6 +160,12 @@ SOAK_CONCURRENCY ?= 32
 soak: install
 	$(PY) -m benchmarks.soak --model smollm2 --concurrency $(SOAK_CONCURRENCY) --duration $(SOAK_DURATION) \
 		--out reports/soak.md --json reports/soak/soak.json
+
+# reports/loaded-make-test.md: `make test` twice in a row in one checkout of HEAD while a second checkout runs
+# `make test` alongside (git worktrees in a temporary folder, this virtual environment): exit status and wall time of
+# each run. Over an hour of both cores.
+loaded-test-report: install
+	$(PY) scripts/loaded_make_test.py --out reports/loaded-make-test.md
 
 # Named invariant mutations, in two copies of the tree at once (the tree itself is not mutated).
 mutations: install
