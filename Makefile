@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report loaded-test-report
+.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report loaded-test-report tp-cost-report tp-layer-report tp-report-gpu
 
 install: $(STAMP)
 
@@ -124,6 +124,30 @@ oracle-tp: install
 	$(VENV)/bin/refengine oracle --model $(ORACLE_TP_MODEL) --tensor-parallel-size 2 \
 		--methods none,eagle,eagle3,mtp,dflash,ngram,draft_model --c 1,4 --prompts 4 --max-tokens 16 \
 		--jobs $(ORACLE_TP_JOBS) --device $(ORACLE_DEVICE) --write-report --report $(ORACLE_TP_REPORT)
+
+# reports/tp-invariant-cost.md (and its .json): TPOT of tiny-qwen3 at TP = 1 and 2 on the CPU (gloo, one torch thread
+# per rank), the plain all-reduce against --tp-invariant, c = 1 and 4, 16 in / 16 out. A few minutes on 2 cores.
+tp-cost-report: install
+	OMP_NUM_THREADS=1 $(PY) benchmarks/tp_bench.py --target tp-cost-report --device cpu --model tiny-qwen3 --dtype float32 \
+		--tensor-parallel-size 1,2 --modes plain,tp_invariant --c 1,4 --prompt-len 16 --output-len 16 --out reports/tp-invariant-cost.md
+
+# reports/tp-invariant-layer.md: one row-parallel product (qwen3-0.6b's down_proj, fp32) at TP = 1 and 2 on the CPU (gloo),
+# the plain all-reduce against the TP-invariant reduction at 1, 8 and 64 tokens. About a minute on 2 cores.
+tp-layer-report: install
+	OMP_NUM_THREADS=1 $(PY) benchmarks/tp_layer_bench.py --out reports/tp-invariant-layer.md
+
+# On 2 GPUs of one host, the commands of reports/gpu-tp.md: TPOT of qwen3-32b's shape (random bf16, 1024 in / 256 out)
+# at TP = 2 and 1 into reports/gpu-tp-tpot.md, EAGLE k = 4 at a synthetic 0.7 acceptance at TP = 2 into
+# reports/gpu-tp-eagle.md, and the TP = 2 oracle on random qwen3-0.6b into reports/oracle-tp-gpu.md, whose tables
+# reports/gpu-tp.md then quotes. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+TP_GPU_BENCH := NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 $(PY) benchmarks/tp_bench.py --target tp-report-gpu \
+	--device cuda --model random:qwen3-32b --dtype bfloat16 --modes fast --c 1,8,32 --prompt-len 1024 --output-len 256
+tp-report-gpu: install
+	$(TP_GPU_BENCH) --tensor-parallel-size 2,1 --out reports/gpu-tp-tpot.md
+	$(TP_GPU_BENCH) --tensor-parallel-size 2 --eagle-k 4 --synthetic-acceptance 0.7 --out reports/gpu-tp-eagle.md
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 $(VENV)/bin/refengine oracle --model random:qwen3-0.6b --device cuda \
+		--tensor-parallel-size 2 --methods none,eagle,ngram --c 1,4 --prompts 4 --max-tokens 16 --no-variants \
+		--write-report --report reports/oracle-tp-gpu.md
 
 bench: install
 	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md

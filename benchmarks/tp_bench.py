@@ -10,22 +10,24 @@ of the same run to 1 token) / (output_len - 1), every request of the batch start
     python benchmarks/tp_bench.py --device cpu --model tiny-qwen3 --dtype float32 --tensor-parallel-size 1,2 \\
         --modes plain,tp_invariant --c 1,4 --prompt-len 16 --output-len 16 --out reports/tp-invariant-cost.md
     # 2 GPUs of one host: qwen3-32b's shape, random bf16 weights, 1024 in / 256 out
-    python benchmarks/tp_bench.py --device cuda --model random:qwen3-32b --dtype bfloat16 --tensor-parallel-size 1,2 \\
+    python benchmarks/tp_bench.py --device cuda --model random:qwen3-32b --dtype bfloat16 --tensor-parallel-size 2,1 \\
         --modes fast --c 1,8,32 --prompt-len 1024 --output-len 256 --out reports/gpu-tp-tpot.md
+
+`make tp-cost-report` and `make tp-report-gpu` run these.
 """
 
 import argparse
 import dataclasses
 import gc
 import json
-import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from ladder.host import provenance
+from ladder.own_version import build
 from refengine.distributed.parallel_layers import local_config
 from refengine.engine.llm import LLM
 from refengine.model.config import ModelConfig
@@ -110,10 +112,11 @@ def main() -> None:
     parser.add_argument("--eagle-k", type=int, default=0, help="also run EAGLE with k drafts at this synthetic rate")
     parser.add_argument("--synthetic-acceptance", type=float, default=0.7)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--target", help="the make target running this command, named in the report")
     args = parser.parse_args()
     config = _shape(args.model) if args.model.startswith("random:") else load_model(args.model).config
     bandwidth = copy_bandwidth(args.device)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = build().commit
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     rows = []
     specs = [None] + ([SpeculativeConfig("eagle", args.eagle_k)] if args.eagle_k else [])
@@ -128,10 +131,10 @@ def main() -> None:
                     torch.cuda.empty_cache()
     header = (
         f"# Tensor-parallel decode: {args.model}, {args.dtype}, {args.prompt_len} in / {args.output_len} out\n\n"
-        f"Commit {commit}; {device_name} ({args.device}), torch {torch.__version__}, {torch.get_num_threads()} torch "
-        f"thread(s) per rank, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write). Floor: one rank's "
-        "weight bytes read once per step at that bandwidth, per token (divided by tokens per step). Command: "
-        f"`python benchmarks/tp_bench.py {' '.join(_argv())}`.\n\n"
+        f"{provenance(args.target)}\n"
+        f"{device_name} ({args.device}), torch {torch.__version__}, {torch.get_num_threads()} torch thread(s) per rank; "
+        f"measured copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write). Floor: one rank's weight bytes read once "
+        "per step at that bandwidth, per token (divided by tokens per step).\n\n"
         "| TP | mode | spec | c | TPOT ms | tokens / step | floor ms |\n|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
@@ -152,12 +155,6 @@ def _shape(name: str) -> ModelConfig:
 def _kv_gib(config: ModelConfig, tp: int, c: int, tokens: int, dtype: torch.dtype) -> float:
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads // tp * config.head_dim * dtype.itemsize
     return c * tokens * per_token / 2**30 + 0.25
-
-
-def _argv() -> list[str]:
-    import sys
-
-    return sys.argv[1:]
 
 
 if __name__ == "__main__":

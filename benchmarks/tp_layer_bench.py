@@ -4,13 +4,13 @@ ranks (gloo, spawned processes), the two modes taking turns repetition by repeti
 load falls on both alike. A benchmark, not a test: it writes numbers.
 
     python benchmarks/tp_layer_bench.py --out reports/tp-invariant-layer.md
+
+`make tp-layer-report` runs it.
 """
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ladder.host import provenance
 from refengine.distributed.parallel_layers import RowParallelLinear
 from refengine.distributed.parallel_state import TPGroup, init_process_group
 from refengine.model.config import Numerics
@@ -77,14 +78,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load_start = os.getloadavg()[0]
     lines = [
         "# The TP-invariant reduction against the plain all-reduce, per row-parallel product (CPU)\n\n",
-        f"Commit {commit}; {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, 1 thread per rank, "
-        f"gloo; load average {os.getloadavg()[0]:.1f} at the start. qwen3-0.6b's down_proj ({K} -> {N}, fp32, "
+        "",  # provenance, written at the end with the load average then
+        f"torch {torch.__version__}, 1 thread per rank, gloo; 1-minute load average {load_start:.1f} at the start. qwen3-0.6b's down_proj ({K} -> {N}, fp32, "
         f"batch-invariant 8-row tiles), median of {REPS} repetitions after {WARMUP} of warm-up, the modes taking turns. Plain: the rank's "
         "product, then one all-reduce. TP-invariant: 8 slice products summed in a fixed tree, the rank subtrees "
-        "all-gathered and added in rank order. Command: `python benchmarks/tp_layer_bench.py`.\n\n",
+        "all-gathered and added in rank order.\n\n",
         "| TP | tokens | plain ms | tp_invariant ms | ratio |\n|---|---|---|---|---|\n",
     ]
     for world_size in (1, 2):
@@ -92,6 +93,7 @@ def main() -> None:
             lines.append(f"| {world_size} | {t} | {r['plain']:.3f} | {r['tp_invariant']:.3f} | "
                          f"{r['tp_invariant'] / r['plain']:.2f} |\n")
             print(lines[-1], end="", flush=True)
+    lines[1] = f"{provenance('tp-layer-report')}\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(lines))
 

@@ -74,11 +74,13 @@ def summary() -> str:
             + (f", 1-minute load average {load['1m']:.1f}" if load else ""))
 
 
-def provenance(target: str) -> str:
-    """A report's first line: the make target, this process's exact command, the build, the date and the host."""
+def provenance(target: str | None) -> str:
+    """A report's first line: the make target (if one ran it), this process's exact command, the build, the date
+    and the host."""
     from ladder.own_version import build
 
-    return (f"Made by `make {target}` (`{shlex.join(['python', *sys.argv])}`) on {build().describe()}, "
+    command = f"`{shlex.join(['python', *sys.argv])}`"
+    return (f"Made by {f'`make {target}` ({command})' if target else command} on {build().describe()}, "
             f"{time.strftime('%Y-%m-%d')}, {summary()}.")
 
 
