@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report loaded-test-report tp-cost-report tp-layer-report tp-report-gpu
+.PHONY: install test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report loaded-test-report tp-cost-report tp-layer-report tp-report-gpu batch-invariance-report
 
 install: $(STAMP)
 
@@ -148,6 +148,11 @@ tp-report-gpu: install
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 $(VENV)/bin/refengine oracle --model random:qwen3-0.6b --device cuda \
 		--tensor-parallel-size 2 --methods none,eagle,ngram --c 1,4 --prompts 4 --max-tokens 16 --no-variants \
 		--write-report --report reports/oracle-tp-gpu.md
+
+# reports/batch-invariance.md: what batch-invariant numerics do on the CPU and their cost against fast numerics on
+# SmolLM2 (per step at TILE_ROWS = 8, 1, 4 and 16, and per tile of each product), one thread's CPU time. About 2 minutes.
+batch-invariance-report: install
+	OMP_NUM_THREADS=1 $(PY) benchmarks/numerics_report.py --threads 1 --clock cpu --repeats 5 --out reports/batch-invariance.md
 
 bench: install
 	$(PY) benchmarks/cpu_bench.py --out reports/cpu-bench.md
