@@ -23,8 +23,11 @@ from refengine.model import skinny_linear, triton_ops
 from refengine.model.config import Numerics
 from refengine.model.packed_weight import PackedWeight
 
-# NOTE(model): 8 rows cost about as much per tile as 4 on the 2-core reference machine, and halve the
-# calls for prefill; see reports/batch-invariance.md for the measurements.
+# NOTE(model): 8 rows cost about as much per tile as 4 when the sizes were first measured (3ef7dbc), and
+# halve prefill's calls. reports/batch-invariance.md has the current costs per size: 16 is
+# within a few % of 8 at batch 1 and cheaper at batch 16 and in prefill. The size sets the batch-invariant
+# logits' last bits, so a change must re-check every figure pinned on them (the llama.cpp comparison, the
+# heads' pinned acceptance).
 TILE_ROWS = 8
 # NOTE(model): on a GPU each tile is one kernel launch, and launches, not FLOPs, bound a small model's
 # step: 64 rows keep any decode batch up to 64 in one launch and cut a prefill's launches 8-fold.
