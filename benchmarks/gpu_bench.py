@@ -19,7 +19,8 @@ would start past the budget is skipped and recorded as such):
               ms, host waits on the device and device stream ms per step, device busy and idle from a trace
   hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
   heads_profile  the embedded SmolLM2 with spec off and each shipped head (k = 4, async), c = 1 and 8: wall
-              per step, the device's busy time and kernels per step by kind, acceptance length
+              per step, host ms per phase, the device's busy time and kernels per step by kind,
+              acceptance length
   oracle      the token-identity oracle's arms on the GPU for qwen3-0.6b in float32 batch-invariant mode
 
 Every figure carries: the attention implementation that ran (counted), whether CUDA graphs replayed,
@@ -651,10 +652,10 @@ def gpu_idle(bench: Bench) -> None:
 
 
 def spec_phases(core) -> Phases:
-    """Wrappers on every phase of an EAGLE step: the engine thread's scheduler, the runner thread's
-    execute and sample, and inside sample the verification and the drafter; the host waits on the device
-    (the two staging-copy events, and frames landing one step late: zero-bubble under async scheduling,
-    a wait for the copy under sync) each under a "wait:" label."""
+    """Wrappers on every phase of a step: the engine thread's scheduler, the runner thread's execute and
+    sample, and inside sample the verification and (with a drafter) the drafter; the host waits on the
+    device (the staging-copy events, and frames landing one step late: zero-bubble under async
+    scheduling, a wait for the copy under sync) each under a "wait:" label."""
     runner = core.runner
     drafter = runner.drafter
     phases = Phases()
@@ -668,22 +669,36 @@ def spec_phases(core) -> Phases:
     else:  # the dry run: no graphs on the CPU
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
     phases.wrap(model_runner, "verify_rows", "verify_rows (sampler + rejection)", stream=True)
-    if runner.sampler_graphs is not None:  # the synthetic rule replays inside the sampler's graph
+    if runner.sampler_graphs is not None:  # a synthetic rule replays inside the sampler's graph
         phases.wrap(runner.sampler_graphs, "run", "rejection sampler graph (fill + replay)", stream=True)
-    else:  # the dry run: the rule runs eagerly
+    elif runner.accept is not None:  # the dry run of a synthetic rule: it runs eagerly
         phases.wrap(runner, "accept", "synthetic accept (device)")
+    # The host applies a step's verified ids, accepted counts and drafts when its frame lands: one step
+    # late under async scheduling (zero-bubble), at once under sync; its host time holds any wait for
+    # the copy.
+    phases.wrap(runner._in_flight, "land", "wait: frames landing (ids, counts, drafts)")
+    if drafter is None:
+        return phases
     phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
     phases.wrap(drafter.network, "forward", "drafter network.forward (eager pass 1; 2..k too when eager)", stream=True)
     phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True)
     if drafter.step_graphs is not None:
         phases.wrap(drafter.step_graphs, "run", "drafter step graph (pass 1 + proposal)", stream=True)
-    # The host applies a step's verified ids, accepted counts and drafts when its frame lands: one step
-    # late under async scheduling (zero-bubble), at once under sync; its host time holds any wait for
-    # the copy.
-    phases.wrap(runner._in_flight, "land", "wait: frames landing (ids, counts, drafts)")
     if drafter.cuda_graphs is not None:
         phases.wrap(drafter.cuda_graphs._copied, "synchronize", "wait: drafter staging copy (event)")
     return phases
+
+
+def host_split(phases: Phases, run: dict, steps: int) -> dict[str, float]:
+    """Host ms per runner step of each wrapped phase (nested as the engine calls them), the engine
+    thread's step calls and the generate loop around them (output processing)."""
+    def per_step(ms: float) -> float:
+        return round(ms / steps, 3)
+
+    host = {label: per_step(v * 1e3) for label, v in phases.host.items()}
+    host["engine step calls (engine thread)"] = per_step(run["step_s"] * 1e3)
+    host["generate loop outside the step calls"] = per_step((run["wall_s"] - run["step_s"]) * 1e3)
+    return host
 
 
 def spec_profile(bench: Bench) -> None:
@@ -760,12 +775,9 @@ def spec_profile(bench: Bench) -> None:
             return round(ms / n, 3)
 
         stream = {label: per_step(phases.stream_ms(label)) for label in phases.marks}
-        host = {label: per_step(v * 1e3) for label, v in phases.host.items() if not label.startswith("wait:")}
-        # The engine thread: its step calls (schedule, wait for the runner thread's frame, update), and the
-        # generate loop around them (output processing).
-        host["engine step calls (engine thread)"] = per_step(instrumented["step_s"] * 1e3)
-        host["generate loop outside the step calls"] = per_step((instrumented["wall_s"] - instrumented["step_s"]) * 1e3)
-        waits = {label: per_step(v * 1e3) for label, v in phases.host.items() if label.startswith("wait:")}
+        split = host_split(phases, instrumented, i_steps)
+        host = {label: ms for label, ms in split.items() if not label.startswith("wait:")}
+        waits = {label: ms for label, ms in split.items() if label.startswith("wait:")}
         target = next(label for label in phases.marks if label.startswith("target"))
         target_per_call = phases.stream_ms(target) / phases.calls[target]
         wall_ms_per_step = plain["wall_s"] * 1e3 / steps
@@ -832,9 +844,11 @@ def graph_replay_us(runner, k: int) -> dict[str, float]:
 def heads_profile(bench: Bench) -> None:
     """The embedded SmolLM2 (fast numerics, async, CUDA graphs) with spec off and each shipped head at
     k = 4, c = 1 and 8, 2·c chat prompts (the oracle's varied texts) of 64 new tokens, after a warm-up
-    generate: the wall per runner step (a plain run), the device's busy time and kernels per step, by
-    kind (a traced run), each captured graph's device time replayed alone (graph_replay_us), and the mean
-    acceptance length. busy(head) / busy(off) / acceptance length is
+    generate: the wall per runner step (a plain run); the host ms per step of each phase of the step and
+    the device stream's ms of those that launch work (an instrumented run, spec_phases: where a step
+    spends the host time its device time does not cover); the device's busy time and kernels per step,
+    by kind (a traced run); each captured graph's device time replayed alone (graph_replay_us); and the
+    mean acceptance length. busy(head) / busy(off) / acceptance length is
     the floor under a head's TPOT ratio to spec off where the host keeps up: what a spec step of a
     small target costs on the device, in kernels more than in bytes. The dry run: tiny-llama with a
     randomly initialised eagle head, on the CPU."""
@@ -856,6 +870,13 @@ def heads_profile(bench: Bench) -> None:
             steps, drafts, accepted, eager = (
                 b - a for a, b in zip(before, (runner.num_steps, stats.num_drafts, stats.num_accepted_tokens,
                                                runner.num_eager_steps), strict=True))
+            phases = spec_phases(core)
+            try:
+                n0 = runner.num_steps
+                instrumented = timed_generate(llm, prompts, params, None)
+                i_steps = runner.num_steps - n0
+            finally:
+                phases.close()
             with device_trace() as prof:
                 n0 = runner.num_steps
                 llm.generate(prompts, params)
@@ -874,7 +895,10 @@ def heads_profile(bench: Bench) -> None:
                       gpu_busy_ms_per_step=busy and round(busy / t_steps, 3),
                       kernels_per_step=round(len(spans) / t_steps, 1),
                       kernel_ms_and_count_per_step_by_kind={k: [round(ms, 3), round(n, 1)] for k, (ms, n) in kinds.items()},
-                      graph_replay_us=graph_replay_us(runner, 4))
+                      graph_replay_us=graph_replay_us(runner, 4),
+                      wall_ms_per_step_instrumented=round(instrumented["wall_s"] * 1e3 / i_steps, 3),
+                      host_ms_per_step=host_split(phases, instrumented, i_steps),
+                      stream_ms_per_step={label: round(phases.stream_ms(label) / i_steps, 3) for label in phases.marks})
             write_trace_summary(bench.out / f"trace_summary_heads_{method}_c{c}.txt", {"method": method, "c": c}, prof)
             core.shutdown()
             del llm, core, runner
