@@ -54,3 +54,8 @@ def test_heads_profile_dry_run_counts_the_device_work_of_each_arm(tmp_path: Path
         # spec off has no acceptance; the head drafted and was verified (a random head accepts little)
         assert (row["acceptance_length"] is None) == (row["method"] == "off")
         assert (tmp_path / f"trace_summary_heads_{row['method']}_c{row['c']}.txt").exists()
+        # The instrumented run split the step's host time by phase; only a head's step has a drafter's.
+        host = row["host_ms_per_step"]
+        assert {"runner.execute_model", "runner.sample_tokens", "engine step calls (engine thread)"} <= set(host)
+        assert ("drafter.propose (all)" in host) == (row["method"] != "off")
+        assert host["runner.execute_model"] > 0 and row["wall_ms_per_step_instrumented"] > 0
