@@ -126,13 +126,13 @@ oracle-tp: install
 		--jobs $(ORACLE_TP_JOBS) --device $(ORACLE_DEVICE) --write-report --report $(ORACLE_TP_REPORT)
 
 # reports/tp-invariant-cost.md (and its .json): TPOT of tiny-qwen3 at TP = 1 and 2 on the CPU (gloo, one torch thread
-# per rank), the plain all-reduce against --tp-invariant, c = 1 and 4, 16 in / 16 out. A few minutes on 2 cores.
+# per rank), the plain all-reduce against --tp-invariant, c = 1 and 4, 16 in / 16 out. Under a minute on 2 cores.
 tp-cost-report: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/tp_bench.py --target tp-cost-report --device cpu --model tiny-qwen3 --dtype float32 \
 		--tensor-parallel-size 1,2 --modes plain,tp_invariant --c 1,4 --prompt-len 16 --output-len 16 --out reports/tp-invariant-cost.md
 
 # reports/tp-invariant-layer.md: one row-parallel product (qwen3-0.6b's down_proj, fp32) at TP = 1 and 2 on the CPU (gloo),
-# the plain all-reduce against the TP-invariant reduction at 1, 8 and 64 tokens. About a minute on 2 cores.
+# the plain all-reduce against the TP-invariant reduction at 1, 8 and 64 tokens. Seconds on 2 cores.
 tp-layer-report: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/tp_layer_bench.py --out reports/tp-invariant-layer.md
 
@@ -150,7 +150,7 @@ tp-report-gpu: install
 		--write-report --report reports/oracle-tp-gpu.md
 
 # reports/batch-invariance.md: what batch-invariant numerics do on the CPU and their cost against fast numerics on
-# SmolLM2 (per step at TILE_ROWS = 8, 1, 4 and 16, and per tile of each product), one thread's CPU time. About 2 minutes.
+# SmolLM2 (per step at TILE_ROWS = 8, 1, 4 and 16, and per tile of each product), one thread's CPU time. Under a minute.
 batch-invariance-report: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/numerics_report.py --threads 1 --clock cpu --repeats 5 --out reports/batch-invariance.md
 
@@ -168,12 +168,12 @@ prefix-cache-report-gpu: install
 
 # reports/structured.md: structured output on SmolLM2 on the CPU (eagle k = 3 with the shipped head, async, one torch
 # thread), 6 prompts each with a JSON schema and free: mask time per row, drafts the grammar cut, acceptance and TPOT.
-# About 3 minutes.
+# About 2.5 minutes.
 structured-report: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/structured_bench.py --prompts 6 --out reports/structured.md
 
 # reports/async-overlap.md: host time the depth-2 batch queue hides, SmolLM2 with eagle (k = 3) at c = 4 on the CPU,
-# one torch thread, depth 1 against depth 2. About 3 minutes.
+# one torch thread, depth 1 against depth 2. About a minute.
 overlap-report: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/overlap_bench.py --out reports/async-overlap.md
 
