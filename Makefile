@@ -192,7 +192,7 @@ soak: install
 
 # reports/loaded-make-test.md: `make test` twice in a row in one checkout of HEAD while a second checkout runs
 # `make test` alongside (git worktrees in a temporary folder, this virtual environment): exit status and wall time of
-# each run. Over an hour of both cores.
+# each run. About 50 minutes of both cores.
 loaded-test-report: install
 	$(PY) scripts/loaded_make_test.py --out reports/loaded-make-test.md
 

@@ -4,7 +4,8 @@ with no assertion depending on wall time or CPU share.
 Two checkouts of HEAD (git worktrees in a temporary folder, each with its own copy of the named mutations,
 `PYTHONPATH` pointing at it, the same virtual environment): A runs `make test` --runs times in a row; B runs
 `make test` alongside, as many times as A and none after A ends (one more, begun near A's end, would load little
-of A and hold the report for a whole run). Each run's exit status, wall time, pytest summary and named-mutation summary go into the report. Over an hour on 2 cores.
+of A and hold the report for a whole run). Each run's exit status, wall time, pytest summary and named-mutation
+summary go into the report. About 50 minutes on 2 cores.
 
     python scripts/loaded_make_test.py [--runs 2] [--out reports/loaded-make-test.md]
 """
@@ -86,7 +87,7 @@ def main() -> None:
     lines = [
         "# `make test` on a machine loaded by a parallel `make test`", "",
         header, f"The figures are from commit {commit}; a later commit reruns them with `make loaded-test-report` "
-        "(over an hour of both cores).", "",
+        "(about 50 minutes of both cores).", "",
         f"`make test` must pass {args.runs} times in a row on a machine loaded by a parallel `make test`, with no "
         "assertion depending on wall time or CPU share. Tree A and tree B are two checkouts of the commit (git "
         "worktrees, each with its own copy of the named mutations, `PYTHONPATH` pointing at it, the same virtual "
