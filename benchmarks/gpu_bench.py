@@ -692,13 +692,9 @@ def spec_phases(core) -> Phases:
 def host_split(phases: Phases, run: dict, steps: int) -> dict[str, float]:
     """Host ms per runner step of each wrapped phase (nested as the engine calls them), the engine
     thread's step calls and the generate loop around them (output processing)."""
-    def per_step(ms: float) -> float:
-        return round(ms / steps, 3)
-
-    host = {label: per_step(v * 1e3) for label, v in phases.host.items()}
-    host["engine step calls (engine thread)"] = per_step(run["step_s"] * 1e3)
-    host["generate loop outside the step calls"] = per_step((run["wall_s"] - run["step_s"]) * 1e3)
-    return host
+    seconds = {**phases.host, "engine step calls (engine thread)": run["step_s"],
+               "generate loop outside the step calls": run["wall_s"] - run["step_s"]}
+    return {label: round(s * 1e3 / steps, 3) for label, s in seconds.items()}
 
 
 def spec_profile(bench: Bench) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ladder.host import provenance
+from ladder.own_version import build
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(sys.executable).parent.parent
@@ -58,8 +59,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "reports/loaded-make-test.md")
     args = parser.parse_args()
     header = provenance("loaded-test-report")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = build().commit
+    if commit is None:
+        sys.exit("loaded-test-report: run it from a git checkout of specladder (its two trees are worktrees of HEAD)")
     with tempfile.TemporaryDirectory(prefix="loaded-make-test-") as tmp:
         trees = {name: Path(tmp) / name for name in "AB"}
         for tree in trees.values():
