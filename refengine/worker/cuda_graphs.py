@@ -9,8 +9,10 @@ request: its prefill beside the others' decodes would otherwise run eagerly, a P
 kernel, and stall every running request. Longer steps are compute, not launches, and run eagerly.
 
 A step's inputs are staged into one pinned buffer (graph_layout.py), copied to the static buffers in
-one host-to-device copy, and the smallest captured T of at least its tokens is replayed. Padding writes
-no KV and attends over nothing, and its rows are cut off before anyone sees them.
+one host-to-device copy, and the smallest captured T of at least its tokens is replayed. The graph
+completes them first (device_inputs.py) from the latest frame's values, which wait in static buffers
+of their own: a step in flight costs the host two device copies, not a launch per field. Padding
+writes no KV and attends over nothing, and its rows are cut off before anyone sees them.
 
 Capture needs attention that never reads device values on the host, i.e. the Triton backend.
 """
@@ -28,9 +30,10 @@ from refengine.model.cuda_graph_sizes import default_batch_sizes, graph_token_si
 from refengine.model.graph_capture import graph_capture
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
-from refengine.worker.device_inputs import DeviceInputs
+from refengine.worker.device_inputs import DeviceInputIndices
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.graph_layout import GraphLayout
+from refengine.worker.step_frame import StepFrame
 
 
 @dataclass
@@ -39,6 +42,7 @@ class _Graph:
     hidden: torch.Tensor
     aux: dict[int, torch.Tensor]
     logits: torch.Tensor
+    gathered: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,7 @@ class GraphStep:
     positions: torch.Tensor  # every fed row's, after the device's corrections
     attn_metadata: AttentionMetadata  # the step's own sequences
     logits_indices: torch.Tensor  # the sampled rows' indices among the fed rows
+    gathered: torch.Tensor  # every fed row's id as read from the latest frame (DeviceInputs.complete)
 
 
 class CudaGraphs:
@@ -79,24 +84,30 @@ class CudaGraphs:
         )
         self._staging = torch.zeros(self.layout.size, dtype=torch.int64).pin_memory()
         self._static = torch.zeros(self.layout.size, dtype=torch.int64, device=self.device)
+        # The latest frame's source ids and rejected counts (step_frame.py), read by the completion; the
+        # last rejected entry stays 0, what a sequence without a frame row reads.
+        self._source = torch.zeros(self.layout.max_logits, dtype=torch.int64, device=self.device)
+        self._rejected = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=self.device)
         self._copied = torch.cuda.Event()
         self._graphs: dict[int, _Graph] = {}
         self.num_replays = 0
         # Replays of steps with rows that sample nothing (a prefill chunk): the mixed path ran.
         self.num_mixed_replays = 0
 
-    def _fill(self, num_tokens: int, ids=None, positions=None, meta: AttentionMetadata | None = None, logits_indices=None) -> None:
+    def _fill(self, num_tokens: int, ids=None, positions=None, meta: AttentionMetadata | None = None, logits_indices=None, indices=None) -> None:
         """Stage a step (or, without one, pure padding) and copy it to the static buffers."""
         self._copied.synchronize()  # the previous copy has left the staging buffer
-        self.layout.stage(self._staging, num_tokens, ids, positions, meta, logits_indices)
+        self.layout.stage(self._staging, num_tokens, ids, positions, meta, logits_indices, indices)
         self._static.copy_(self._staging, non_blocking=True)
         self._copied.record()
 
     def _forward(self, num_tokens: int) -> _Graph:
         v = self.layout.views(self._static, num_tokens)
-        out = self.model(v.ids, v.positions, v.metadata(), self.kv_cache, capture_layers=self.capture_layers)
+        meta = v.metadata()
+        gathered = v.device_inputs(self._source, self._rejected).complete(v.ids, v.positions, meta, self.kv_cache.block_size)
+        out = self.model(v.ids, v.positions, meta, self.kv_cache, capture_layers=self.capture_layers)
         logits = self.model.compute_logits(out.hidden_states[v.logits_indices])
-        return _Graph(None, out.hidden_states, out.aux_hidden_states, logits)  # type: ignore[arg-type]
+        return _Graph(None, out.hidden_states, out.aux_hidden_states, logits, gathered)  # type: ignore[arg-type]
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
@@ -127,20 +138,23 @@ class CudaGraphs:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
-        device_inputs: DeviceInputs | None,
+        indices: DeviceInputIndices,
+        latest: StepFrame | None,
     ) -> GraphStep:
         """Replay for host tensors `ids`, `positions`, host metadata and the sampled rows `logits_indices`,
-        completed on the device by `device_inputs` (ids in flight from the previous step, positions it
-        moved back)."""
+        completed on the device by `indices` into the `latest` frame (ids in flight from the previous
+        step, positions it moved back)."""
         num_tokens, num_seqs = ids.shape[0], meta.seq_lens.shape[0]
         padded = self.padded_tokens(num_tokens)
         # Invariant: run() is only called for a step that can_run() accepted.
         if padded is None:
             raise RunnerInvariantError(f"no captured graph holds a step of {num_tokens} tokens")
-        self._fill(padded, ids, positions, meta, logits_indices)
+        self._fill(padded, ids, positions, meta, logits_indices, indices)
+        if indices.gathers:
+            self._source[: latest.source.shape[0]].copy_(latest.source)
+        if indices.shifts and latest is not None:
+            self._rejected[: latest.num_rejected.shape[0]].copy_(latest.num_rejected)
         v = self.layout.views(self._static, padded)
-        if device_inputs is not None:
-            device_inputs.apply(v.ids, v.positions, v.metadata(), self.kv_cache.block_size)
         captured = self._graphs[padded]
         captured.graph.replay()
         self.num_replays += 1
@@ -155,5 +169,5 @@ class CudaGraphs:
         )
         return GraphStep(
             ModelOutput(captured.hidden[:num_tokens], aux), captured.logits[:num_sampled], v.positions[:num_tokens],
-            meta, v.logits_indices[:num_sampled],
+            meta, v.logits_indices[:num_sampled], captured.gathered[:num_tokens],
         )  # fmt: skip

@@ -1,10 +1,15 @@
-"""What the device fills in of a step's host-built inputs (vLLM's _maybe_adjust_inputs_on_gpu).
+"""What the device fills in of a step's host-built inputs (vLLM's _maybe_adjust_inputs_on_gpu; Model Runner
+V2 builds them on the device).
 
 The host builds ids, positions and attention metadata from the counts it has: the scheduler's, which
 under async scheduling assume that every draft in flight was accepted. The latest step's results never
 visit the host on the way: its last valid token and its drafts are gathered into the input ids, and
 each sequence's positions, sequence length and slots move back by what the host over-counted (its
 rejected drafts, read on the device), so the step runs at the exact positions.
+
+The completion has fixed shapes: one op per field over every fed row, whichever rows read the device.
+A CUDA graph of the step captures it with the forward, so the host only stages its indices with the
+step's other inputs (worker/graph_layout.py); the eager path runs the same code.
 
 Invariant numbers refer to docs/invariants.md.
 """
@@ -15,60 +20,88 @@ import numpy as np
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.device import to_device
+from refengine.model.device import arrays_to_device
 from refengine.worker.step_frame import StepFrame
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceInputs:
-    at: torch.Tensor  # [G] flat input rows whose ids come from the device
-    ids: torch.Tensor  # [G] their ids; a -1 (a draft the drafter did not propose) is fed as 0
-    # Per sequence, the host's position less the exact one (invariant 48), and each token's sequence;
-    # None when the host's positions are exact.
-    shift: torch.Tensor | None
-    seq_of_token: torch.Tensor | None
+class DeviceInputIndices:
+    """The host's side of the completion: which rows and sequences read the latest frame."""
 
-    def apply(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, block_size: int) -> None:
-        """Complete the step's device inputs in place (on a CUDA graph's static buffers too: their first
-        rows are the step's)."""
-        if self.at.numel():
-            ids.index_copy_(0, self.at, self.ids.clamp(min=0))
-        if self.shift is None:
-            return
-        num_tokens = self.seq_of_token.shape[0]
-        exact = positions[:num_tokens] - self.shift[self.seq_of_token]
-        positions[:num_tokens] = exact
-        meta.seq_lens[: self.shift.shape[0]] -= self.shift
-        blocks = meta.block_tables[self.seq_of_token, exact // block_size]
-        meta.slot_mapping[:num_tokens] = blocks * block_size + exact % block_size
+    take: np.ndarray  # [T] per fed row: the entry of the latest frame's `source` its id is; -1: the host's id
+    seq_source: np.ndarray  # [S] per sequence: its row of the latest frame's rejected counts; -1: none
+    seq_shift: np.ndarray  # [S] per sequence: the scheduler's count less the runner's
+    seq_of_token: np.ndarray  # [T] each fed row's sequence
+    gathers: bool  # some row's id is read from the device
+    shifts: bool  # some sequence may move back: the host's positions are not known to be exact
 
+    @classmethod
+    def build(
+        cls, at: list[int], take: list[int], sources: list[int], host_shift: list[int], seq_of_token: np.ndarray
+    ) -> "DeviceInputIndices":
+        """Flat rows `at` take entries `take` of the latest frame's source; sequence i moves back by its
+        host over-count `host_shift[i]` plus the rejected drafts of row `sources[i]` of the frame (-1: none)."""
+        take_a = np.full(seq_of_token.shape[0], -1, dtype=np.int64)
+        take_a[at] = take
+        return cls(
+            take_a,
+            np.asarray(sources, dtype=np.int64),
+            np.asarray(host_shift, dtype=np.int64),
+            seq_of_token.astype(np.int64, copy=False),
+            gathers=bool(at),
+            shifts=any(host_shift) or any(s >= 0 for s in sources),
+        )
 
-def gather_device_inputs(
-    latest: StepFrame | None,
-    at: list[int],
-    take: list[int],
-    sources: list[int],
-    host_shift: list[int],
-    seq_of_token: np.ndarray,
-    device: torch.device,
-) -> DeviceInputs | None:
-    """What the device completes of a step's inputs: the ids at flat rows `at`, entries `take` of the
-    latest frame's source, never read by the host; and, where the host's count is not the exact one,
-    each sequence moved back by its host over-count `host_shift` plus the rejected drafts of its row
-    `sources` of the latest frame (-1: none). One small host-to-device copy of indices; the ids and
-    counts themselves do not move."""
-    shifted = any(host_shift) or any(s >= 0 for s in sources)
-    if not at and not shifted:
-        return None
-    n, b = len(at), len(sources)
-    host = np.concatenate([np.asarray(at + take + sources + host_shift, dtype=np.int64), seq_of_token])
-    index = to_device(torch.from_numpy(host), device)
-    ids = latest.source[index[n : 2 * n]] if n else index[:0]
-    shift = None
-    if shifted:
-        shift = index[2 * n + b : 2 * n + 2 * b]
-        if latest is not None:
-            # Invariant 48: the exact count is the optimistic one less the rejected drafts.
+    def to_device(self, latest: StepFrame | None, device: torch.device) -> "DeviceInputs":
+        """The eager path's inputs: the indices in one host-to-device copy, beside the frame's values."""
+        take, seq_source, seq_shift, seq_of_token = arrays_to_device(
+            [self.take, self.seq_source, self.seq_shift, self.seq_of_token], device
+        )
+        if latest is None:
+            source, rejected = take[:0], seq_shift.new_zeros(1)
+        else:
+            source = latest.source
             rejected = torch.cat([latest.num_rejected, latest.num_rejected.new_zeros(1)])
-            shift = shift + rejected[index[2 * n : 2 * n + b]]
-    return DeviceInputs(index[:n], ids, shift, index[2 * n + 2 * b :] if shifted else None)
+        return DeviceInputs(take, seq_source, seq_shift, seq_of_token, source, rejected)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInputs:
+    """The completion's inputs on the device: the indices (DeviceInputIndices') and the latest frame's
+    values they read. A CUDA graph's are views of its static buffers."""
+
+    take: torch.Tensor
+    seq_source: torch.Tensor
+    seq_shift: torch.Tensor
+    seq_of_token: torch.Tensor
+    source: torch.Tensor  # the latest frame's source ids
+    rejected: torch.Tensor  # the latest frame's rejected drafts per row, then a 0: what a -1 index reads
+
+    def complete(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        block_size: int,
+        *,
+        gathers: bool = True,
+        shifts: bool = True,
+    ) -> torch.Tensor | None:
+        """Complete the step's inputs in place, over every row of the buffers (padding rows read nothing
+        and move by 0). Returns each row's id as gathered, -1 where the drafter proposed none (the input
+        feeds it as 0), or None when no row gathers. A graph captures both parts; the eager path skips
+        what the step does not need."""
+        gathered = None
+        if gathers:
+            gathered = self.source[self.take.clamp(min=0)]
+            ids.copy_(torch.where(self.take >= 0, gathered.clamp(min=0), ids))
+        if shifts:
+            # Invariant 48: the exact count is the optimistic one less the rejected drafts.
+            shift = self.seq_shift + self.rejected[self.seq_source]
+            exact = positions - shift[self.seq_of_token]
+            positions.copy_(exact)
+            meta.seq_lens.sub_(shift)
+            slots = meta.block_tables[self.seq_of_token, exact // block_size] * block_size + exact % block_size
+            # A padding row keeps its -1: it writes no KV.
+            meta.slot_mapping.copy_(torch.where(meta.slot_mapping < 0, meta.slot_mapping, slots))
+        return gathered

@@ -8,11 +8,12 @@ host built them, so that what the device fills in afterwards (device_inputs.py) 
 it expects them. Behind them:
 
     tokens t..T-1        one padding sequence (index num_seqs) of seq_len 0 and slot -1: no KV write,
-                         no keys, zero attention output
-    sequences past it    empty (their query starts at T), seq_len 0
+                         no keys, zero attention output; they read no id from the device and move by 0
+    sequences past it    empty (their query starts at T), seq_len 0, no shift
     logits rows          the step's sampled rows first, then row 0 again; cut off after the replay
 
-One int64 buffer holds every field, so a step travels in one host-to-device copy.
+One int64 buffer holds every field, the device completion's indices (device_inputs.py) too, so a step
+travels in one host-to-device copy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
+from refengine.worker.device_inputs import DeviceInputIndices, DeviceInputs
 from refengine.worker.errors import RunnerInvariantError
 
 
@@ -34,9 +36,18 @@ class GraphViews:
     seq_lens: torch.Tensor  # [max_seqs + 1]
     block_tables: torch.Tensor  # [max_seqs + 1, width]
     logits_indices: torch.Tensor  # [num_logits(T)]: the rows whose logits the graph computes
+    take: torch.Tensor  # [T]: DeviceInputIndices' fields
+    seq_of_token: torch.Tensor  # [T]
+    seq_source: torch.Tensor  # [max_seqs + 1]
+    seq_shift: torch.Tensor  # [max_seqs + 1]
 
     def metadata(self) -> AttentionMetadata:
         return AttentionMetadata(self.query_start_loc, self.seq_lens, self.block_tables, self.slots, causal=True)
+
+    def device_inputs(self, source: torch.Tensor, rejected: torch.Tensor) -> DeviceInputs:
+        """The step's completion from its staged indices and the latest frame's values in `source` and
+        `rejected` (whose last entry is the 0 that sequences without a frame row read)."""
+        return DeviceInputs(self.take, self.seq_source, self.seq_shift, self.seq_of_token, source, rejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +63,7 @@ class GraphLayout:
     @property
     def size(self) -> int:
         b = self.max_seqs + 1
-        return 3 * self.max_tokens + (b + 1) + b + self.max_logits + b * self.width
+        return 5 * self.max_tokens + (b + 1) + b + self.max_logits + b * self.width + 2 * b
 
     def views(self, buffer: torch.Tensor, num_tokens: int) -> GraphViews:
         # Also called on the numpy view of a host buffer (stage): the slicing is the same.
@@ -61,6 +72,8 @@ class GraphLayout:
         lens = starts + b + 1
         logits = lens + b
         tables = logits + self.max_logits
+        take = tables + b * self.width
+        sources = take + 2 * t
         return GraphViews(
             ids=buffer[:num_tokens],
             positions=buffer[t : t + num_tokens],
@@ -69,6 +82,10 @@ class GraphLayout:
             seq_lens=buffer[lens:logits],
             block_tables=buffer[tables : tables + b * self.width].reshape(b, self.width),
             logits_indices=buffer[logits : logits + self.num_logits(num_tokens)],
+            take=buffer[take : take + num_tokens],
+            seq_of_token=buffer[take + t : take + t + num_tokens],
+            seq_source=buffer[sources : sources + b],
+            seq_shift=buffer[sources + b : sources + 2 * b],
         )
 
     def stage(
@@ -79,9 +96,10 @@ class GraphLayout:
         positions: torch.Tensor | None = None,
         meta: AttentionMetadata | None = None,
         logits_indices: torch.Tensor | None = None,
+        indices: DeviceInputIndices | None = None,
     ) -> None:
         """Write a step (or, without one, pure padding) into host `buffer` for a T = `num_tokens` graph;
-        `views` reads it back. The writes go through numpy: a step stages every field, and a numpy
+        `views` reads it back. A step comes with its device completion's `indices`. The writes go through numpy: a step stages every field, and a numpy
         slice assignment costs the host a fraction of a torch op's dispatch."""
         v = self.views(buffer.numpy(), num_tokens)
         n = 0 if meta is None else meta.seq_lens.shape[0]
@@ -104,6 +122,10 @@ class GraphLayout:
             v.block_tables[:n, width:] = 0
             if logits_indices is not None:
                 v.logits_indices[:s] = logits_indices.numpy()
+            v.take[:t] = indices.take
+            v.seq_of_token[:t] = indices.seq_of_token
+            v.seq_source[:n] = indices.seq_source
+            v.seq_shift[:n] = indices.seq_shift
         v.ids[t:] = 0
         v.positions[t:] = 0
         v.slots[t:] = -1  # padding writes no KV
@@ -113,3 +135,7 @@ class GraphLayout:
         v.seq_lens[n:] = 0  # and attends over nothing
         v.block_tables[n:] = 0
         v.logits_indices[s:] = 0
+        v.take[t:] = -1
+        v.seq_of_token[t:] = n  # the padding sequence's rows: they move by its shift, 0
+        v.seq_source[n:] = -1
+        v.seq_shift[n:] = 0

@@ -34,7 +34,7 @@ from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, StepAcceptR
 from refengine.spec_decode.proposer import Proposer
 from refengine.worker.async_output import AsyncModelRunnerOutput
 from refengine.worker.cuda_graphs import CudaGraphs
-from refengine.worker.device_inputs import gather_device_inputs
+from refengine.worker.device_inputs import DeviceInputIndices
 from refengine.worker.draft_batch import padded_draft_batch
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.in_flight_frames import InFlightFrames
@@ -149,8 +149,8 @@ class ModelRunner:
         width = max((len(d) for d in so.scheduled_spec_decode_tokens.values()), default=0)
         gather_at: list[int] = []  # flat input rows filled on the device ...
         gather_from: list[int] = []  # ... from these entries of the latest frame's source
-        fill_slots: list[int] = []  # verify-draft slots filled on the device, and their entry in gather_at
-        fill_entries: list[int] = []
+        fill_slots: list[int] = []  # verify-draft slots filled on the device, and their flat input rows
+        fill_rows: list[int] = []
         sources: list[int] = []  # per row: its sampled row in the latest frame if that fed drafts, else -1
         host_starts: list[int] = []
         host_shift: list[int] = []  # per row: the scheduler's count less the runner's
@@ -200,7 +200,7 @@ class ModelRunner:
                 # Its drafts' slots in the step's [verified rows, W] matrix: a row with drafts is verified.
                 for j in range(len(drafts)):
                     fill_slots.append((num_verified - 1) * width + j)
-                    fill_entries.append(len(gather_at))
+                    fill_rows.append(num_fed + num_known + j)
                     gather_at.append(num_fed + num_known + j)
                     gather_from.append(latest.num_sampled + in_flight.sampled_row * latest.num_proposed + j)
             elif drafts:
@@ -221,7 +221,7 @@ class ModelRunner:
         )
         sample_t = torch.from_numpy(np.asarray(sample_rows, dtype=np.int64))
         capture_layers = () if self.drafter is None else self.drafter.capture_layers
-        device_inputs = gather_device_inputs(latest, gather_at, gather_from, sources, host_shift, seq_of_token, self.device)
+        indices = DeviceInputIndices.build(gather_at, gather_from, sources, host_shift, seq_of_token)
         self.num_gathered_inputs += len(gather_at)
         self.num_corrected_launches += any(s >= 0 for s in sources)
         if latest is not None and not latest.copy.is_ready():
@@ -232,25 +232,27 @@ class ModelRunner:
         ):
             # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
             # pragma: no mutate block
-            step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, device_inputs)
+            step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, indices, latest)
             out, logits, positions_t, meta = step.model_output, step.logits, step.positions, step.attn_metadata
-            sample_t = step.logits_indices
+            sample_t, gathered = step.logits_indices, step.gathered
             self.num_graph_steps += 1
         else:
             ids_t, positions_t, sample_t = (to_device(t, self.device) for t in (ids_t, positions_t, sample_t))
             meta = to_device(meta, self.device)
-            if device_inputs is not None:
-                device_inputs.apply(ids_t, positions_t, meta, self.block_size)
+            gathered = None
+            if indices.gathers or indices.shifts:
+                gathered = indices.to_device(latest, self.device).complete(
+                    ids_t, positions_t, meta, self.block_size, gathers=indices.gathers, shifts=indices.shifts
+                )
             out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
             logits = self.model.compute_logits(out.hidden_states[sample_t])
             self.num_eager_steps += 1
         fed = None
         if fill_slots:
-            entries = to_device(torch.tensor(fill_slots + fill_entries, dtype=torch.int64), self.device)
-            fed = FedDrafts(entries[: len(fill_slots)], device_inputs.ids[entries[len(fill_slots) :]])
-        exact = device_inputs is not None and device_inputs.shift is not None
+            entries = to_device(torch.tensor(fill_slots + fill_rows, dtype=torch.int64), self.device)
+            fed = FedDrafts(entries[: len(fill_slots)], gathered[entries[len(fill_slots) :]])
         self._executed = ExecutedBatch(
-            tuple(rows), logits, out, positions_t, meta, fed, positions_t[sample_t] + 1 if exact else None
+            tuple(rows), logits, out, positions_t, meta, fed, positions_t[sample_t] + 1 if indices.shifts else None
         )
 
     def _check_lookahead(self, req_id: str, state: CachedRequestState, num_planned: int) -> None:

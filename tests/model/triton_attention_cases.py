@@ -7,6 +7,7 @@ real shapes. Shapes stay small so the interpreter takes seconds.
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from refengine.model.attention_metadata import AttentionMetadata  # noqa: E402
 from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
+from refengine.worker.device_inputs import DeviceInputIndices  # noqa: E402
 from refengine.worker.graph_layout import GraphLayout  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -137,7 +139,10 @@ def test_a_mixed_step_in_a_graphs_padded_layout_attends_as_it_does_unpadded(nume
     t, padded = q.shape[0], q.shape[0] + 7
     layout = GraphLayout(max_tokens=padded, max_seqs=6, max_logits=padded, width=meta.block_tables.shape[1] + 2)
     buffer = torch.zeros(layout.size, dtype=torch.int64)
-    layout.stage(buffer, padded, torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64), meta)
+    n = meta.seq_lens.shape[0]
+    seq_of_token = np.repeat(np.arange(n), np.diff(meta.query_start_loc.numpy()))
+    indices = DeviceInputIndices.build([], [], [-1] * n, [0] * n, seq_of_token)  # nothing read from a frame
+    layout.stage(buffer, padded, torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64), meta, None, indices)
     views = layout.views(buffer, padded)
     staged = AttentionMetadata(*(x.to(DEVICE) for x in (views.query_start_loc, views.seq_lens, views.block_tables, views.slots)))
     noise = torch.randn(padded - t, *q.shape[1:]).to(DEVICE)

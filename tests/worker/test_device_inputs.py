@@ -1,31 +1,81 @@
-"""DeviceInputs.apply on a CUDA graph's static buffers: the step's tokens are their first rows, and only
-those move back; the padding rows past them keep what they held."""
+"""The device's completion of a step's inputs (worker/device_inputs.py), eagerly on the step's own tensors
+and as a CUDA graph runs it, on the static buffers a larger graph pads (the same code, here on the CPU):
+ids gathered from the latest frame, each sequence moved back by its host over-count and its rejected
+drafts, its slots recomputed there; padding rows keep what they hold."""
 
+import numpy as np
 import torch
 
-from refengine.model.attention_metadata import AttentionMetadata
-from refengine.worker.device_inputs import DeviceInputs
+from refengine.model.attention_metadata_builder import build_attention_metadata
+from refengine.worker.device_inputs import DeviceInputIndices
+from refengine.worker.graph_layout import GraphLayout
+from refengine.worker.step_frame import StepFrame
+
+BLOCK = 4
+# The latest frame: two verified rows; its source holds their last tokens (31, 32), then their drafts
+# (k = 2 each: 41, -1 | 43, 44); row 0 rejected 1 draft, row 1 none.
+SOURCE = torch.tensor([31, 32, 41, -1, 43, 44])
+REJECTED = torch.tensor([1, 0])
+FRAME = StepFrame([], None, source=SOURCE, num_rejected=REJECTED, num_sampled=2, num_proposed=2)
 
 
-def test_apply_moves_back_only_the_steps_rows_of_padded_buffers():
-    # Two sequences (2 tokens and 1) in buffers padded to 5 rows and 3 sequences; the host over-counted
-    # them by 2 and 1 positions. Blocks of 4: sequence 0 holds blocks 0-3, sequence 1 blocks 4-7.
-    ids = torch.tensor([5, 6, 7, 0, 0])
-    positions = torch.tensor([10, 11, 7, 0, 0])
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 2, 3, 3]),
-        seq_lens=torch.tensor([12, 8, 0]),
-        block_tables=torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [-1, -1, -1, -1]]),
-        slot_mapping=torch.tensor([40, 41, 30, -1, -1]),
-    )
-    inputs = DeviceInputs(
-        torch.tensor([], dtype=torch.int64),
-        torch.tensor([], dtype=torch.int64),
-        shift=torch.tensor([2, 1]),
-        seq_of_token=torch.tensor([0, 0, 1]),
-    )
-    inputs.apply(ids, positions, meta, block_size=4)
-    assert positions.tolist() == [8, 9, 6, 0, 0]
-    assert meta.seq_lens.tolist() == [10, 7, 0]
-    assert meta.slot_mapping.tolist() == [2 * 4 + 0, 2 * 4 + 1, 5 * 4 + 2, -1, -1]
-    assert ids.tolist() == [5, 6, 7, 0, 0]  # no id came from the device
+def step():
+    """Sequence 0 verifies 2 drafts in flight (3 rows from position 10, the host counting them all
+    accepted) and was over-counted by 1 more on the host; sequence 1 decodes one row at position 6 whose
+    id is in flight; sequence 2 is a prefill chunk of 2 rows, exact."""
+    meta = build_attention_metadata([10, 6, 0], [3, 1, 2], [[0, 1, 2, 3], [4, 5], [6]], BLOCK, causal=True)
+    ids = torch.tensor([0, 0, 0, 0, 7, 8])
+    positions = torch.tensor([10, 11, 12, 6, 0, 1])
+    seq_of_token = np.array([0, 0, 0, 1, 2, 2])
+    # row 0 takes frame row 0's last token, rows 1-2 its drafts (entries 2, 3); row 3 frame row 1's last token
+    indices = DeviceInputIndices.build([0, 1, 2, 3], [0, 2, 3, 1], [0, 1, -1], [1, 0, 0], seq_of_token)
+    return ids, positions, meta, indices
+
+
+def test_the_eager_completion_gathers_ids_and_moves_sequences_back_by_their_rejected_drafts():
+    ids, positions, meta, indices = step()
+    assert indices.gathers and indices.shifts
+    gathered = indices.to_device(FRAME, torch.device("cpu")).complete(ids, positions, meta, BLOCK)
+    # A draft the drafter did not propose (-1) is fed as 0 and handed on as -1, which verification rejects.
+    assert ids.tolist() == [31, 41, 0, 32, 7, 8]
+    assert gathered[:4].tolist() == [31, 41, -1, 32]
+    # sequence 0 moves back by 1 (host) + 1 (rejected), sequence 1 by 0 + 0, the prefill chunk not at all
+    assert positions.tolist() == [8, 9, 10, 6, 0, 1]
+    assert meta.seq_lens.tolist() == [11, 7, 2]
+    assert meta.slot_mapping.tolist() == [2 * BLOCK + 0, 2 * BLOCK + 1, 2 * BLOCK + 2, 5 * BLOCK + 2, 6 * BLOCK, 6 * BLOCK + 1]
+
+
+def test_a_graphs_padded_buffers_complete_the_steps_rows_as_the_eager_path_and_leave_the_padding():
+    ids, positions, meta, indices = step()
+    layout = GraphLayout(max_tokens=10, max_seqs=4, max_logits=12, width=6)
+    buffer = torch.full((layout.size,), 77, dtype=torch.int64)  # whatever an earlier step left
+    layout.stage(buffer, 10, ids, positions, meta, None, indices)
+    v = layout.views(buffer, 10)
+    # The graph's static copies of the frame: longer than the frame's, the last rejected entry 0.
+    source, rejected = torch.full((12,), 55), torch.full((5,), 9)
+    source[:6], rejected[:2], rejected[-1] = SOURCE, REJECTED, 0
+    gathered = v.device_inputs(source, rejected).complete(v.ids, v.positions, v.metadata(), BLOCK)
+
+    eager_gathered = indices.to_device(FRAME, torch.device("cpu")).complete(ids, positions, meta, BLOCK)
+    assert v.ids[:6].tolist() == ids.tolist() and v.positions[:6].tolist() == positions.tolist()
+    assert v.slots[:6].tolist() == meta.slot_mapping.tolist()
+    assert v.seq_lens[:3].tolist() == meta.seq_lens.tolist()
+    assert gathered[:4].tolist() == eager_gathered[:4].tolist()
+    # the padding sequence (index 3, rows 6-9) and the empty one past it: no id, no move, no KV, no keys
+    assert v.ids[6:].tolist() == [0] * 4 and v.positions[6:].tolist() == [0] * 4
+    assert v.slots[6:].tolist() == [-1] * 4 and v.seq_lens[3:].tolist() == [0, 0]
+
+
+def test_a_step_with_nothing_in_flight_reads_no_frame():
+    meta = build_attention_metadata([3], [2], [[0, 1]], BLOCK, causal=True)
+    indices = DeviceInputIndices.build([], [], [-1], [0], np.array([0, 0]))
+    assert not indices.gathers and not indices.shifts
+    layout = GraphLayout(max_tokens=4, max_seqs=2, max_logits=4, width=2)
+    buffer = torch.zeros(layout.size, dtype=torch.int64)
+    layout.stage(buffer, 4, torch.tensor([5, 6]), torch.tensor([3, 4]), meta, None, indices)
+    v = layout.views(buffer, 4)
+    # A graph completes every step: with stale frame values in its buffers, nothing moves.
+    v.device_inputs(torch.full((4,), 99), torch.tensor([7, 7, 0])).complete(v.ids, v.positions, v.metadata(), BLOCK)
+    assert v.ids.tolist() == [5, 6, 0, 0] and v.positions.tolist() == [3, 4, 0, 0]
+    assert v.slots.tolist() == meta.slot_mapping.tolist() + [-1, -1] and v.seq_lens[:1].tolist() == [5]
+
