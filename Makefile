@@ -93,13 +93,16 @@ ORACLE_JOBS ?= $(shell nproc)
 ORACLE_DEVICE ?= cpu
 ORACLE_C ?= 1,2,4,8
 ORACLE_REPORT ?= reports/oracle.md
+ORACLE_ARGS ?=
 
 # The full oracle matrix on the embedded SmolLM2 (trained heads for the Eagle-type methods), into reports/oracle.md
 # and its JSON slice. 8 prompts, so that c = 8 runs 8 requests at once. In slices (a host that caps one command's
 # time): `make oracle ORACLE_C=1 ORACLE_REPORT=reports/oracle-slices/c1.md`, ... then
-# `refengine oracle merge reports/oracle-slices/*.json --out reports/oracle.md`.
+# `refengine oracle merge reports/oracle-slices/*.json --out reports/oracle.md`. The eagle3 head's own slice on a
+# CPU: `make oracle ORACLE_ARGS="--methods eagle3 --no-structured --prefix-cache off"
+# ORACLE_REPORT=reports/oracle-slices/eagle3-draft-vocab.md`.
 oracle: install
-	$(VENV)/bin/refengine oracle --model smollm2 --c $(ORACLE_C) --prompts 8 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) --write-report --report $(ORACLE_REPORT)
+	$(VENV)/bin/refengine oracle --model smollm2 --c $(ORACLE_C) --prompts 8 --max-tokens 24 --jobs $(ORACLE_JOBS) --device $(ORACLE_DEVICE) $(ORACLE_ARGS) --write-report --report $(ORACLE_REPORT)
 
 # On a GPU host: the oracle matrix on random qwen3-0.6b in fp32 batch-invariant mode, every method, greedy and seeded,
 # with chunked prefill, preemption and bad_words: c = 1, 4 and 8 on 8 prompts (merged into

@@ -474,6 +474,8 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     graph_steps, eager_steps = runner.num_graph_steps, runner.num_eager_steps
     drafter = runner.drafter
     drafter_steps = (drafter.num_graph_steps, drafter.num_eager_steps) if spec is not None else (0, 0)
+    uniform = runner.spec_step_graphs
+    uniform_steps = 0 if uniform is None else uniform.num_replays
     timing = timed_generate(llm, prompts, params, batch_queue)
     stats = llm.engine.core.scheduler.spec_decoding_stats
     llm.engine.core.shutdown()
@@ -496,8 +498,10 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
                overlapped_launches=runner.num_overlapped_launches)
     if spec is not None:
         # The drafter's proposals in the timed run replayed from its CUDA graphs, and those run eagerly.
+        # Uniform verify steps verify and draft in their own graph (spec_step_graphs.py), not the drafter's.
         row.update(drafter_graph_steps=drafter.num_graph_steps - drafter_steps[0],
-                   drafter_eager_steps=drafter.num_eager_steps - drafter_steps[1])
+                   drafter_eager_steps=drafter.num_eager_steps - drafter_steps[1],
+                   uniform_step_graph_steps=0 if uniform is None else uniform.num_replays - uniform_steps)
         row.update(method=spec.method, k=spec.num_speculative_tokens, synthetic_acceptance=synthetic,
                    acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
                    tokens_per_step=round(tokens_per_step or 1, 3),
@@ -677,12 +681,17 @@ def spec_phases(core) -> Phases:
     # late under async scheduling (zero-bubble), at once under sync; its host time holds any wait for
     # the copy.
     phases.wrap(runner._in_flight, "land", "wait: frames landing (ids, counts, drafts)")
+    phases.wrap(runner._in_flight, "record", "frame record (host rows + device columns)")
+    if runner.spec_step_graphs is not None:
+        phases.wrap(runner.spec_step_graphs, "run", "uniform step graph (verify + drafter + frame)", stream=True)
     if drafter is None:
         return phases
     phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
     phases.wrap(drafter.network, "forward", "drafter network.forward (eager pass 1; 2..k too when eager)", stream=True)
     phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True)
-    if drafter.step_graphs is not None:
+    if drafter.step_graphs is not None and runner.spec_step_graphs is None:
+        # With the one-graph uniform step, the steps this graph serves (uniform, but with logprobs or a
+        # constraint) do not occur here.
         phases.wrap(drafter.step_graphs, "run", "drafter step graph (pass 1 + proposal)", stream=True)
     if drafter.cuda_graphs is not None:
         phases.wrap(drafter.cuda_graphs._copied, "synchronize", "wait: drafter staging copy (event)")

@@ -35,6 +35,7 @@ from refengine.worker.input_batch import InputBatch
 from refengine.worker.model_runner import ModelRunner
 from refengine.worker.runner import Runner
 from refengine.worker.sampler_graphs import RejectionSamplerGraphs
+from refengine.worker.spec_step_graphs import SpecStepGraphs
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
 
@@ -160,6 +161,13 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
             model.config.vocab_size, spec.num_speculative_tokens, graphs.batch_sizes, device, accept
         )
         sampler_graphs.capture()
+    spec_step_graphs = None
+    if sampler_graphs is not None and isinstance(drafter, FixedShapeProposer) and tp_group is None:
+        # The rest of a uniform verify step (verification, the drafter's step, the frame) as one graph
+        # on the target's outputs. Tensor parallelism broadcasts the sampled ids in between: it goes the
+        # general way.
+        spec_step_graphs = SpecStepGraphs(sampler_graphs, drafter.step_graphs, device)
+        spec_step_graphs.capture(graphs)
     input_batch = InputBatch(config.max_num_seqs, config.max_model_len, _max_blocks_per_req(config), config.block_size)
     runner = ModelRunner(
         model if args.skew_logits_on_rank != tp_rank else SkewedLogitsModel(model, tp_rank),
@@ -168,6 +176,7 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         drafter=drafter,
         cuda_graphs=graphs,
         sampler_graphs=sampler_graphs,
+        spec_step_graphs=spec_step_graphs,
         accept=accept,
         tp_group=tp_group,
         num_lookahead_slots=config.num_lookahead_tokens,

@@ -77,6 +77,11 @@ class DraftStepGraphs:
             and self.padded_size(len(requests)) in self._graphs
         )
 
+    def requests(self, padded: int) -> tuple[DraftInput, ...]:
+        """`padded` requests of k + 1 fed rows each, all proposing: a batch the graph's step reads only the
+        count of (its tensors hold the rest)."""
+        return tuple(DraftInput("", (), 0, self.q, slice(i * self.q, (i + 1) * self.q), (), True) for i in range(padded))
+
     # ---- the step, with or without capture ------------------------------------------------------
     def fill(self, batch: PaddedDraftBatch, limit: torch.Tensor, padded: int) -> None:
         """Copy the step's device tensors into the static buffers, device to device, and make every row
@@ -123,11 +128,8 @@ class DraftStepGraphs:
             self._slots[:num_tokens],
             causal=True,
         )
-        requests = tuple(
-            DraftInput("", (), 0, self.q, slice(i * self.q, (i + 1) * self.q), (), True) for i in range(padded)
-        )
         batch = PaddedDraftBatch(
-            requests,
+            self.requests(padded),
             self._ids[:num_tokens],
             self._num_rejected[:padded],
             self._hidden[:num_tokens],

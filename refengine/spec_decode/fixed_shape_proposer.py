@@ -64,7 +64,7 @@ class FixedShapeProposer(NetworkProposer):
             [
                 index,
                 [int(ends[i]) - 1 for i in index],
-                [min(len(d.block_ids) * self.block_size, self.max_positions) for d in proposing],
+                [self.position_limit(d.block_ids) for d in proposing],
             ],
             dtype=torch.long,
         )
@@ -120,8 +120,11 @@ class FixedShapeProposer(NetworkProposer):
         return {d.req_id: row[: self._num_drafts(d)] for d, row in zip(proposing, drafts, strict=True)}
 
     def _num_drafts(self, d: DraftInput) -> int:
-        limit = min(len(d.block_ids) * self.block_size, self.max_positions)
-        return max(0, min(self.k, limit - d.last_position - self.extra_slots))
+        return max(0, min(self.k, self.position_limit(d.block_ids) - d.last_position - self.extra_slots))
+
+    def position_limit(self, block_ids: Sequence[int]) -> int:
+        """How far a request's drafts may reach: the slots its blocks hold, within the head's positions."""
+        return min(len(block_ids) * self.block_size, self.max_positions)
 
     def capture_cuda_graphs(
         self, batch_sizes: list[int], max_blocks_per_seq: int, device: torch.device, target_hidden: tuple[int, torch.dtype]

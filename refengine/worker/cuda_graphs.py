@@ -33,6 +33,7 @@ from refengine.model.transformer import ModelOutput, Transformer
 from refengine.worker.device_inputs import DeviceInputIndices
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.graph_layout import GraphLayout
+from refengine.worker.spec_step_graphs import TargetRows
 from refengine.worker.step_frame import StepFrame
 
 
@@ -120,17 +121,36 @@ class CudaGraphs:
                 captured.graph = graph
                 self._graphs[num_tokens] = captured
 
+    def holds(self, num_tokens: int) -> bool:
+        """Whether a graph of exactly `num_tokens` tokens was captured."""
+        return num_tokens in self._graphs
+
+    def verify_rows(self, num_tokens: int) -> TargetRows:
+        """The outputs of the graph of `num_tokens` tokens as the rest of a uniform verify step reads them
+        (spec_step_graphs.py): views of its static buffers, current after each of its replays."""
+        captured = self._graphs[num_tokens]
+        v = self.layout.views(self._static, num_tokens)
+        return TargetRows(captured.logits, v.positions, captured.gathered, ModelOutput(captured.hidden, captured.aux), v.metadata())
+
     # ---- replay --------------------------------------------------------------------------------
     def padded_tokens(self, num_tokens: int) -> int | None:
         return padded_batch_size(num_tokens, self._graphs)
 
-    def can_run(self, num_tokens: int, num_sampled: int, meta: AttentionMetadata, capture_layers: tuple[int, ...]) -> bool:
+    def can_run(
+        self,
+        num_tokens: int,
+        num_sampled: int,
+        meta: AttentionMetadata,
+        capture_layers: tuple[int, ...],
+        num_padded: int | None = None,
+    ) -> bool:
+        """Whether a graph holds the step: the smallest that does, or the one of `num_padded` tokens."""
         if tuple(capture_layers) != self.capture_layers or not meta.causal:
             return False
         if meta.seq_lens.shape[0] > self.layout.max_seqs or meta.block_tables.shape[1] > self.layout.width:
             return False
-        padded = self.padded_tokens(num_tokens)
-        return padded is not None and num_sampled <= self.layout.num_logits(padded)
+        padded = self.padded_tokens(num_tokens) if num_padded is None else num_padded
+        return self.holds(padded) and num_tokens <= padded and num_sampled <= self.layout.num_logits(padded)
 
     def run(
         self,
@@ -140,15 +160,17 @@ class CudaGraphs:
         logits_indices: torch.Tensor,
         indices: DeviceInputIndices,
         latest: StepFrame | None,
+        num_padded: int | None = None,
     ) -> GraphStep:
         """Replay for host tensors `ids`, `positions`, host metadata and the sampled rows `logits_indices`,
         completed on the device by `indices` into the `latest` frame (ids in flight from the previous
-        step, positions it moved back)."""
+        step, positions it moved back): the smallest graph that holds the step, or the graph of
+        `num_padded` tokens (a uniform verify step's, whose rest replays on its outputs)."""
         num_tokens, num_seqs = ids.shape[0], meta.seq_lens.shape[0]
-        padded = self.padded_tokens(num_tokens)
-        # Invariant: run() is only called for a step that can_run() accepted.
-        if padded is None:
-            raise RunnerInvariantError(f"no captured graph holds a step of {num_tokens} tokens")
+        padded = self.padded_tokens(num_tokens) if num_padded is None else num_padded
+        # Invariant: run() is only called for a step that can_run() accepted, in a graph that holds it.
+        if padded is None or not self.holds(padded) or padded < num_tokens:
+            raise RunnerInvariantError(f"no captured graph of {padded} tokens holds a step of {num_tokens} tokens")
         self._fill(padded, ids, positions, meta, logits_indices, indices)
         if indices.gathers:
             self._source[: latest.source.shape[0]].copy_(latest.source)

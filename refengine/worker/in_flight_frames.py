@@ -14,6 +14,7 @@ from refengine.worker.async_output import InFlightTokens
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.spec_step_graphs import SampledStep
 from refengine.worker.step_frame import FrameRow, StepFrame
 from refengine.worker.step_rows import ExecutedBatch, ScheduledRow
 from refengine.worker.verify_step import with_fed_drafts
@@ -38,10 +39,12 @@ class InFlightFrames:
         verified: list[ScheduledRow],
         tokens: torch.Tensor | None,
         proposed: torch.Tensor | None,
+        sampled: SampledStep | None = None,
     ) -> StepFrame:
         """The step as a frame in flight, and the host's optimistic view of it: each verified request
         gets 1 + k placeholders and its count advances as if every draft were accepted, as the
-        scheduler's did; a prefill chunk advances by its tokens (exact)."""
+        scheduler's did; a prefill chunk advances by its tokens (exact). A uniform step's graph laid out
+        its device columns already (`sampled`)."""
         rows: list[FrameRow] = []
         for row in executed.rows:
             state = row.state
@@ -63,6 +66,17 @@ class InFlightFrames:
         if tokens is None:
             return self._push(StepFrame(rows, None, num_proposed=0 if proposed is None else proposed.shape[1]))
         num_verified = len(verified)
+        if sampled is not None:
+            k = sampled.proposed.shape[1]
+            return self._push(StepFrame(
+                rows,
+                InFlightTokens.send(sampled.results[:num_verified], tokens.shape[1]),
+                source=sampled.source,
+                num_rejected=sampled.num_rejected,
+                num_sampled=sampled.tokens.shape[0],  # P: the proposed drafts start after every padded row
+                num_fed_draft_columns=k,
+                num_proposed=k,
+            ))
         counts = np.array([r.first_row for r in verified] + [len(r.draft_ids) for r in verified], dtype=np.int64)
         padded = padded_draft_ids([r.draft_ids for r in verified])
         counts, padded = arrays_to_device([counts, padded], self.device)

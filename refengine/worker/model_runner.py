@@ -40,7 +40,8 @@ from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.in_flight_frames import InFlightFrames
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
-from refengine.worker.sampler_graphs import RejectionSamplerGraphs
+from refengine.worker.sampler_graphs import RejectionSamplerGraphs, SamplerGraphKey
+from refengine.worker.spec_step_graphs import SpecStepGraphs, TargetRows
 from refengine.worker.step_frame import StepFrame
 from refengine.worker.step_rows import ExecutedBatch, FedDrafts, ScheduledRow
 from refengine.worker.verify_step import token_logprobs, verify_rows
@@ -56,6 +57,7 @@ class ModelRunner:
         drafter: Proposer | None = None,
         cuda_graphs: CudaGraphs | None = None,
         sampler_graphs: RejectionSamplerGraphs | None = None,
+        spec_step_graphs: SpecStepGraphs | None = None,
         accept: StepAcceptRule | None = None,
         tp_group: TPGroup | None = None,
         num_lookahead_slots: int = 0,
@@ -67,6 +69,8 @@ class ModelRunner:
         self.device = kv_cache.layers[0].key.device if kv_cache.layers else torch.device("cpu")
         self.cuda_graphs = cuda_graphs
         self.sampler_graphs = sampler_graphs
+        # The rest of a uniform verify step as one graph (eagerly on the CPU); None: never that way.
+        self.spec_step_graphs = spec_step_graphs
         # How drafts are accepted: verification (None), unless a speed study swaps in synthetic_acceptance.py's.
         self.accept = accept
         self.num_graph_steps = 0
@@ -226,13 +230,21 @@ class ModelRunner:
         self.num_corrected_launches += any(s >= 0 for s in sources)
         if latest is not None and not latest.copy.is_ready():
             self.num_overlapped_launches += 1
-        if (
-            self.cuda_graphs is not None
-            and self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers)  # pragma: no mutate
+        uniform = self._uniform_key(rows, len(fill_slots))
+        num_padded = None
+        if uniform is not None and self.cuda_graphs is not None:
+            # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
+            # pragma: no mutate block
+            num_padded = uniform.padded * self.spec_step_graphs.q  # the target graph the rest was captured on
+            if not self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers, num_padded):
+                uniform = num_padded = None
+        if self.cuda_graphs is not None and (
+            num_padded is not None
+            or self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers)  # pragma: no mutate
         ):
             # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
             # pragma: no mutate block
-            step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, indices, latest)
+            step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, indices, latest, num_padded)
             out, logits, positions_t, meta = step.model_output, step.logits, step.positions, step.attn_metadata
             sample_t, gathered = step.logits_indices, step.gathered
             self.num_graph_steps += 1
@@ -247,13 +259,39 @@ class ModelRunner:
             out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
             logits = self.model.compute_logits(out.hidden_states[sample_t])
             self.num_eager_steps += 1
-        fed = None
-        if fill_slots:
+        fed = sample_positions = None
+        # A uniform step's graph reads its drafts and positions from the step's outputs itself; the general
+        # way needs them gathered here.
+        if fill_slots and uniform is None:
             entries = to_device(torch.tensor(fill_slots + fill_rows, dtype=torch.int64), self.device)
             fed = FedDrafts(entries[: len(fill_slots)], gathered[entries[len(fill_slots) :]])
+        if indices.shifts and uniform is None:
+            sample_positions = positions_t[sample_t] + 1
         self._executed = ExecutedBatch(
-            tuple(rows), logits, out, positions_t, meta, fed, positions_t[sample_t] + 1 if indices.shifts else None
+            tuple(rows), logits, out, positions_t, meta, fed, sample_positions, gathered, uniform
         )
+
+    def _uniform_key(self, rows: list[ScheduledRow], num_device_drafts: int) -> SamplerGraphKey | None:
+        """The graph of a uniform verify step (spec_step_graphs.py), else None: every request verifies k
+        drafts that are all on the device, none wants logprobs or has a constraint (bad words, a grammar)
+        or min_tokens (whose masks, overrides and read-backs the general path serves), and its sampling
+        is a captured variant. Tensor parallelism broadcasts the sampled ids between verification and
+        drafting, which the graph would skip: it stays general."""
+        graphs = self.spec_step_graphs
+        if graphs is None or self.tp_group is not None or num_device_drafts != len(rows) * graphs.k:
+            return None
+        for row in rows:
+            state = row.state
+            if (
+                row.first_logits_row is None
+                or row.num_scheduled_tokens != graphs.q
+                or state.num_logprobs is not None
+                or state.constrained
+                or state.params.min_tokens
+            ):
+                return None
+        padded = graphs.padded_size(len(rows))
+        return None if padded is None else graphs.key(padded, [r.batch_row for r in rows], self.input_batch)
 
     def _check_lookahead(self, req_id: str, state: CachedRequestState, num_planned: int) -> None:
         """Invariant 49: a sampled row's blocks hold every slot the device may write before the host
@@ -304,19 +342,17 @@ class ModelRunner:
             else r.draft_ids
             for r in verified
         }
-        tokens = None
-        if verified:
-            tokens = verify_rows(
-                self.input_batch, self.accept, executed.logits, verified, drafts_by_req, grammar_output,
-                fed=executed.fed, positions=executed.sample_positions, sampler_graphs=self.sampler_graphs,
-            )  # fmt: skip
-        if tokens is not None and self.tp_group is not None:
-            # Invariant 45: every rank goes on with the same ids (rank 0's), whatever its own logits said.
-            tokens = self.tp_group.broadcast_sampled(tokens)
-        proposed = None  # the drafter's device drafts, one row per verified request
-        if self.drafter is not None and executed.model_output is not None:
-            proposed = self.drafter.propose(padded_draft_batch(executed, verified, tokens, self.input_batch))
-        frame = self._last_frame = self._in_flight.record(executed, verified, tokens, proposed)
+        sampled = None
+        if executed.uniform_key is not None:
+            # A uniform step's requests have no constraint, so the engine sends it no overrides or masks.
+            if draft_overrides or grammar_output is not None:
+                raise RunnerInvariantError("draft overrides or grammar masks for a uniform step, whose requests have no constraint")
+            rows = TargetRows(executed.logits, executed.positions, executed.gathered, executed.model_output, executed.attn_metadata)
+            sampled = self.spec_step_graphs.run(executed.uniform_key, verified, self.input_batch, rows)
+            tokens, proposed = sampled.tokens[: len(verified)], sampled.proposed[: len(verified)]
+        else:
+            tokens, proposed = self._verify_and_propose(executed, verified, drafts_by_req, grammar_output)
+        frame = self._last_frame = self._in_flight.record(executed, verified, tokens, proposed, sampled)
         req_ids = [r.state.req_id for r in executed.rows]
         if frame.copy is None:
             self._in_flight.land(True, self.drafter)
@@ -338,6 +374,29 @@ class ModelRunner:
                 )
             sampled.append(row_tokens)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _verify_and_propose(
+        self,
+        executed: ExecutedBatch,
+        verified: list[ScheduledRow],
+        drafts_by_req: Mapping[str, tuple[int, ...]],
+        grammar_output: GrammarOutput | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The general step: the verified rows' tokens, and the drafter's device drafts after them (one row
+        per verified request; None without a device drafter)."""
+        tokens = None
+        if verified:
+            tokens = verify_rows(
+                self.input_batch, self.accept, executed.logits, verified, drafts_by_req, grammar_output,
+                fed=executed.fed, positions=executed.sample_positions, sampler_graphs=self.sampler_graphs,
+            )  # fmt: skip
+        if tokens is not None and self.tp_group is not None:
+            # Invariant 45: every rank goes on with the same ids (rank 0's), whatever its own logits said.
+            tokens = self.tp_group.broadcast_sampled(tokens)
+        proposed = None
+        if self.drafter is not None and executed.model_output is not None:
+            proposed = self.drafter.propose(padded_draft_batch(executed, verified, tokens, self.input_batch))
+        return tokens, proposed
 
     def _needs_host(
         self,

@@ -33,6 +33,8 @@ class CachedRequestState:
     pending_drafts: list[int] = field(default_factory=list)
     # The positions a prefix-cache hit covered when the request was (re)admitted.
     num_cached_tokens: int = 0
+    # It has a constraint (bad words, a grammar): its drafts are judged on the host, its rows masked.
+    constrained: bool = False
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> "CachedRequestState":
@@ -58,6 +60,7 @@ class CachedRequestState:
             params=params,
             num_logprobs=sp.logprobs,
             num_cached_tokens=data.num_computed_tokens,
+            constrained=bool(sp.bad_words or sp.bad_words_token_ids or sp.structured_outputs),
         )
 
     @property

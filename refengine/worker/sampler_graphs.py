@@ -103,7 +103,7 @@ class RejectionSamplerGraphs:
         self,
         logits: torch.Tensor,
         md: SamplingMetadata,
-        spec: SpecDecodeMetadata,
+        draft_token_ids: torch.Tensor,
         key: SamplerGraphKey,
         positions: torch.Tensor | None = None,
     ) -> None:
@@ -111,7 +111,7 @@ class RejectionSamplerGraphs:
         rows past them up to `key.padded` requests become greedy padding (whatever an earlier step left).
         `positions`, when given, are the exact positions the rows decide (computed on the device under
         async speculative decoding), in place of the metadata's."""
-        num_seqs = spec.draft_token_ids.shape[0]
+        num_seqs = draft_token_ids.shape[0]
         rows, padded_rows = num_seqs * self.q, key.padded * self.q
         for static, value, pad in (
             (self._logits, logits, 0),
@@ -129,7 +129,7 @@ class RejectionSamplerGraphs:
         if key.masked:
             self._masked[:padded_rows].zero_()
             mark_forbidden(self._masked, md, True)
-        self._drafts[:num_seqs].copy_(spec.draft_token_ids)
+        self._drafts[:num_seqs].copy_(draft_token_ids)
         if key.padded > num_seqs:  # pragma: no mutate
             self._drafts[num_seqs : key.padded].fill_(PLACEHOLDER_TOKEN_ID)
 
@@ -176,7 +176,7 @@ class RejectionSamplerGraphs:
         key = self.key(logits, md, spec)
         if key not in self._graphs:
             return None
-        self.fill(logits, md, spec, key, positions)
+        self.fill(logits, md, spec.draft_token_ids, key, positions)
         graph, tokens = self._graphs[key]
         graph.replay()
         self.num_replays += 1

@@ -8,6 +8,7 @@ import torch
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.transformer import ModelOutput
 from refengine.worker.request_state import CachedRequestState
+from refengine.worker.sampler_graphs import SamplerGraphKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,11 @@ class ExecutedBatch:
     fed: FedDrafts | None = None
     # The position each logits row decides, on the device; None: the host's counts were exact.
     sample_positions: torch.Tensor | None = None
+    # Each fed row's id as read from the latest frame (-1: a draft not proposed); None: none was.
+    gathered: torch.Tensor | None = None
+    # A uniform verify step's graph (spec_step_graphs.py): its target ran at P * (k + 1) rows, and the
+    # rest of the step runs as one graph. None: any other step.
+    uniform_key: SamplerGraphKey | None = None
 
     @property
     def verified(self) -> list[ScheduledRow]:

@@ -88,6 +88,7 @@ def _drafted(loaded, method: str, drafter_graphs: bool):
     llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
               speculative_config=SpeculativeConfig(method, 4), cuda_graphs=True, record_steps=True)
     runner = llm.engine.runner
+    runner.spec_step_graphs = None  # the drafter's own graphs (the one-graph step: test_gpu_paths.py)
     if not drafter_graphs:
         runner.drafter.cuda_graphs = runner.drafter.step_graphs = None
     prompts = [[5, 9, 13, 200, 7] * 3, [100, 3, 3, 4], list(range(20, 60))]

@@ -63,10 +63,14 @@ def tiny(numerics, dtype=torch.float32, layers=3):
 PROMPTS = [[5, 9, 13, 200, 7] * 3, [100, 3, 3, 4], list(range(20, 60))]
 
 
-def generate(loaded, **kwargs):
+def generate(loaded, spec_step: bool = True, params=None, **kwargs):
+    """Tokens of PROMPTS (3 requests: a graph of 4 pads them), greedy unless `params`; without `spec_step`
+    a uniform verify step goes the general way (the sampler's and the drafter's own graphs)."""
     llm = LLM(loaded, dtype=str(loaded.model.embed_tokens.weight.dtype).removeprefix("torch."), max_num_seqs=4,
               max_model_len=256, block_size=16, num_blocks=64, **kwargs)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    if not spec_step:
+        llm.engine.core.runner.spec_step_graphs = None
+    params = params or SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)
     runner = llm.engine.core.runner
     llm.engine.core.shutdown()
@@ -149,7 +153,7 @@ def test_fast_spec_steps_run_the_skinny_products_and_graphs_replay_eager_tokens(
     assert rotations  # the drafter's attention took the fused rotary
     graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
     assert eager_runner.num_graph_steps == 0 and runner.num_graph_steps > 0
-    assert runner.drafter.step_graphs.num_replays > 0
+    assert runner.spec_step_graphs.num_replays > 0
     assert graphed == eager
 
 
@@ -209,15 +213,32 @@ def test_zero_bubble_eagle_waits_for_no_spec_step_and_keeps_the_tokens(cuda_grap
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
 def test_drafter_step_graphs_replay_the_eager_drafters_tokens(method):
     """Pass 1 and the proposal replayed from one graph per padded batch size after each uniform verify
-    step: the tokens of eager drafting, spec off's, and steps that replayed."""
+    step, the sampler's own graph before it (the general way, without the one-graph step): the tokens
+    of eager drafting, spec off's, and steps that replayed."""
     loaded = tiny(Numerics.BATCH_INVARIANT, layers=4)
     base, _ = generate(loaded, cuda_graphs=False)
     spec = SpeculativeConfig(method, 3)
     eager, _ = generate(loaded, speculative_config=spec, cuda_graphs=False)
-    graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
+    graphed, runner = generate(loaded, spec_step=False, speculative_config=spec, cuda_graphs=True)
     assert graphed == eager == base
     assert runner.drafter.step_graphs.num_replays > 0
     assert runner.sampler_graphs.num_replays > 0
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "seeded"])
+def test_uniform_steps_replay_as_one_graph_with_the_eager_tokens(method, temperature):
+    """worker/spec_step_graphs.py on a GPU: verification, the drafter's step and the frame of each uniform
+    verify step replayed as one graph on the outputs of the target's (3 requests padded to 4): the tokens
+    of the eager engine, greedy and seeded, and every replay moved back by its predecessor's rejections."""
+    loaded = tiny(Numerics.BATCH_INVARIANT, layers=4)
+    spec = SpeculativeConfig(method, 3)
+    params = [SamplingParams(temperature=temperature, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
+    eager, _ = generate(loaded, params=params, speculative_config=spec, cuda_graphs=False)
+    graphed, runner = generate(loaded, params=params, speculative_config=spec, cuda_graphs=True)
+    assert graphed == eager
+    assert runner.spec_step_graphs.num_replays > 10 and runner.spec_step_graphs.num_eager_steps == 0
+    assert runner.num_readback_steps == 0 and runner.num_corrected_launches > 10
 
 
 def test_eagle3_with_a_draft_vocabulary_replays_its_own_lm_head(tmp_path):
@@ -234,7 +255,7 @@ def test_eagle3_with_a_draft_vocabulary_replays_its_own_lm_head(tmp_path):
     graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
     assert graphed == eager == base
     assert runner.drafter.network.lm_head.weight.shape[0] == len(ids)
-    assert runner.drafter.step_graphs.num_replays > 0
+    assert runner.spec_step_graphs.num_replays > 0
 
 
 # Steps of every sampler graph variant: seeded rows, top-k and top-p, (row, token) masks (stop tokens
@@ -257,8 +278,9 @@ def test_sampler_graphs_replay_verification_as_eager(step):
     for graphs in (False, True):
         llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
                   speculative_config=SpeculativeConfig("eagle", 3), cuda_graphs=graphs)
-        outs[graphs] = [o.token_ids for o in llm.generate(PROMPTS, params)]
         runner = llm.engine.core.runner
+        runner.spec_step_graphs = None  # the sampler's own graphs, for every variant
+        outs[graphs] = [o.token_ids for o in llm.generate(PROMPTS, params)]
         llm.engine.core.shutdown()
     assert outs[True] == outs[False]
     assert runner.sampler_graphs.num_replays > 0

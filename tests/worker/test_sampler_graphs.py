@@ -49,9 +49,9 @@ def _step(
 def _filled(graphs: RejectionSamplerGraphs, logits, md, spec) -> torch.Tensor:
     """The step as its graph replays it, after an earlier, larger step left its rows in the buffers."""
     bigger = _step(4, 0.9, seed=1, masked=[(0, 3), (5, 1)], top_k=2, top_p=0.5, bitmask_rows=[1, 2])
-    graphs.fill(*bigger, graphs.key(*bigger))
+    graphs.fill(bigger[0], bigger[1], bigger[2].draft_token_ids, graphs.key(*bigger))
     key = graphs.key(logits, md, spec)
-    graphs.fill(logits, md, spec, key)
+    graphs.fill(logits, md, spec.draft_token_ids, key)
     return graphs.step(key)
 
 
@@ -126,7 +126,7 @@ def test_exact_device_positions_hash_the_seeds_the_eager_path_hashes():
     logits, md, spec = _step(3, 1.0, seed=9)
     exact = md.positions - 2  # two drafts of the previous step were rejected
     key = graphs.key(logits, md, spec)
-    graphs.fill(logits, md, spec, key, positions=exact)
+    graphs.fill(logits, md, spec.draft_token_ids, key, positions=exact)
     moved = rejection_sample(logits, md.at_positions(exact), spec)
     assert torch.equal(graphs.step(key)[:3], moved)
     assert not torch.equal(moved, rejection_sample(logits, md, spec))  # the positions decide the draws
