@@ -8,12 +8,12 @@ without masks, logprobs or a grammar, greedy or seeded without top-k and top-p: 
 served speculative batch. Its target replays the graph of P * (k + 1) tokens (P its padded batch size),
 and this graph, captured on that graph's outputs, replays right after it. Every input the two graphs
 hand each other moves inside the graphs; the host stages the rows' sampling parameters and drafting
-limits (one host-to-device copy) and launches two replays, where the three steps launched some
-seventy small operations between them.
+limits (one host-to-device copy) and launches two replays, where the general way launches dozens of
+small operations between them.
 
 The sampler's and the drafter's graph steps (sampler_graphs.py, spec_decode/draft_step_graphs.py) run
 unchanged inside it, from their own static buffers. `step` runs the same code with or without capture,
-so the CPU runs it eagerly (P = the batch, no padding) and the oracle's arms check it there.
+so the CPU runs it eagerly (P = the batch, no padding), where tests check it against the general way.
 
 Invariant numbers refer to docs/invariants.md.
 """
