@@ -10,7 +10,8 @@ kernel, and stall every running request. Longer steps are compute, not launches,
 
 A step's inputs are staged into one pinned buffer (graph_layout.py), copied to the static buffers in
 one host-to-device copy, and the smallest captured T of at least its tokens is replayed. The graph
-completes them first (device_inputs.py) from the latest frame's values, which wait in static buffers
+completes them first (device_inputs.py, into tensors of its own: the staged inputs stay as they were,
+so a replay is the same step every time) from the latest frame's values, which wait in static buffers
 of their own: a step in flight costs the host two device copies, not a launch per field. Padding
 writes no KV and attends over nothing, and its rows are cut off before anyone sees them.
 
@@ -30,7 +31,7 @@ from refengine.model.cuda_graph_sizes import default_batch_sizes, graph_token_si
 from refengine.model.graph_capture import graph_capture
 from refengine.model.kv_cache import KVCache
 from refengine.model.transformer import ModelOutput, Transformer
-from refengine.worker.device_inputs import DeviceInputIndices
+from refengine.worker.device_inputs import CompletedInputs, DeviceInputIndices
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.graph_layout import GraphLayout
 from refengine.worker.spec_step_graphs import TargetRows
@@ -40,10 +41,10 @@ from refengine.worker.step_frame import StepFrame
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
+    inputs: CompletedInputs  # the step's inputs as the device completed them
     hidden: torch.Tensor
     aux: dict[int, torch.Tensor]
     logits: torch.Tensor
-    gathered: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +105,10 @@ class CudaGraphs:
 
     def _forward(self, num_tokens: int) -> _Graph:
         v = self.layout.views(self._static, num_tokens)
-        meta = v.metadata()
-        gathered = v.device_inputs(self._source, self._rejected).complete(v.ids, v.positions, meta, self.kv_cache.block_size)
-        out = self.model(v.ids, v.positions, meta, self.kv_cache, capture_layers=self.capture_layers)
+        done = v.device_inputs(self._source, self._rejected).complete(v.ids, v.positions, v.metadata(), self.kv_cache.block_size)
+        out = self.model(done.ids, done.positions, done.attn_metadata, self.kv_cache, capture_layers=self.capture_layers)
         logits = self.model.compute_logits(out.hidden_states[v.logits_indices])
-        return _Graph(None, out.hidden_states, out.aux_hidden_states, logits, gathered)  # type: ignore[arg-type]
+        return _Graph(None, done, out.hidden_states, out.aux_hidden_states, logits)  # type: ignore[arg-type]
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
@@ -129,8 +129,8 @@ class CudaGraphs:
         """The outputs of the graph of `num_tokens` tokens as the rest of a uniform verify step reads them
         (spec_step_graphs.py): views of its static buffers, current after each of its replays."""
         captured = self._graphs[num_tokens]
-        v = self.layout.views(self._static, num_tokens)
-        return TargetRows(captured.logits, v.positions, captured.gathered, ModelOutput(captured.hidden, captured.aux), v.metadata())
+        done = captured.inputs
+        return TargetRows(captured.logits, done.positions, done.gathered, ModelOutput(captured.hidden, captured.aux), done.attn_metadata)
 
     # ---- replay --------------------------------------------------------------------------------
     def padded_tokens(self, num_tokens: int) -> int | None:
@@ -185,11 +185,12 @@ class CudaGraphs:
         aux = {i: t[:num_tokens] for i, t in captured.aux.items()}
         # The step's own rows of the metadata, as of its outputs: an eager drafter after this replay attends
         # over the real sequences only (the padding has no input rows).
+        done = captured.inputs
         meta = AttentionMetadata(
-            v.query_start_loc[: num_seqs + 1], v.seq_lens[:num_seqs], v.block_tables[:num_seqs], v.slots[:num_tokens],
-            causal=True,
-        )
+            v.query_start_loc[: num_seqs + 1], done.attn_metadata.seq_lens[:num_seqs], v.block_tables[:num_seqs],
+            done.attn_metadata.slot_mapping[:num_tokens], causal=True,
+        )  # fmt: skip
         return GraphStep(
-            ModelOutput(captured.hidden[:num_tokens], aux), captured.logits[:num_sampled], v.positions[:num_tokens],
-            meta, v.logits_indices[:num_sampled], captured.gathered[:num_tokens],
+            ModelOutput(captured.hidden[:num_tokens], aux), captured.logits[:num_sampled], done.positions[:num_tokens],
+            meta, v.logits_indices[:num_sampled], done.gathered[:num_tokens],
         )  # fmt: skip

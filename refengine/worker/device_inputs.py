@@ -86,22 +86,36 @@ class DeviceInputs:
         *,
         gathers: bool = True,
         shifts: bool = True,
-    ) -> torch.Tensor | None:
-        """Complete the step's inputs in place, over every row of the buffers (padding rows read nothing
-        and move by 0). Returns each row's id as gathered, -1 where the drafter proposed none (the input
-        feeds it as 0), or None when no row gathers. A graph captures both parts; the eager path skips
-        what the step does not need."""
+    ) -> "CompletedInputs":
+        """The step's inputs completed, over every row of the buffers (padding rows read nothing and move
+        by 0), as new tensors: the host's stay as staged, so a graph's replay is the same step every time.
+        A graph captures both parts; the eager path skips what the step does not need."""
         gathered = None
         if gathers:
             gathered = self.source[self.take.clamp(min=0)]
-            ids.copy_(torch.where(self.take >= 0, gathered.clamp(min=0), ids))
+            ids = torch.where(self.take >= 0, gathered.clamp(min=0), ids)
         if shifts:
             # Invariant 48: the exact count is the optimistic one less the rejected drafts.
             shift = self.seq_shift + self.rejected[self.seq_source]
-            exact = positions - shift[self.seq_of_token]
-            positions.copy_(exact)
-            meta.seq_lens.sub_(shift)
-            slots = meta.block_tables[self.seq_of_token, exact // block_size] * block_size + exact % block_size
-            # A padding row keeps its -1: it writes no KV.
-            meta.slot_mapping.copy_(torch.where(meta.slot_mapping < 0, meta.slot_mapping, slots))
-        return gathered
+            positions = positions - shift[self.seq_of_token]
+            slots = meta.block_tables[self.seq_of_token, positions // block_size] * block_size + positions % block_size
+            meta = AttentionMetadata(
+                meta.query_start_loc,
+                meta.seq_lens - shift,
+                meta.block_tables,
+                # A padding row keeps its -1: it writes no KV.
+                torch.where(meta.slot_mapping < 0, meta.slot_mapping, slots),
+                causal=meta.causal,
+            )
+        return CompletedInputs(ids, positions, meta, gathered)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedInputs:
+    """A step's inputs at the exact positions, and each row's id as gathered from the latest frame (-1
+    where the drafter proposed none, which the input feeds as 0; None when no row gathers)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    gathered: torch.Tensor | None

@@ -253,9 +253,10 @@ class ModelRunner:
             meta = to_device(meta, self.device)
             gathered = None
             if indices.gathers or indices.shifts:
-                gathered = indices.to_device(latest, self.device).complete(
+                done = indices.to_device(latest, self.device).complete(
                     ids_t, positions_t, meta, self.block_size, gathers=indices.gathers, shifts=indices.shifts
                 )
+                ids_t, positions_t, meta, gathered = done.ids, done.positions, done.attn_metadata, done.gathered
             out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
             logits = self.model.compute_logits(out.hidden_states[sample_t])
             self.num_eager_steps += 1
