@@ -87,6 +87,7 @@ class SpecStepGraphs:
         self._staged = functools.cache(lambda padded: tuple(x.numpy() for x in self._params(self._staging, padded)))
         # None until captured: the steps run eagerly (the CPU), unpadded.
         self._graphs: dict[SamplerGraphKey, tuple[torch.cuda.CUDAGraph, SampledStep]] | None = None
+        self._captured_sizes: list[int] = []  # the P with graphs: every step asks which one it pads to
         self.num_replays = 0
         self.num_eager_steps = 0
 
@@ -94,7 +95,7 @@ class SpecStepGraphs:
         """The P a step of `num_requests` requests runs at: a captured batch size, or itself eagerly."""
         if self._graphs is None:
             return num_requests if num_requests <= self.batch_sizes[-1] else None
-        return padded_batch_size(num_requests, {key.padded for key in self._graphs})
+        return padded_batch_size(num_requests, self._captured_sizes)
 
     # ---- the step, with or without capture ------------------------------------------------------
     def _params(self, buffer: torch.Tensor, padded: int) -> tuple[torch.Tensor, ...]:
@@ -155,6 +156,7 @@ class SpecStepGraphs:
                 for greedy in (True, False):
                     key = SamplerGraphKey(padded, greedy, False, False, False)
                     self._graphs[key] = capture(partial(self.step, key, rows))
+                self._captured_sizes.append(padded)
 
     def key(self, padded: int, batch_rows: Sequence[int], input_batch: InputBatch) -> SamplerGraphKey | None:
         """The graph of a uniform step of the requests in `batch_rows` at P = `padded`: greedy, or seeded
