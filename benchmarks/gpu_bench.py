@@ -92,6 +92,8 @@ class Bench:
         self.results: dict = {
             "commit": commit,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            # The device the figures are of, for reports/README.md (benchmarks/reports_index.py reads it).
+            "device": torch.cuda.get_device_name() if DEV == "cuda" else "CPU",
             "bandwidth_reference_Bps": BANDWIDTH,
             "sections": {},
             "rows": [],

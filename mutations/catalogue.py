@@ -67,9 +67,10 @@ def _parse_mutant(entry: dict[str, Any], default_timeout: float) -> Mutant:
     for key in ("id", "title", "invariant", "file"):
         if not isinstance(entry[key], str) or not entry[key].strip():
             raise CatalogueError(f"mutant {label}: {key} must be a non-empty string")
-    if not entry["file"].endswith(".py"):
-        # The validity check compiles the mutated file, which only means something for Python sources.
-        raise CatalogueError(f"mutant {label}: file must be a .py source")
+    if not entry["file"].endswith((".py", ".md")):
+        # A Python source (the validity check compiles it) or a generated document that a check guards
+        # (reports/README.md, edited by hand, must turn the reports index's test red).
+        raise CatalogueError(f"mutant {label}: file must be a .py source or a .md document")
     tests = _string_list(entry, "tests", label)
     must_fail = _string_list(entry, "must_fail", label)
     if not tests or not must_fail:

@@ -37,6 +37,8 @@ def mutate_source(mutant: Mutant, source: bytes) -> bytes:
     if mutated == source:
         # A no-op mutant would "survive" and blame the tests for a mutation that never happened.
         raise MutantRejected(Status.INVALID_MUTANT, "the mutation leaves the file unchanged")
+    if not mutant.file.endswith(".py"):
+        return mutated  # a document: nothing to compile
     try:
         compile(mutated, mutant.file, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:

@@ -49,7 +49,10 @@ def run_parallel(
             if clean_run is not None:
                 cmd += ["--clean-run", str(clean_run.resolve())]
             # The copy's own packages first, for the runner itself too (its pytest runs add the copy anyway).
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)}
+            # MUTATIONS_ORIGIN: the copy has no .git, so a test that reads the history (the reports index's
+            # freshness counts) reads the original tree's, which has the same HEAD.
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p),
+                   "MUTATIONS_ORIGIN": str(root.resolve())}
             log = (Path(scratch) / f"tree{i}.log").open("w")
             procs.append((group, report, log, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)))
         by_id: dict[str, MutantResult] = {}
