@@ -1,16 +1,9 @@
 """The sharded layers of a tensor-parallel decoder, named as vLLM and nano-vllm name them, and
 `shard_model`, which builds a rank's shard of a loaded Transformer (the loaded model is left whole:
-drafters and the oracle's checks read it).
+drafters and the oracle's checks read it). QKV and gate/up are column-parallel, o_proj and down
+row-parallel, the embedding and LM head vocab-parallel.
 
-- QKV and gate/up are column-parallel: each rank owns whole heads (KV heads with their query heads) and
-  a slice of the intermediate columns, and computes them without communication.
-- o_proj and down are row-parallel: each rank holds the K columns of its heads / intermediate slice and
-  adds its partial product to the others' (an all-reduce; in the TP-invariant mode, a fixed tree).
-- The embedding and the LM head are vocab-parallel: each rank owns a contiguous slice of the vocabulary;
-  the embedding's rows are summed over ranks (one rank holds each token), the logits gathered before
-  sampling, so every rank holds the whole row.
-
-Invariant numbers refer to docs/invariants.md.
+Design: docs/design/architecture.md (tensor parallelism). Invariant numbers refer to docs/invariants.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Token-local math, written so each token's result depends only on that token.
 
-Two hazards on CPU make a row's result depend on its neighbours (reports/batch-invariance.md):
-
-* BLAS picks a different kernel and blocking for each matrix shape (a 1-row product runs a gemv, a
-  many-row one a gemm), so `(X @ W.T)[i]` changes with the number of rows in X. In batch-invariant
-  mode every product therefore runs on tiles of exactly TILE_ROWS rows (GPU_TILE_ROWS for CUDA
-  tensors: cuBLAS too picks its kernel by shape), zero-padded, one call each.
-* torch's vectorised elementwise loops finish a contiguous tensor's tail with scalar code, and for
-  `silu` and `sigmoid` the scalar and vector versions differ in the last bit, so a row's result would
-  depend on where the tensor ends. These ops are built from `exp`, `sqrt`, `+`, `*` and `/`, whose
-  scalar and vector versions agree bitwise.
-
-Reductions over the last dim (`mean`, `sum`, `softmax`) depend only on the row's own values.
+In batch-invariant mode every product runs on zero-padded tiles of exactly TILE_ROWS rows (GPU_TILE_ROWS
+for CUDA tensors), because BLAS and cuBLAS pick their kernel by shape; `silu` and `sigmoid` are built from
+ops whose scalar and vector code agree bitwise. Why, and what it costs: docs/design/oracle.md
+(batch invariance) and reports/batch-invariance.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The matrix product of a few float32 rows on a GPU, in Triton kernels that read the weight once.
 
-A verify step at c = 1 multiplies k + 1 rows by every weight (5 at k = 4). In float32 cuBLAS multiplies
-one row with a matrix-vector kernel, but 2 to 8 rows with SIMT GEMMs tiled for many rows (and, for the
-long products, a split-K pass and a reduction kernel). On an H200, SmolLM2-135M's forward of 5 rows
-took 1.56 ms in its CUDA graph against 1.12 ms for one row, so each speculative step paid 0.44 ms more
-for its target forward than the plain step it replaces.
-
-Two kernels, each a program per block of output columns that streams its weight rows once over K and
-reduces once at the end:
-* one row (a decode step): a matrix-vector product, faster than cuBLAS's for SmolLM2's shapes;
-* 2..MAX_ROWS rows (a verify step at small batch): every row against the same weight block, the rows
-  padded to MAX_ROWS inside the kernel. For wide outputs (N >= WIDE_N: SmolLM2's gate/up and lm_head)
-  cuBLAS's tiles win and keep the product.
-The block sizes, and WIDE_N, were picked from timings on an H200 of SmolLM2's and its heads' products alone
-in CUDA graphs, cuBLAS against a sweep of block sizes (reports/heads-gpu.md quotes them). Each kernel
-compiles once per weight shape class: `num_rows` is not specialised.
+A verify step at small batch multiplies k + 1 rows by every weight, which cuBLAS runs in SIMT GEMMs tiled
+for many rows. Two kernels, a program per block of output columns each: one row (a matrix-vector
+product), and 2..MAX_ROWS rows against the same weight block; outputs of WIDE_N columns or more stay with
+cuBLAS. Block sizes come from H200 timings. Design and figures: docs/design/architecture.md (kernels).
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """Paged attention as Triton kernels: the GPU replacement for `attention.paged_attention`.
 
-Three launches per call, none of which reads a value back to the host, so a CUDA graph can capture
-them:
-
-    store    one program per token: its K/V rows go to `slot_mapping[t]`; a slot of -1 writes nothing
-             (padded rows of a captured batch use it)
-    split    one program per (token, KV head, key split): the token's query heads that share the KV
-             head (the GQA group, padded to 16 rows for the dot) attend over one split of its keys,
-             online softmax in float32; it writes the unnormalised partial result, or, when the launch
-             has a single split, the final output
-    combine  merges the splits: in split order, one program per (token, KV head), for
-             Numerics.BATCH_INVARIANT; with one round of loads and a tree reduction, one program per
-             (token, query head), for Numerics.FAST
-
-A token's keys are its sequence's positions 0..n-1 with n = position + 1 (causal) or seq_len; the
-kernels find a token's sequence from `query_start_loc` themselves, so the metadata is used as built.
-A token with no keys (a padded row: seq_len 0) gets zeros.
-
-Batch invariance: a token's result depends on its own query, its own keys, and `split_keys`; the
-split boundaries sit at fixed key positions (multiples of split_keys) and the combine order is fixed.
-Numerics.BATCH_INVARIANT therefore uses one fixed split size for every batch. Numerics.FAST sizes the
-splits from the batch shape (more splits when few tokens would leave the GPU idle), so a token's
-rounding can change with the batch there, as with any batched kernel.
-
-The kernels are decorated at import time; under TRITON_INTERPRET=1 (read then) they run on CPU
-tensors through Triton's interpreter, which is how CI tests them.
+Three launches per call (store, split, combine), none of which reads a value back to the host, so a
+CUDA graph can capture them. A slot of -1 writes nothing and a token with no keys gets zeros (padded rows).
+Under Numerics.BATCH_INVARIANT the key splits sit at fixed positions and combine in a fixed order, so a
+token's result depends only on its own query and keys; Numerics.FAST sizes the splits from the batch.
+Under TRITON_INTERPRET=1 (read at import) the kernels run on CPU tensors, which is how CI tests them.
+Design: docs/design/architecture.md (kernels).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""Seam teachers: stand-ins for a drafter's network that propose the target's own greedy
-continuation, so the acceptance oracle (invariant 27) can demand exactly 100% acceptance. Where the
-oracle's teacher arm (teacher.py) replaces a whole drafter, these keep each method's real drafter loop
-and replace only its network, so they test what each method feeds its network.
+"""Seam teachers: stand-ins for a drafter's network that propose the target's own greedy continuation,
+so the acceptance oracle (invariant 27) can demand exactly 100% acceptance while each method's real
+drafter loop runs. A teacher proposes only if everything it reads back through the paged layout is
+bitwise what the target produced; a seam fed a wrong row, position or slot proposes garbage, which
+shows as lost acceptance. CorruptingProposer breaks chosen draft indices, so acceptance is scripted.
 
-Each teacher network sits behind one method's input seam and sees exactly what that method's network
-sees: token ids, positions and attention metadata (block tables, slots, sequence lengths), plus the
-hidden-state or context rows. Like the real network it keeps what it is fed in slots addressed by the
-paged layout (its "KV" is a store of token ids and feature rows), and reads a sequence back through the
-block table. It then proposes only if everything it reads back is exactly what the target produced for
-one of the registered prompts' greedy trajectories: the right tokens at the right positions, and
-hidden/context rows bitwise equal to the target's rows there. A seam fed a wrong row, a stale context, a
-wrong position or slot proposes garbage, which shows up as lost acceptance.
-
-CorruptingProposer wraps any drafter and breaks chosen draft indices, so acceptance is scripted.
-
-Invariant numbers refer to docs/invariants.md.
+Design: docs/design/oracle.md. Invariant numbers refer to docs/invariants.md.
 """
 
 from collections.abc import Iterable, Sequence

@@ -1,22 +1,10 @@
 """The batched rejection sampler (Leviathan et al., 2211.17192; vLLM's RejectionSampler): every verified
 request of a step in one pass over plain tensors on the logits' device, with nothing read back.
 
-Per request the sampler sees k + 1 logits rows for the query [t, d1..dk]: row j decides the position
-after d_j (drafts[:j] accepted) and verifies draft d_{j+1}; row k samples the bonus token, emitted only
-when every draft is accepted. A draft of -1 (a placeholder never filled, or a constraint-invalid draft)
-is always rejected. Every row is processed first (masks, then temperature, top-k and top-p).
-
-One-hot drafts (draft_probs None, and every greedy row): draft x at a row is accepted exactly when the
-target's own sample at that position is x, and on a mismatch that sample is emitted. Acceptance then
-has probability p(x) and the emitted token is distributed as p, as under rejection sampling with q
-one-hot at x; since the sample is keyed by position, spec-on output equals spec-off output token for
-token. Every drafter of this engine proposes one-hot drafts.
-
-Drafts with probabilities q get rejection sampling proper (invariants 23 and 24 in docs/invariants.md):
-d_j is accepted iff q(d_j) > 0 and p(d_j) / q(d_j) >= u_j, with one independent uniform per row keyed
-by (request, position); the first rejected row emits a sample of normalize(max(0, p - q)) keyed the
-same way (p itself where that residual is empty or the draft is -1), and a request whose drafts are all
-accepted emits its bonus row's own sample. p is always the processed distribution.
+Per request, k + 1 processed rows verify drafts d1..dk and sample the bonus token. One-hot drafts are
+accepted exactly when the target's position-keyed sample equals them, so spec-on output equals spec-off
+output; drafts with probabilities get rejection sampling proper (invariants 23 and 24 in
+docs/invariants.md). Design: docs/design/spec-decode.md (verification).
 """
 
 from collections.abc import Callable, Sequence

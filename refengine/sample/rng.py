@@ -1,16 +1,10 @@
 """Counter-based randomness: a draw depends only on (request key, absolute position, stream, index).
 
-A request's random tokens therefore do not depend on batch composition, chunking, whether the engine
-runs sync or async, or (one-hot drafts being checked against these same samples) whether it speculates.
-That is what lets the token-identity oracle hold at temperature > 0.
-
-The draws are an integer hash in two stages: `row_seed` mixes (key, position, stream) into one 32-bit
-word, and `uniforms` mixes each row's seed with the counters 0..size-1 and turns the result into
-float32. Both are plain integer arithmetic (&, ^, >>, <<, +, *) that runs unchanged on Python ints and
-on torch int64 tensors of any device, so the uniforms are bitwise equal on the CPU and the GPU
-(tests/gpu pins that; tests/sample pins known answers). The hash works on 32-bit words and never lets a
-product leave int64's range (`_mul32` splits one operand in 16-bit halves), so no step relies on signed
-overflow, which torch does not define.
+A request's random tokens therefore do not depend on batch composition, chunking, sync or async, or
+speculation, which lets the token-identity oracle hold at temperature > 0. `row_seed` mixes (key,
+position, stream) into one 32-bit word and `uniforms` mixes it with the counters into float32, in plain
+integer arithmetic that never leaves int64's range, so the draws are bitwise equal on Python ints and
+on torch tensors of any device. Design: docs/design/oracle.md (why it holds).
 """
 
 from typing import TypeVar

@@ -1,22 +1,10 @@
 """DFlash: block drafting from the target's context features.
 
-Context: for every committed position p, the outputs of the target layers `target_layer_ids` at p,
-concatenated, then fc and hidden_norm: one row c_p. Every head layer projects c_p to keys and values
-(its k_proj/k_norm/rotary at position p, its v_proj) and keeps them in its paged KV, so a request's
-context is exactly the KV at positions 0..L-1, where L counts the positions the target has processed
-and committed.
-
-Query block: [t, mask x k] at positions L..L+k, where t is the last sampled token, which the target has
-not processed yet. The block attends non-causally over the context and itself; the target's lm_head
-on block rows 1..k gives all k drafts in one pass. The block's own KV lands at positions L..L+k (the
-k + 1 lookahead slots) and is overwritten by the next step's context rows. The block has the same
-shape for every request (`draft`), so once the engine has captured it, it replays as one CUDA graph per
-padded batch size; storing the context stays eager (its rows vary with the step).
-
-The context is stored for every row the step fed, before the host knows what was accepted, and the
-block starts after the last committed one (fixed_shape_proposer.py's padded batch). Each step the
-request's context length must equal the first position of the rows ingested (DraftContextError
-otherwise, before the drafts are used): a desynchronised context is never drafted from.
+Every committed position's target features become one context row, kept as keys and values in each head
+layer's paged KV; the query block [t, mask x k] attends over the context and itself, and the target's
+lm_head gives all k drafts in one pass, replayed from one CUDA graph per padded batch size. A context
+whose length does not match the rows ingested raises DraftContextError before its drafts are used.
+Design: docs/design/spec-decode.md (the drafters).
 """
 
 from typing import Protocol

@@ -1,19 +1,9 @@
 """The drafter loop shared by the heads that read the target's hidden states: EAGLE, EAGLE3 and MTP.
 
-Pass 1 runs the head over a request's fed rows: the row at position p gets token_ids[p + 1]
-and the target's hidden state at p, so the head's KV at p is built from (token p + 1, hidden p); the
-last row's input is the just-sampled token, and its output gives draft 1. Pass s (2..k) feeds draft
-s - 1 with the head's own output row from the previous pass, one position further on. The head's KV
-past the committed rows is overwritten next step, when pass 1 starts again at the target's exact
-computed position. The drafts stay on the device from pass to pass and reach the host once, after the
-last pass: one wait per step, not one per draft.
-
-Pass 1 runs over every row the step fed, rejected drafts included (vLLM's padded drafter batch): each
-request's last committed row is chosen on the device from its count of rejected rows, so drafting
-needs no read-back of the verified ids, and the runner reads tokens, accepted counts and drafts back
-together, once (fixed_shape_proposer.py). Pass 1 runs eagerly; passes 2..k
-(`draft`) have one row per request, so once the engine has captured them they replay as one CUDA
-graph per padded batch size.
+Pass 1 runs the head over every row the step fed (vLLM's padded drafter batch), each request's last
+committed row chosen on the device; passes 2..k feed each draft with the head's own previous output and
+replay as one CUDA graph per padded batch size. The drafts reach the host once, after the last pass.
+Design: docs/design/spec-decode.md (the drafters).
 """
 
 from typing import Protocol

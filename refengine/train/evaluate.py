@@ -1,18 +1,9 @@
 """Acceptance of a drafter on held-out prompts: offline from a distillation set, and in the engine.
 
-Both count greedy acceptance the way the engine does: from a committed position, the drafts are
-accepted up to the first that differs from the target's own greedy token. Offline, the target's
-continuation is the distillation set's, and drafts come from the batched training forward with the
-true tokens as inputs, which are the drafter's inputs whenever the earlier drafts were right.
-
-Offline, the drafts are computed at every position of a continuation, but only the positions the
-engine's speculative loop would stop at are counted: from the first sampled token, each step moves
-on by its accepted drafts plus the bonus token. Counting every position instead weights a step by
-the tokens it yields, so an easy span that the engine crosses in one step of k accepted drafts
-counts k + 1 times: on held-out ShareGPT replies that overstated eagle3's mean accepted length at
-k = 4 by about half a token.
-
-Mean accepted length follows vLLM: 1 + accepted drafts per verify step (the bonus token counts).
+Both count greedy acceptance as the engine does, and offline counts only the positions the engine's
+speculative loop would stop at (counting every position overstated eagle3's mean accepted length at
+k = 4 by about half a token). Mean accepted length follows vLLM: 1 + accepted drafts per verify step.
+Design: docs/design/spec-decode.md (the shipped heads and their training).
 """
 
 from dataclasses import dataclass

@@ -1,24 +1,10 @@
 """Differentiable forwards of the drafter heads over padded batches: what the trainer optimises.
 
-The heads' own forwards write and read a paged KV cache one request at a time; training needs the
-same arithmetic over `[B, T]` batches with gradients, so it is restated here layer by layer with the
-heads' own modules (projections, norms, rotary tables). The tests check both against each other.
-
-Hidden-state heads (EAGLE, EAGLE3, MTP), unrolled over s = 1..S passes ("training-time test"):
-
-    pass 1, row p:  input token x[p+1], hidden = target features at p, position p
-    pass s, row p:  input token x[p+s], hidden = row p's pass s-1 output, position p+s-1
-
-    keys seen by pass s, row p:  pass-1 keys of rows 0..p, then row p's own keys of passes 2..s
-
-which is what the drafter sees when drafts 1..s-1 were right: the head's pass-1 KV covers the
-committed positions, and each later pass adds one row past them. Row p's pass-s output drafts the
-token at p+s+1.
-
-DFlash, a block per anchor L (x[L] the last sampled token):
-
-    context rows 0..L-1: c = hidden_norm(fc(target layer features)), keys and values only
-    block rows at L..L+k: [x[L], mask x k], attending to the context and to their whole block
+The heads' own forwards write and read a paged KV cache one request at a time; training restates the
+same arithmetic over `[B, T]` batches with the heads' own modules (the tests check both against each
+other), unrolled over passes for the hidden-state heads ("training-time test": pass s of row p sees what
+the drafter sees when drafts 1..s-1 were right) and as anchored blocks for DFlash.
+Design: docs/design/spec-decode.md (the shipped heads and their training).
 """
 
 import torch

@@ -1,19 +1,10 @@
 """Per-method losses, in the spirit of each method's published recipe, and the held-out acceptance
 they are judged by.
 
-Token targets are the target's own next-token distribution, softmax(lm_head(target final hidden)),
-as EAGLE distils it; both it and the head's logits are restricted to a shortlist (the distillation
-set's most frequent tokens), since a full 49k-way lm_head per row would dominate a CPU step.
-
-eagle:   feature regression (smooth L1 from each pass's output to the target hidden it stands in for)
-         plus token distillation, over unrolled passes.
-eagle3:  token distillation over unrolled passes (training-time test), plus a light feature term:
-         each pass's output towards the combined target features of the next position, which it
-         replaces as the next pass's input.
-mtp:     next-k prediction: the one MTP module applied k times, token loss at every depth.
-dflash:  block prediction: for anchors in the target's own continuations, the block [x[L], mask x K]
-         predicts x[L+1..L+K] from the context features of rows 0..L-1, with position weights
-         decaying along the block.
+Token targets are the target's own next-token distribution over a shortlist of frequent tokens, as EAGLE
+distils it. eagle adds feature regression, eagle3 a light feature term, mtp predicts next-k at every
+depth, dflash predicts blocks from context features with position weights decaying along the block.
+Design: docs/design/spec-decode.md (the shipped heads and their training).
 """
 
 from dataclasses import dataclass
