@@ -174,10 +174,10 @@ tp-cost-report: install
 tp-layer-report: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/tp_layer_bench.py --out reports/tp-invariant-layer.md
 
-# On 2 GPUs of one host, the commands of reports/gpu-tp.md: TPOT of qwen3-32b's shape (random bf16, 1024 in / 256 out)
+# On 2 GPUs of one host (docs/tensor-parallel.md): TPOT of qwen3-32b's shape (random bf16, 1024 in / 256 out)
 # at TP = 2 and 1 into reports/gpu-tp-tpot.md, EAGLE k = 4 at a synthetic 0.7 acceptance at TP = 2 into
-# reports/gpu-tp-eagle.md, and the TP = 2 oracle on random qwen3-0.6b into reports/oracle-tp-gpu.md, whose tables
-# reports/gpu-tp.md then quotes. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# reports/gpu-tp-eagle.md, and the TP = 2 oracle on random qwen3-0.6b into reports/oracle-tp-gpu.md (never run yet:
+# declare each in benchmarks/reports_index.toml when it first lands). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 TP_GPU_BENCH := NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 $(PY) benchmarks/tp_bench.py --target tp-report-gpu \
 	--device cuda --model random:qwen3-32b --dtype bfloat16 --modes fast --c 1,8,32 --prompt-len 1024 --output-len 256
 ## gpu-report | on 2 GPUs: TP = 2 TPOT and EAGLE on qwen3-32b's shape and the TP = 2 oracle | never run yet
