@@ -79,6 +79,8 @@ def main(argv: list[str]) -> int:
     except HelpFormatError as err:
         print(f"make help: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `make | head`: the reader has what it wanted
+        sys.stdout = None
     return 0
 
 
