@@ -1,6 +1,6 @@
 """Every limit of an OpenAI request field, at 0, 1, its documented maximum and one past it (where it
 has one), and a negative value, checked where the server validates it (the app over the fake engine:
-no model needed); what 0 means, written beside README.md's wording, which the test reads so that the
+no model needed); what 0 means, written beside docs/serving.md's wording, which the test reads so that the
 two cannot drift; and one end-to-end case per meaning of 0 on the real engine (tiny-qwen3), where
 `refengine serve --max-waiting-requests 0` means no queue. The command-line flags' table is
 tests/cli/test_zero_and_limits.py."""
@@ -31,7 +31,7 @@ OK, BAD = 200, 400
 @dataclass(frozen=True)
 class Field:
     name: str
-    zero: str  # what 0 means, as README.md's request-field list says it
+    zero: str  # what 0 means, as docs/serving.md's request-field list says it
     where: tuple[str, str, dict]
     cases: dict  # value -> status
 
@@ -61,7 +61,7 @@ CASES = [(f, value) for f in FIELDS for value in f.cases]
 
 
 def readme_fields() -> str:
-    text = (Path(__file__).parents[2] / "README.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
     (bullet,) = [b for b in text.split("\n- ") if b.startswith("Zero and limits of request fields")]
     return " ".join(bullet.split())
 
