@@ -173,7 +173,7 @@ def gpu_main(opts: argparse.Namespace) -> None:
         "# Prefix caching at GPU scale: H200, random qwen3-8b", "",
         f"Made by `make prefix-cache-report-gpu` (benchmarks/prefix_cache_report.py --gpu) on "
         f"{f'the tree of commit {opts.commit}' if opts.commit else build().describe()}, "
-        f"engine of the same tree, on one {torch.cuda.get_device_name(0)} with {cpu_model()} x{os.cpu_count()}, "
+        f"engine of the same tree, {time.strftime('%Y-%m-%d')}, on one {torch.cuda.get_device_name(0)} with {cpu_model()} x{os.cpu_count()}, "
         f"{(time.time() - start) / 60:.1f} minutes in all. Model: qwen3-8b's shape with random weights, bfloat16, "
         "fast numerics, CUDA graphs; `refengine serve` through HTTP, one server at a time. The CPU figures "
         "(multi-turn ShareGPT sessions, SmolLM2) are in [prefix-cache.md](prefix-cache.md).", ""]
@@ -202,7 +202,7 @@ def cpu_main(opts: argparse.Namespace) -> None:
     lines = [
         "# Prefix caching: TTFT with cached prefixes, CPU, SmolLM2", "",
         f"Made by `make prefix-cache-report` (benchmarks/prefix_cache_report.py) on {build().describe()}, engine "
-        f"of the same tree, on {cpu_model()} x{os.cpu_count()} (1-minute load average {load_start:.1f} at the "
+        f"of the same tree, {time.strftime('%Y-%m-%d')}, on {cpu_model()} x{os.cpu_count()} (1-minute load average {load_start:.1f} at the "
         f"start, {os.getloadavg()[0]:.1f} at the end, {minutes:.0f} minutes in all; other work on the machine "
         "slows both arms, so the ratios are the figures). Model: the embedded SmolLM2-135M, batch-invariant "
         "numerics, float32, one torch thread; `refengine serve` through HTTP, one server at a time. The H200 "

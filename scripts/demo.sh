@@ -122,7 +122,7 @@ EOF
 
 # nproc obeys OMP_NUM_THREADS, which a one-thread setup exports: the machine's cores are counted without it.
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
-NOTES=(--note "Made by \`make $TARGET\` (scripts/demo.sh): the ladders took ${wall} s of wall time on ${CORES} cores \
+NOTES=(--note "Made by \`make $TARGET\` (scripts/demo.sh) on $(date -u +%F): the ladders took ${wall} s of wall time on ${CORES} cores \
 ($(uname -m)), one server at a time; the load average was ${load} when they started and \
 $(cut -d' ' -f1 /proc/loadavg) when they ended. All serve the same file, $(basename "$GGUF"), with the same \
 per-sequence budget (${MAX_MODEL_LEN} tokens, ${SEQS} sequences), refengine on the device ${DEVICE}, every engine with \

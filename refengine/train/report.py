@@ -98,7 +98,8 @@ def markdown(rows: list[Row], heads: dict[str, Path], num_prompts: int, max_toke
             if any(r.name.endswith(FULL_VOCABULARY) for r in rows)
             else ""
         ),
-        f"Commit {commit}, torch {torch.__version__}, Python {platform.python_version()}, {torch.get_num_threads()} threads.",
+        f"Commit {commit}, {time.strftime('%Y-%m-%d')}, on the CPU: torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{torch.get_num_threads()} threads.",
         "",
         "## Mean accepted length",
         "",
