@@ -1,13 +1,9 @@
 """AsyncLLM: the engine behind an asyncio front end (the HTTP server).
 
-The engine loop runs on its own thread, so a forward pass never blocks the event loop. Requests and
-aborts reach it through a command queue that it drains before every step, so requests are admitted
-while the engine is busy. Each request's deltas go back to the event loop that asked for them.
-
-A request that fails on its own (it cannot be added, say) fails alone: its caller gets a
-RequestFailedError and the loop goes on. If the loop itself raises, the engine is dead: the reason is
-logged once, every stream in flight gets an EngineDeadError, and so does every later call. The process
-stays up so that clients can read why.
+The engine loop runs on its own thread, so a forward pass never blocks the event loop; requests and
+aborts reach it through a command queue drained before every step. A request that fails alone gets a
+RequestFailedError; a loop that raises makes the engine dead (EngineDeadError for every stream and every
+later call) while the process stays up. Design: docs/design/architecture.md (the server).
 """
 
 import asyncio

@@ -1,14 +1,9 @@
-"""MultiprocExecutor: tensor parallelism's processes. Rank 0 is this process (the engine core, its
-scheduler and its shard of the model); ranks 1..N-1 are worker processes started with spawn, each
-holding its shard and a ModelRunner (tp_worker.py).
+"""MultiprocExecutor: tensor parallelism's processes. Rank 0 is this process (the engine core and its
+shard); ranks 1..N-1 are spawned worker processes, each with its shard and a ModelRunner (tp_worker.py).
+Every runner call is broadcast from rank 0 before rank 0 makes it, so every rank makes the same calls in
+the same order (invariant 47); a rank that exits kills the engine with `rank K exited`.
 
-Each runner call of the engine core is broadcast from rank 0 (torch.distributed's broadcast_object_list,
-gloo or NCCL) before rank 0 makes it, and every rank makes the same calls in the same order:
-the one runner thread of the engine core issues them, so frames in flight stay in the same order on
-every rank (invariant 47). A rank that exits is found where rank 0 next waits for it, and the engine dies
-with `rank K exited`.
-
-Invariant numbers refer to docs/invariants.md.
+Design: docs/design/architecture.md (tensor parallelism). Invariant numbers refer to docs/invariants.md.
 """
 
 from __future__ import annotations

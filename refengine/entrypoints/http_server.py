@@ -1,13 +1,7 @@
-"""The HTTP server around the app: uvicorn, with two changes.
-
-- Requests that fail to parse as HTTP (headers too large above all) get an OpenAI-shaped error with
-  h11's own status (431 for oversized headers) instead of uvicorn's plain-text 400. The connection
-  is then closed without resetting it: the client may still be sending the rest of its headers, and
-  closing a socket with unread input resets it, losing the answer. So the server stops writing,
-  discards input until the client closes, and closes itself after LINGER_S.
-- SIGINT/SIGTERM drain first: the listener stays open, so new requests get a 503 from the app (not a
-  refused connection); requests in flight get `shutdown_grace` seconds; the rest are cut off. Only
-  then does uvicorn's own shutdown run. A second signal skips the drain.
+"""The HTTP server around the app: uvicorn, with two changes. Requests that fail to parse as HTTP
+(oversized headers above all) get an OpenAI-shaped error with h11's status, and the connection lingers
+rather than resetting; SIGINT/SIGTERM drain first (503 for new requests, `shutdown_grace` for those in
+flight) before uvicorn's own shutdown. Design: docs/design/architecture.md (the server).
 """
 
 import asyncio

@@ -1,14 +1,9 @@
 """A weight's copy packed once for oneDNN's matrix product: fast numerics on the CPU.
 
-torch's plain `F.linear` on the CPU rearranges ("packs") the whole weight on every call with more than
-one row, so a decode step of 4 to 16 sequences pays for reading the weights twice and more. oneDNN
-can pack a weight once into its own blocked layout and multiply any number of rows against it (vLLM's
-CPU backend does the same for its unquantised layers). One row keeps `F.linear`, whose
-matrix-vector product already reads the plain weight at memory speed.
-
-The packed copy is made on first use and made again whenever the weight changes (another tensor, or
-an in-place write), so loading or editing weights never leaves a stale copy behind. oneDNN's product
-has no backward, so it runs only under `torch.inference_mode`; batch-invariant numerics never come here.
+torch's `F.linear` on the CPU packs the whole weight on every call with more than one row; oneDNN packs
+it once and multiplies any number of rows against it (as vLLM's CPU backend does). The copy is remade
+whenever the weight changes, and runs only under `torch.inference_mode`. Design:
+docs/design/architecture.md (numerics and kernels).
 """
 
 from __future__ import annotations

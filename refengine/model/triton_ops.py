@@ -1,13 +1,8 @@
-"""Fused Triton versions of the token-local ops, for CUDA tensors.
-
-Unfused, one decoder layer launches about 60 small elementwise kernels (an RMSNorm alone is nine:
-cast, square, mean, add, sqrt, reciprocal, multiply, cast, scale), which at batch 1 cost more than the
-weights take to stream. Each kernel here is one launch: RMSNorm, the Qwen3 q/k head norms together
-with the rotary embedding, and SiLU-and-multiply. Every one works row by row, so a row's result never
-depends on the other rows: batch-invariant by construction.
-
-They round once at the end where the torch ops round after every step, so their last bits can differ
-from the torch path's (ops.py stays the reference and the CPU path).
+"""Fused Triton versions of the token-local ops, for CUDA tensors: RMSNorm, the Qwen3 q/k head norms
+with the rotary embedding, and SiLU-and-multiply, one launch each where the unfused ops launch about 60
+small kernels a layer. Each works row by row, so it is batch-invariant by construction; it rounds once at
+the end, so its last bits may differ from ops.py, which stays the reference. Design:
+docs/design/architecture.md (numerics and kernels).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """EAGLE and EAGLE3 heads, in vLLM's layout (Llama-style layers, no q/k norms).
 
-EAGLE reads the target's final hidden state after its final norm (what vLLM's target returns); EAGLE3
-reads the outputs of three target layers, before any norm.
-
-EAGLE:  h = fc([embed(token at p + 1) | target hidden at p]) -> decoder layer(s) -> norm -> target lm_head.
-        The first layer has no input norm (fc's output goes straight into attention), as in vLLM.
-EAGLE3: the target hidden is three target layers (low, middle, high) concatenated, reduced by fc.
-        Its one layer ("midlayer") attends over [input_layernorm(embeds) | hidden_norm(hidden)], 2H
-        wide. It may carry its own lm_head over a reduced draft vocabulary, mapped back to target ids
-        by d2t (target id = draft id + d2t[draft id]).
-Both return the pre-norm hidden: it is the next pass's hidden input; the norm feeds the lm_head only.
+EAGLE reads the target's final hidden state after its final norm; EAGLE3 reads three target layers'
+outputs (low, middle, high) before any norm, and may carry its own lm_head over a reduced draft
+vocabulary mapped back to target ids by d2t. Both return the pre-norm hidden, the next pass's input.
+Design: docs/design/spec-decode.md (the drafters).
 """
 
 import re

@@ -1,15 +1,7 @@
-"""A reduced draft vocabulary for an EAGLE3 head, in EAGLE-3's checkpoint layout: the head gets its own
-lm_head over the N most frequent tokens of the training split and a d2t map back to target ids (target
-id = draft id + d2t[draft id]), as vLLM loads it.
-
-Why: a draft pass ends in an lm_head over the whole vocabulary, and on a small target that is a large
-share of the pass (SmolLM2's 49,152 x 576 lm_head is a sixth of the model). The trainer's losses
-already score only a shortlist of frequent tokens (objectives.Shortlist), so the head never learned to
-rank the rest. The rows are the target's own lm_head rows, so the head's logits over its vocabulary are
-the ones it was trained on.
-
-The counts come from every turn of the ShareGPT conversations of the training split (no held-out
-conversation contributes a token), tokenized by the target's tokenizer without special tokens.
+"""A reduced draft vocabulary for an EAGLE3 head, in EAGLE-3's checkpoint layout: the head's own lm_head
+over the N most frequent tokens of the training split and a d2t map back to target ids, as vLLM loads it.
+It makes the draft pass cheaper on a small target, whose full lm_head is a large share of the pass.
+Design: docs/design/spec-decode.md (the shipped heads and their training).
 """
 
 import hashlib
