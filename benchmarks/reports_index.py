@@ -9,6 +9,7 @@ fresh: GPU figures need a GPU).
 """
 
 import argparse
+import importlib.util
 import re
 import subprocess
 import sys
@@ -129,7 +130,17 @@ def check_coverage(root: Path, declared: list[Declared]) -> None:
             raise ReportsIndexError(f"{rel}: no report in {DECLARATIONS.name} declares it (as its path or an attachment)")
 
 
-def render(rows: list[Row]) -> str:
+def unwritten_targets(makefile: str, declared: list[Declared]) -> list[str]:
+    """The report targets (`make help`'s two report groups) that no declared report names: never run, or run
+    without its report being committed."""
+    spec = importlib.util.spec_from_file_location("make_help", Path(__file__).parents[1] / "scripts/make_help.py")
+    make_help = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_help)
+    named = {d.target for d in declared} | {"reports-index"}
+    return [e.target for e in make_help.parse(makefile) if e.group.endswith("-report") and e.target not in named]
+
+
+def render(rows: list[Row], unwritten: list[str]) -> str:
     stale = sum(r.commits_since > 0 for r in rows)
     lines = [
         "# Reports",
@@ -152,6 +163,8 @@ def render(rows: list[Row]) -> str:
         measures = ", ".join(f"`{m}`" for m in d.measures)
         lines.append(f"| [{name}]({name}) | {d.question} | `make {d.target}` | `{r.commit}` | {r.date} | {r.device} "
                      f"| {r.commits_since} | {fresh} | {measures} |")
+    if unwritten:
+        lines += ["", "Report targets with no report here yet: " + ", ".join(f"`make {u}`" for u in unwritten) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -159,12 +172,14 @@ def generate(root: Path, repo: Path | None = None) -> str:
     """The index for the tree at root; repo is the git checkout whose history it reads (root by default)."""
     repo = repo or root
     declared = load_declarations()
-    targets = make_targets((root / "Makefile").read_text())
+    makefile = (root / "Makefile").read_text()
+    targets = make_targets(makefile)
     for d in declared:
         if d.target not in targets:
             raise ReportsIndexError(f"{d.path}: its target `make {d.target}` is not a rule of the Makefile")
     check_coverage(root, declared)
-    return render([row(root, repo, d) for d in sorted(declared, key=lambda d: d.path)])
+    rows = [row(root, repo, d) for d in sorted(declared, key=lambda d: d.path)]
+    return render(rows, unwritten_targets(makefile, declared))
 
 
 def main(argv: list[str] | None = None) -> int:
