@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from refengine.config import EngineConfig
-from refengine.core.async_scheduler import AsyncScheduler
+from refengine.core.async_scheduler import AsyncScheduler, valid_draft_prefix
 from refengine.core.scheduler import Scheduler
 from refengine.distributed.parallel_layers import shard_model
 from refengine.distributed.parallel_state import TPGroup, check_tensor_parallel_size
@@ -23,7 +23,6 @@ from refengine.model.device import move_to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel, load_model
-from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
 from refengine.spec_decode.proposer import Proposer
