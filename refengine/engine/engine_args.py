@@ -207,8 +207,14 @@ def _tensor_parallel(
     if not isinstance(args.model, str):
         raise ValueError("tensor_parallel_size > 1 needs the model by name or path: every rank loads it")
     worker_args = dataclasses.replace(args, numerics=str(loaded.model.numerics), dtype=_dtype_name(loaded.model))
-    executor = MultiprocExecutor(tp, device, (worker_args, device.type))
+    executor = MultiprocExecutor(tp, device, build_worker_runner, worker_args)
     return executor, TPGroup(0, tp, args.tp_invariant)
+
+
+def build_worker_runner(args: EngineArgs, tp_rank: int) -> Runner:
+    """A worker rank's runner (tp_worker.py), which rank 0 drives: the executor hands this function to
+    the ranks it spawns, so the worker needs no import of this module."""
+    return build_engine(args, tp_rank=tp_rank).runner
 
 
 def _dtype_name(model: nn.Module) -> str:
