@@ -15,16 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "refengine"
 # Top to bottom.
 TIERS = (
-    ("cli", "entrypoints", "oracle", "train"),
+    ("cli", "entrypoints", "oracle", "train"),  # the commands and the server
     ("engine",),
-    ("worker",),
-    ("core",),
-    ("request",),
+    ("worker",),  # the runner
+    ("core",),  # the scheduler, torch-free
+    ("request",),  # reads spec_decode.metrics, sample.splitmix and structured_output.request, all torch-free
     ("spec_decode", "distributed"),
     ("sample", "heads"),
     ("model", "structured_output"),
     ("tokenizer",),
-    ("config", "sampling_params", "version", "sharegpt_file"),
+    ("config", "sampling_params", "version", "sharegpt_file"),  # stdlib-only data types and readers
 )
 TIER = {unit: depth for depth, units in enumerate(TIERS) for unit in units}
 # The units each lower package may import, narrower than the tiers allow.
