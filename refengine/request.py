@@ -4,9 +4,9 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from refengine.core.spec_decode_stats import SpecDecodingStats
 from refengine.sample.splitmix import MASK64, splitmix64
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.metrics import SpecDecodingStats
 
 if TYPE_CHECKING:
     from refengine.structured_output.request import StructuredOutputRequest

@@ -12,6 +12,7 @@ from refengine.core.outputs import SchedulerOutput
 from refengine.core.scheduler import Scheduler, SchedulerInvariantError
 from refengine.core.stop import StopChecker
 from refengine.request import Request
+from refengine.sample.bad_words import banned_next_tokens
 
 if TYPE_CHECKING:
     from refengine.structured_output.manager import StructuredOutputManager
@@ -19,6 +20,17 @@ if TYPE_CHECKING:
 # Returns how many leading drafts are valid for the request given its committed output (bad_words in
 # this engine). It only sees drafts up to the first negative id.
 DraftValidator = Callable[[Request, list[int]], int]
+
+
+def valid_draft_prefix(request: Request, drafts: list[int]) -> int:
+    """The engine's DraftValidator: how many leading drafts survive the request's bad_words, given its
+    committed history, by the rule the sampler masks with (as a grammar's validate_tokens would)."""
+    history = list(request.all_token_ids)
+    for j, draft in enumerate(drafts):
+        if draft in banned_next_tokens(history, request.sampling_params.bad_words_token_ids):
+            return j
+        history.append(draft)
+    return len(drafts)
 
 
 class AsyncScheduler(Scheduler):

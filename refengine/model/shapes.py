@@ -16,7 +16,7 @@ import torch
 
 from refengine.model.config import Arch, ModelConfig, Numerics
 from refengine.model.errors import ModelLoadError
-from refengine.model.loader import LoadedModel, ModelSource
+from refengine.model.loaded_model import LoadedModel, ModelSource
 from refengine.model.transformer import Transformer
 from refengine.tokenizer.byte_level import byte_level_tokenizer
 

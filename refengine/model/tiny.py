@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from refengine.model.config import Arch, ModelConfig, Numerics
-from refengine.model.loader import LoadedModel, ModelSource
+from refengine.model.loaded_model import LoadedModel, ModelSource
 from refengine.model.transformer import Transformer
 from refengine.model.weights import hf_state_dict
 from refengine.tokenizer import Tokenizer

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from refengine.engine.outputs import StepRecord
 from refengine.oracle.run import ArmResult, corrupt_index
 from refengine.oracle.teacher import scripted_accepted
-from refengine.sample.sampler import banned_next_tokens
+from refengine.sample.bad_words import banned_next_tokens
 
 
 @dataclass(frozen=True)

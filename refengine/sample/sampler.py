@@ -7,34 +7,13 @@ from collections.abc import Sequence
 
 import torch
 
-from refengine.request import Request
 from refengine.sample import rng
+from refengine.sample.bad_words import banned_next_tokens
 from refengine.sample.metadata import RowParams, SamplingMetadata
 
 # The logit of a token a constraint forbids. A Python scalar, not a tensor made on the device: that would
 # be a blocking host-to-device copy.
 MASKED_LOGIT = float("-inf")
-
-
-def banned_next_tokens(history: Sequence[int], bad_words: Sequence[Sequence[int]]) -> list[int]:
-    """Tokens that would complete a banned sequence, given the committed history."""
-    banned = []
-    for word in bad_words:
-        prefix_len = len(word) - 1
-        if prefix_len == 0 or (len(history) >= prefix_len and list(history[-prefix_len:]) == list(word[:-1])):
-            banned.append(word[-1])
-    return banned
-
-
-def valid_draft_prefix(request: Request, drafts: list[int]) -> int:
-    """How many leading drafts survive the request's bad_words, given its committed history: the
-    constraint this engine validates drafts against, as a grammar would."""
-    history = list(request.all_token_ids)
-    for j, draft in enumerate(drafts):
-        if draft in banned_next_tokens(history, request.sampling_params.bad_words_token_ids):
-            return j
-        history.append(draft)
-    return len(drafts)
 
 
 def masked_token_ids(params: RowParams, history: Sequence[int], num_output_tokens: int) -> list[int]:

@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from refengine.core.outputs import GrammarOutput
 from refengine.sampling_params import StructuredOutputsParams
 from refengine.structured_output.backend import GuidanceBackend, llguidance
+from refengine.structured_output.output import GrammarOutput
 from refengine.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher
 
-    from refengine.request import Request
     from refengine.tokenizer import Tokenizer
 
 # Compiled grammars kept, most recently used first out last: a bound, so that a stream of distinct
@@ -64,33 +63,29 @@ class StructuredOutputManager:
 
     def grammar_bitmask(
         self,
-        requests: Mapping[str, Request],
-        scheduled: Sequence[str],
+        structured_requests: Mapping[str, StructuredOutputRequest],
         spec_decode_tokens: Mapping[str, Sequence[int]],
     ) -> GrammarOutput | None:
-        """Bitmasks for every verified row of the scheduled structured-output requests: row j of a
-        request (draft j, then the bonus row) is masked by the grammar advanced through drafts[:j].
+        """Bitmasks for every verified row of the step's sampling structured-output requests, which the
+        scheduler picks (rows in the mapping's order): row j of a request (draft j, then the bonus row)
+        is masked by the grammar advanced through drafts[:j].
 
         Invariant 25: the advance is tentative and rolled back exactly, so the matcher keeps only
         committed tokens. It stops at the first -1 (a placeholder or a pad, never a token) and at the
         first draft the grammar forbids: such a draft is always rejected, so the rows after it are
         never emitted from. It stops at the grammar's end too (the request ends there)."""
         rows: dict[str, tuple[int, int]] = {}
-        order: list[tuple[str, Sequence[int]]] = []
         num_rows = 0
-        for req_id in scheduled:
-            request = requests.get(req_id)
-            if request is None or request.structured_output_request is None or request.is_prefill_chunk:
-                continue
-            drafts = spec_decode_tokens.get(req_id, ())
-            rows[req_id] = (num_rows, len(drafts) + 1)
-            order.append((req_id, drafts))
-            num_rows += len(drafts) + 1
+        for req_id in structured_requests:
+            num_drafts = len(spec_decode_tokens.get(req_id, ()))
+            rows[req_id] = (num_rows, num_drafts + 1)
+            num_rows += num_drafts + 1
         if not rows:
             return None
         bitmask = llguidance().numpy.allocate_token_bitmask(num_rows, self.vocab_size)
-        for req_id, drafts in order:
-            grammar = requests[req_id].structured_output_request.grammar
+        for req_id, structured in structured_requests.items():
+            drafts = spec_decode_tokens.get(req_id, ())
+            grammar = structured.grammar
             first = rows[req_id][0]
             real = list(drafts[: next((j for j, t in enumerate(drafts) if t < 0), len(drafts))])
             num_valid = grammar.validate_tokens(real) if real else 0

@@ -9,7 +9,8 @@ import torch
 
 from refengine.engine.arg_utils import EngineArgs
 from refengine.engine.llm import LLM
-from refengine.model.loader import LoadedModel, load_model
+from refengine.model.loaded_model import LoadedModel
+from refengine.model.loader import load_model
 from refengine.train.data import (
     CACHE_ROOT,
     FINAL,

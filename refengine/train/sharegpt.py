@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from refengine.sharegpt_file import ShareGPTFileError, iter_json_array, packaged_sharegpt
+
 HELD_OUT_EVERY = 10  # one conversation in ten is held out
 MAX_CHARS = 2000  # longer turns are cut: the prompt keeps only its last MAX_PROMPT_TOKENS anyway
 
@@ -110,9 +112,10 @@ def export_held_out_records(records: list[object], out: Path, limit: int) -> int
 )
 def export_prompts_command(out: Path, source: Path | None, held_out_sharegpt: Path | None, held_out_records: int) -> None:
     """Write ShareGPT's human turns, split by conversation, to OUT for `train-drafter --prompts`."""
-    from ladder.datasets import iter_json_array, packaged_sharegpt
-
-    records = list(iter_json_array(source or packaged_sharegpt()))
+    try:
+        records = list(iter_json_array(source or packaged_sharegpt()))
+    except ShareGPTFileError as err:
+        raise click.ClickException(str(err)) from None
     prompts = sharegpt_prompts(records)
     digest = export_prompts(prompts, out)
     held = sum(is_held_out(p.conversation) for p in prompts)

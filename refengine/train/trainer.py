@@ -16,7 +16,7 @@ import torch
 from refengine.model.config import Kernels, ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import set_kernels
-from refengine.model.loader import LoadedModel
+from refengine.model.loaded_model import LoadedModel
 from refengine.spec_decode.dflash import DFlashNetwork, build_target_layer_ids
 from refengine.spec_decode.eagle import Eagle3Network, EagleNetwork, default_eagle3_aux_layer_ids
 from refengine.spec_decode.head_checkpoint import head_model_config, random_init, save_head

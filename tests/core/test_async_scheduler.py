@@ -4,8 +4,10 @@ from collections import deque
 
 import pytest
 
+from refengine.core.async_scheduler import valid_draft_prefix
 from refengine.core.scheduler import SchedulerInvariantError
-from refengine.request import RequestStatus
+from refengine.request import Request, RequestStatus
+from refengine.sampling_params import SamplingParams
 
 from .harness import EOS, EngineProbe, FakeRunner, make_request, make_scheduler, runner_output
 
@@ -351,3 +353,18 @@ def test_stale_requests_passed_over_keep_their_order_at_the_front():
     assert [set(f.preempted_req_ids) for f in frames] == [set(), {"c"}, set(), {"b"}, set()]
     assert frames[-1].num_scheduled_tokens == {"a": 1, "d": 3}  # d passed the stale b and c
     assert [(r.request_id, r.num_stale_output_tokens > 0) for r in scheduler.waiting] == [("b", True), ("c", True)]
+
+
+@pytest.mark.parametrize(
+    "drafts, valid",
+    [
+        ([4, 2, 9], 3),
+        ([2, 3, 4], 1),  # 3 after 2 completes the banned [2, 3]
+        ([3, 4], 0),  # the committed history ends with 2
+        ([6, 2, 3], 2),
+        ([5, 8], 0),  # a one-token banned word
+    ],
+)
+def test_valid_draft_prefix_reads_the_drafts_before_each_draft(drafts, valid):
+    request = Request("r", [1, 2], SamplingParams(bad_words_token_ids=[[2, 3], [5]]))
+    assert valid_draft_prefix(request, drafts) == valid

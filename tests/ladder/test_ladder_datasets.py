@@ -6,6 +6,7 @@ import pytest
 
 from ladder import datasets, workload
 from ladder.config import RunConfig, SetupError
+from refengine import sharegpt_file
 
 
 def conv(*turns):
@@ -23,11 +24,11 @@ def test_a_truncated_sharegpt_file_keeps_its_complete_records(tmp_path):
     path.write_text(cut)
     with pytest.raises(ValueError):
         json.loads(cut)  # what json.load would do
-    datasets.READ_BLOCK, block = 7, datasets.READ_BLOCK  # tiny blocks: records span many reads
+    sharegpt_file.READ_BLOCK, block = 7, sharegpt_file.READ_BLOCK  # tiny blocks: records span many reads
     try:
         ds = datasets.load_sharegpt(path)
     finally:
-        datasets.READ_BLOCK = block
+        sharegpt_file.READ_BLOCK = block
     assert (ds.num_records, len(ds.requests)) == (4, 2)
     assert [r.messages for r in ds.requests] == [(("user", "Hi there"),), (("user", "Tell me about rivers 日本"),)]
     assert ds.requests[1].reply == "Rivers flow."

@@ -1,5 +1,5 @@
 """The sampler's row functions against their definitions: banned next tokens of bad words (one-token and
-multi-token words, short histories), the masks of a row, the drafts that survive bad words, and
+multi-token words, short histories), the masks of a row, and
 probabilities_batch against the per-row reference of tests/sample/test_lossless_sampling.py (OpenAI's
 and vLLM's temperature, top-k and top-p), edge cases included: greedy rows, top_k 0 or >= the
 vocabulary (off), top_p 1.0 (off), ties, and the exact top_p boundary."""
@@ -8,15 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from refengine.request import Request
+from refengine.sample.bad_words import banned_next_tokens
 from refengine.sample.metadata import RowParams, SamplingMetadata
-from refengine.sample.sampler import (
-    banned_next_tokens,
-    masked_token_ids,
-    probabilities_batch,
-    valid_draft_prefix,
-)
-from refengine.sampling_params import SamplingParams
+from refengine.sample.sampler import masked_token_ids, probabilities_batch
 from tests.sample.test_lossless_sampling import processed
 
 CPU = torch.device("cpu")
@@ -45,21 +39,6 @@ def test_masked_token_ids_are_the_bad_words_and_below_min_tokens_the_stops():
     assert masked_token_ids(params, [3, 1], 1) == [5, 6, 7, 8]
     assert masked_token_ids(params, [3, 1], 2) == [5, 6]  # min_tokens reached: stops are allowed
     assert masked_token_ids(params, [3], 0) == [5, 7, 8]
-
-
-@pytest.mark.parametrize(
-    "drafts, valid",
-    [
-        ([4, 2, 9], 3),
-        ([2, 3, 4], 1),  # 3 after 2 completes the banned [2, 3]
-        ([3, 4], 0),  # the committed history ends with 2
-        ([6, 2, 3], 2),
-        ([5, 8], 0),  # a one-token banned word
-    ],
-)
-def test_valid_draft_prefix_reads_the_drafts_before_each_draft(drafts, valid):
-    request = Request("r", [1, 2], SamplingParams(bad_words_token_ids=[[2, 3], [5]]))
-    assert valid_draft_prefix(request, drafts) == valid
 
 
 def _probabilities(logits: torch.Tensor, rows: list[tuple[float, int, float]]) -> torch.Tensor:

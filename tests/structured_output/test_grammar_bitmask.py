@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from refengine.request import Request
 from refengine.sample.metadata import RowParams, SamplingMetadata
 from refengine.sample.sampler import apply_masks, unpack_bitmask
-from refengine.sampling_params import SamplingParams, StructuredOutputsParams
+from refengine.sampling_params import StructuredOutputsParams
 from refengine.structured_output.backend import GrammarError
+from refengine.structured_output.request import StructuredOutputRequest
 
 CHOICE = StructuredOutputsParams(choice=["abc", "abd", "xyz"])
 
@@ -20,11 +20,11 @@ def allowed(bitmask: np.ndarray, row: int, vocab_size: int) -> set[int]:
     return {t for t in range(vocab_size) if (int(bitmask[row, t // 32]) >> (t % 32)) & 1}
 
 
-def structured_request(manager, req_id: str, output: list[int] = ()) -> Request:
-    request = Request(req_id, [1, 2], SamplingParams(structured_outputs=CHOICE))
-    request.structured_output_request = manager.request(CHOICE)
-    request.structured_output_request.grammar.accept_tokens(output)
-    return request
+def structured_request(manager, output: list[int] = ()) -> StructuredOutputRequest:
+    """A request's grammar that has consumed its committed `output`."""
+    structured = manager.request(CHOICE)
+    structured.grammar.accept_tokens(output)
+    return structured
 
 
 def mask_after(manager, prefix: list[int]) -> set[int]:
@@ -38,31 +38,31 @@ def mask_after(manager, prefix: list[int]) -> set[int]:
 
 def test_each_row_is_masked_through_its_preceding_drafts_and_the_advance_rolls_back(manager):
     a, b, c = (ord(ch) for ch in "abc")
-    request = structured_request(manager, "r")
-    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [a, b, c]})
+    structured = structured_request(manager)
+    out = manager.grammar_bitmask({"r": structured}, {"r": [a, b, c]})
     assert out.rows == {"r": (0, 4)}
     for j, prefix in enumerate([[], [a], [a, b], [a, b, c]]):
         assert allowed(out.grammar_bitmask, j, manager.vocab_size) == mask_after(manager, prefix), j
     assert allowed(out.grammar_bitmask, 1, manager.vocab_size) == {b}
     assert allowed(out.grammar_bitmask, 2, manager.vocab_size) == {c, ord("d")}
     # Rolled back exactly: the matcher holds the committed output only, and accepts it going on.
-    grammar = request.structured_output_request.grammar
+    grammar = structured.grammar
     assert grammar.num_processed_tokens == 0
     assert grammar.accept_tokens([ord("x"), ord("y"), ord("z")]) and grammar.is_terminated()
 
 
 def test_forbidden_drafts_and_placeholders_stop_the_advance(manager):
     a, b = ord("a"), ord("b")
-    request = structured_request(manager, "r", [a])
-    assert request.structured_output_request.grammar.validate_tokens([b, ord("q"), ord("c")]) == 1
-    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [b, ord("q"), ord("c")]})
+    structured = structured_request(manager, [a])
+    assert structured.grammar.validate_tokens([b, ord("q"), ord("c")]) == 1
+    out = manager.grammar_bitmask({"r": structured}, {"r": [b, ord("q"), ord("c")]})
     # Row 2 follows the forbidden "q": it is never emitted from, and keeps the state after "b".
     assert [allowed(out.grammar_bitmask, j, manager.vocab_size) for j in range(4)] == [
         {b}, {ord("c"), ord("d")}, {ord("c"), ord("d")}, {ord("c"), ord("d")}
     ]
-    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [-1, -1]})
+    out = manager.grammar_bitmask({"r": structured}, {"r": [-1, -1]})
     assert all(allowed(out.grammar_bitmask, j, manager.vocab_size) == {b} for j in range(3))
-    assert request.structured_output_request.grammar.num_processed_tokens == 1
+    assert structured.grammar.num_processed_tokens == 1
 
 
 def test_drafts_past_the_grammars_end_leave_the_matcher_unharmed(manager):
@@ -72,24 +72,14 @@ def test_drafts_past_the_grammars_end_leave_the_matcher_unharmed(manager):
     (found by the SmolLM2 oracle: eagle, a regex, temperature 0.8)."""
     a, b, c = (ord(ch) for ch in "abc")
     eos = manager.backend.tokenizer.eos_token_ids[0]
-    request = structured_request(manager, "r", [a, b])
-    grammar = request.structured_output_request.grammar
+    structured = structured_request(manager, [a, b])
+    grammar = structured.grammar
     assert grammar.validate_tokens([c, eos, a]) == 2
-    out = manager.grammar_bitmask({"r": request}, ["r"], {"r": [c, eos, a]})
+    out = manager.grammar_bitmask({"r": structured}, {"r": [c, eos, a]})
     # Rows after the end allow EOS only; none of them is emitted from, since "c" ends the request.
     assert [allowed(out.grammar_bitmask, j, manager.vocab_size) for j in range(4)] == [{c, ord("d")}, {eos}, {eos}, {eos}]
     assert grammar.num_processed_tokens == 2
     assert grammar.accept_tokens([c]) and grammar.is_terminated()
-
-
-def test_requests_without_grammar_or_in_prefill_get_no_rows(manager):
-    plain = Request("p", [1, 2], SamplingParams())
-    chunk = structured_request(manager, "c")
-    chunk.is_prefill_chunk = True
-    both = {"p": plain, "c": chunk, "r": structured_request(manager, "r")}
-    out = manager.grammar_bitmask(both, ["p", "c", "r", "gone"], {"r": [ord("a")]})
-    assert out.rows == {"r": (0, 2)}
-    assert manager.grammar_bitmask({"p": plain}, ["p"], {}) is None
 
 
 def test_compiles_are_cached_by_key_and_failures_name_the_problem(manager):

@@ -139,3 +139,24 @@ def test_a_scheduler_without_a_grammar_manager_refuses_a_structured_request_by_n
     with pytest.raises(ValueError, match=r"^request 'r' asks for structured output, which this engine lacks$"):
         scheduler.add_request(request)
     assert not scheduler.has_requests()
+
+
+def test_only_sampling_requests_with_a_grammar_get_bitmask_rows(manager):
+    """The scheduler picks the bitmask's requests: a plain request and a prefill chunk of a structured
+    one get no row, and a step without any structured request that samples gets no bitmask."""
+    config = EngineConfig(num_blocks=32, block_size=4, max_model_len=64, max_num_batched_tokens=16)
+    scheduler = Scheduler(config, structured_output_manager=manager)
+    params = SamplingParams(max_tokens=8, structured_outputs=CHOICE)
+    chunked = Request("chunk", list(range(1, 21)), params)  # 20 prompt tokens: a chunk of 16 this step
+    for request in (Request("plain", [1, 2], SamplingParams(max_tokens=8)), Request("r", [1, 2, 3], params), chunked):
+        scheduler.add_request(request)
+        if request.structured_output_request is not None:
+            request.structured_output_request.wait(60)
+    so = scheduler.schedule()
+    assert set(so.num_scheduled_tokens) == {"plain", "r", "chunk"} and chunked.is_prefill_chunk
+    assert scheduler.get_grammar_bitmask(so).rows == {"r": (0, 1)}
+    rows = {"plain": [5], "r": [ord("x")], "chunk": []}
+    scheduler.update_from_output(so, ModelRunnerOutput(req_ids=list(rows), sampled_token_ids=list(rows.values())))
+    scheduler.finish_requests(["r", "chunk"], RequestStatus.FINISHED_ABORTED)
+    plain_only = scheduler.schedule()
+    assert scheduler.get_grammar_bitmask(plain_only) is None

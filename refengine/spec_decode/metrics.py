@@ -1,4 +1,5 @@
-"""SpecDecodingStats: how many drafts were verified and how many of their tokens were accepted."""
+"""SpecDecodingStats (vLLM's spec_decode/metrics.py): how many drafts were verified and how many of their
+tokens were accepted. Torch-free: each Request and the scheduler count into one, and the engine reports it."""
 
 from dataclasses import dataclass, field
 

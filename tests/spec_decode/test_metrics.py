@@ -2,7 +2,7 @@
 
 import pytest
 
-from refengine.core.spec_decode_stats import SpecDecodingStats
+from refengine.spec_decode.metrics import SpecDecodingStats
 
 
 def test_counters_accumulate_over_drafts():
