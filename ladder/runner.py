@@ -32,7 +32,7 @@ from ladder.multiturn import SessionPhase
 from ladder.own_version import build, own_version
 from ladder.prefix_cache import prefix_cache_hits
 from ladder.records import RequestRecord, failure
-from ladder.redact import redact_cmd
+from ladder.redact import redact_cmd, redact_url
 from ladder.rung import (
     SHUTTING_DOWN,
     RungNotRun,
@@ -74,6 +74,7 @@ def redacted_flags(config: RunConfig) -> dict:
     flags["api_key"] = "<set>" if config.api_key else None
     flags["headers"] = {k: "<set>" for k in config.headers}
     flags["serve_cmd"] = redact_cmd(config.serve_cmd)
+    flags["base_url"] = redact_url(config.base_url)
     return flags
 
 
@@ -88,7 +89,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
         "tool": "ladder", "version": own_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
         "epoch": {"unix_time": time() - (perf_counter() - epoch), "perf_counter": epoch},
-        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": redact_cmd(serve_cmd),
+        "endpoint": {"base_url": redact_url(base_url), "backend": config.backend, "serve_cmd": redact_cmd(serve_cmd),
                      "path": "/v1/chat/completions" if config.chat else "/v1/completions"},
         "model": work.model, "server_model_info": work.model_info, "engine": engine,
         "engine_sources": sources,
@@ -463,7 +464,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
     async with Session(config, store, display) as session:
         ladder = await session.ladder(config)
         loads = ",".join(f"{x:g}" for x in config.loads)
-        display.note(f"ladder {session.base_url} model={ladder.work.model} dataset={ladder.work.dataset['kind']} "
+        display.note(f"ladder {redact_url(session.base_url)} model={ladder.work.model} dataset={ladder.work.dataset['kind']} "
                      f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
         display.start(len(config.loads))
         try:
@@ -482,7 +483,7 @@ async def _sweep(config: RunConfig, spec, store: RunStore, display: Display) -> 
     from ladder.sweep import run_sweep
 
     async with Session(config, store, display) as session:
-        display.note(f"sweep {session.base_url} -> {store.dir}")
+        display.note(f"sweep {redact_url(session.base_url)} -> {store.dir}")
         try:
             code = await run_sweep(config, spec, session, display)
         except (asyncio.CancelledError, KeyboardInterrupt):
