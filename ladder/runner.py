@@ -10,6 +10,10 @@ reported as such, not as dead.
 
 A rung's warmup always runs closed loop (at c, or at --max-concurrency in open loop): it only has to warm
 the engine; the measured phase follows the rung's load.
+
+SIGINT or SIGTERM cancels the command at its next await: the rung in flight keeps every request it sent in
+requests.jsonl (those cut off as failed "interrupted"), its finished measured requests make it a PARTIAL
+rung, the manifest says so, and a server the ladder started is stopped.
 """
 
 import asyncio
@@ -22,7 +26,7 @@ from pathlib import Path
 from time import perf_counter, time
 
 from ladder import arrivals, engine_info, gpu, host, repeats, scrape
-from ladder.audit import AuditProbe
+from ladder.audit import Audit, AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
 from ladder.display import Display, load_label
@@ -140,6 +144,9 @@ class Ladder:
         self.usage_seen = False  # did any chunk carry continuous usage?
         self._counters: dict[str, float] = {}  # /metrics counters at the last look (stall checks)
         self.warnings: list[str] = []
+        self.in_flight: list[list[RequestRecord]] = []  # the phases of the rung in flight: what an interrupt keeps
+        self.probe: AuditProbe | None = None  # its measured phase's client audit
+        self.partial: list[str] = []  # the rungs an interrupt cut short, by label
         # NOTE: GPU readings only for a server on this host; a remote server's GPUs are not ours.
         self.gpu = gpu.sampler() if server is not None and config.metrics_interval_s else None
 
@@ -241,6 +248,7 @@ class Ladder:
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
         progress = Progress(perf_counter())
+        self.in_flight.append(records)
 
         def on_done(rec: RequestRecord) -> bool:
             failed = self._failure(rec) is not None
@@ -253,6 +261,10 @@ class Ladder:
         task = self._launch(load, phase, requests, bodies, records, progress, on_done)
         try:
             dead = await self._watch(task, progress)
+        except BaseException:  # interrupted: the requests in flight stop here, and the rung keeps the rest
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
         finally:
             self.display.phase_end()
         series = None
@@ -284,12 +296,12 @@ class Ladder:
         server_metrics = None
         if dead is None:
             before = await self.ep.counters()
-            audit_probe = AuditProbe(cfg.audit)
+            self.probe = AuditProbe(cfg.audit)
             measured, dead, progress, series = await self._phase(load, "measured", work.measured,
                                                                  work.measured_bodies, repeat)
             # NOTE: the rung's server metrics are its measured phase's, as its other numbers are
             server_metrics = scrape.summary(series) if series is not None else None
-            audit = audit_probe.stop(measured)
+            audit = self.probe.stop(measured)
             after = await self.ep.counters()
             spec, cache = spec_acceptance(before, after), prefix_cache_hits(before, after)
         # NOTE: with --max-duration, requests the clock cut off were never sent: not part of the rung.
@@ -323,7 +335,13 @@ class Ladder:
             if dead is not None:
                 rungs.append(RungNotRun(c, gone_reason(dead), request_rate=rate))
             else:
-                rung, dead = await self.run_repeats(load)
+                try:
+                    rung, dead = await self.run_repeats(load)
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    if self.in_flight:
+                        rungs.append(self._keep_interrupted(load))
+                        self.store.write_rungs(rungs)
+                    raise
                 rungs.append(rung)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
@@ -346,11 +364,36 @@ class Ladder:
                 f"text (special tokens, as random weights sample) count in usage but come in no chunk of their own "
                 f"(or the server batches its chunks); it is not an acceptance")
 
+    def _keep_interrupted(self, load: int | float) -> RungResult:
+        """The rung an interrupt cut short: every request it sent goes to requests.jsonl (one cut off in flight
+        fails as interrupted), and its finished measured requests make a PARTIAL rung; none finished, NOT_RUN."""
+        cfg, work = self.config, self.work.rungs[load]
+        c, rate = cfg.concurrency_of(load), load if cfg.open_loop else None
+        records = [r for phase in self.in_flight for r in phase if r.t_send or r.done or r.error is not None]
+        self.in_flight = []
+        for rec in records:
+            if not rec.done and rec.error is None:
+                rec.error = "interrupted: SIGINT or SIGTERM stopped it in flight"
+        self.store.append_records(records, self.epoch, self._failure)
+        failures = [f for r in records if (f := self._failure(r)) is not None and not f.startswith("interrupted")]
+        if failures:
+            return void_from_failures(c, len(records) - len(failures), failures, work.prompt_hash, None, rate)
+        measured = [r for r in records if r.phase == "measured" and self._failure(r) is None]
+        self.partial.append(f"rate={load:g}" if cfg.open_loop else f"c={load}")
+        if not measured:
+            return RungNotRun(c, "interrupted: SIGINT or SIGTERM came before a measured request finished", rate)
+        audit = self.probe.stop(measured) if self.probe is not None else Audit(0.0, 0.0, 0.0, cfg.audit)
+        num_ok = sum(self._failure(r) is None for r in records)
+        return RungOk(c, num_ok, work.prompt_hash, rung_stats(measured, cfg.percentiles, cfg.goodput), audit, None,
+                      request_rate=rate, num_measured=len(measured), partial=True)
+
     async def run_repeats(self, load: int | float) -> tuple[RungResult, str | None]:
         """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
         done: list[RungOk] = []
         for repeat in range(self.config.repeats):
+            self.in_flight, self.probe = [], None
             rung, records, dead = await self.run_rung(load, repeat)
+            self.in_flight = []  # written next, with no await between: an interrupt cannot write them twice
             self.store.append_records(records, self.epoch, self._failure)
             if not isinstance(rung, RungOk):
                 return rung, dead
@@ -439,13 +482,13 @@ class Session:
         return Ladder(config, self.ep, self.server, work, self.store, self.display, self.epoch,
                       self.info["engine"]["spec_method"])
 
-    def interrupted(self, warnings: list[str]) -> None:
-        """SIGINT or SIGTERM stopped the command: the manifest says so, so that neither a reader nor `ladder
-        compare` takes the rungs it has for a finished ladder."""
+    def interrupted(self, warnings: list[str], partial: list[str]) -> None:
+        """SIGINT or SIGTERM stopped the command: the manifest says so, and which rungs it cut short, so that
+        neither a reader nor `ladder compare` takes the rungs it has for a finished ladder."""
         if self.info is None:  # stopped before the first workload: no manifest to mark
             return
         self.info["warnings"] = warnings
-        self.info["result"] = {"exit_code": 130, "engine_dead": None, "interrupted": True}
+        self.info["result"] = {"exit_code": 130, "engine_dead": None, "interrupted": True, "partial_rungs": partial}
         self.store.write_manifest(self.info)
 
     def finish(self, code: int, extra: dict) -> None:
@@ -470,7 +513,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
         try:
             rungs, session.dead = await ladder.run()
         except (asyncio.CancelledError, KeyboardInterrupt):
-            session.interrupted(ladder.warnings)
+            session.interrupted(ladder.warnings, ladder.partial)
             raise
         code = exit_code(rungs, session.dead)
         session.info["workload"]["continuous_usage_stats"] = ladder.usage_seen
@@ -487,7 +530,7 @@ async def _sweep(config: RunConfig, spec, store: RunStore, display: Display) -> 
         try:
             code = await run_sweep(config, spec, session, display)
         except (asyncio.CancelledError, KeyboardInterrupt):
-            session.interrupted([])
+            session.interrupted([], [])
             raise
         sweep = json.loads(store.path("sweep.json").read_text())
         tried = sorted(p["load"] for p in sweep["points"])
@@ -501,6 +544,15 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds through the Session's exit, which stops a server the ladder started
 
 
+async def _cancelled_by_signals(command):
+    """The command, cancelled by SIGINT or SIGTERM once its loop runs: the cancellation lands at an await,
+    never inside a write, so the rung in flight is kept whole (Ladder.run) before the server stops."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await command
+
+
 def run_ladder(config: RunConfig, display: Display, sweep=None) -> int:
     """`ladder run`, or `ladder sweep` with a SweepSpec."""
     store = RunStore(config.out_dir or default_out_dir(config.label))
@@ -509,7 +561,10 @@ def run_ladder(config: RunConfig, display: Display, sweep=None) -> int:
     # (it is then ignored), would otherwise end the ladder and leave its --serve-cmd server running.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return asyncio.run(_run(config, store, display) if sweep is None else _sweep(config, sweep, store, display))
+        return asyncio.run(_cancelled_by_signals(
+            _run(config, store, display) if sweep is None else _sweep(config, sweep, store, display)))
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None  # the signal's cancellation, as `ladder` reports it (exit 130)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
