@@ -300,7 +300,9 @@ class Ladder:
             measured, dead, progress, series = await self._phase(load, "measured", work.measured,
                                                                  work.measured_bodies, repeat)
             # NOTE: the rung's server metrics are its measured phase's, as its other numbers are
-            server_metrics = scrape.summary(series) if series is not None else None
+            sent = [r for r in measured if r.t_send]
+            window = (min(r.t_send for r in sent), max(r.t_end for r in sent)) if sent else None
+            server_metrics = scrape.summary(series, window) if series is not None and window else None
             audit = self.probe.stop(measured)
             after = await self.ep.counters()
             spec, cache = spec_acceptance(before, after), prefix_cache_hits(before, after)
