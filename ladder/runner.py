@@ -357,7 +357,8 @@ class Ladder:
         """Without speculation every chunk carries one token, unless tokens without text (special ones, which
         random weights sample) were counted in usage but sent in no chunk of their own: say so, so that a
         tok/chunk above 1 is not read as accepted drafts."""
-        if not isinstance(rung, RungOk) or rung.spec is not None or self.spec_method not in (None, "none"):
+        if (not isinstance(rung, RungOk) or rung.spec is not None or self.spec_method not in (None, "none")
+                or rung.stats.tokens_per_chunk is None):  # --no-stream: no chunks to count
             return None
         per_chunk = rung.stats.tokens_per_chunk.mean
         if per_chunk <= 1:
