@@ -11,12 +11,12 @@ run so that runs VOID at the same rung do not overprint; the interactivity plot,
 rung without numbers, names them in a box instead.
 """
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ladder import rfc_json
 from ladder.compare import SERVER_SERIES, series_label
 from ladder.runs import Run, concurrencies
 from ladder.table import OUTPUT_TPUT, PER_USER, TPOT, TTFT, Metric, rung_name, value
@@ -138,7 +138,7 @@ def interactivity_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) 
 
 def _samples(run: Run) -> list[dict]:
     path = run.path / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [rfc_json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 TIME_SERIES = ("running", "waiting", "kv_usage")

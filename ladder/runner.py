@@ -19,13 +19,14 @@ rung, the manifest says so, and a server the ladder started is stopped.
 import asyncio
 import hashlib
 import json
+import math
 import signal
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info, gpu, host, repeats, scrape
+from ladder import arrivals, engine_info, gpu, host, repeats, rfc_json, scrape
 from ladder.audit import Audit, AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
@@ -319,8 +320,10 @@ class Ladder:
             return void_from_failures(c, len(records) - len(failures), failures, work.prompt_hash, dead,
                                       request_rate=rate, phases=phases), records, dead
         stats = rung_stats(measured, cfg.percentiles, cfg.goodput)
+        # NOTE: at inf every request is due at t = 0: no schedule to fall behind (a --max-concurrency wait is
+        # the cap's, as in vLLM)
         late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
-                if cfg.open_loop else None)
+                if cfg.open_loop and math.isfinite(load) else None)
         turns = turn_stats(measured, cfg.percentiles) if cfg.multi_turn else None
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
@@ -535,7 +538,7 @@ async def _sweep(config: RunConfig, spec, store: RunStore, display: Display) -> 
         except (asyncio.CancelledError, KeyboardInterrupt):
             session.interrupted([], [])
             raise
-        sweep = json.loads(store.path("sweep.json").read_text())
+        sweep = rfc_json.loads(store.path("sweep.json").read_text())
         tried = sorted(p["load"] for p in sweep["points"])
         session.info["workload"]["load"] = ({**session.info["workload"]["load"], "request_rate": tried}
                                             if config.open_loop else {"concurrency": tried})

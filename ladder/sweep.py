@@ -6,10 +6,10 @@ definition of goodput capacity). A VOID point fails. The search is ladder.search
 bisection; the result directory holds every point as a rung, and sweep.json the answer with the evidence.
 """
 
-import json
 import math
 from dataclasses import dataclass, replace
 
+from ladder import rfc_json
 from ladder.config import EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
 from ladder.display import Display
 from ladder.rung import RungOk, RungResult
@@ -97,7 +97,7 @@ async def run_sweep(config: RunConfig, spec: SweepSpec, session, display: Displa
     result = await highest(point, 1.0 if not spec.open_loop else min(1.0, limit), limit, not spec.open_loop)
     rows = evidence(rungs, result.tried)
     text = report(result.answer, spec, config, rows, result.stopped)
-    session.store.path("sweep.json").write_text(json.dumps({
+    session.store.path("sweep.json").write_text(rfc_json.dumps({
         "answer": result.answer, "axis": "request_rate" if spec.open_loop else "concurrency",
         "slos_ms": config.goodput, "attainment": spec.attainment, "limit": limit, "stopped": result.stopped,
         "points": rows}, indent=2) + "\n")
