@@ -401,10 +401,28 @@ class Ladder:
             rung, records, dead = await self.run_rung(load, repeat)
             self.in_flight = []  # written next, with no await between: an interrupt cannot write them twice
             self.store.append_records(records, self.epoch, self._failure)
+            if isinstance(rung, RungOk) and (warning := self._trace_len_warning(rung, records)) is not None:
+                self.warnings.append(warning)
+                self.display.note(f"warning: {warning}")
             if not isinstance(rung, RungOk):
                 return rung, dead
             done.append(rung)
         return (repeats.combine(done) if len(done) > 1 else done[0]), None
+
+    def _trace_len_warning(self, rung: RungOk, records: list[RequestRecord]) -> str | None:
+        """A trace sized by probing (no --tokenizer) meets its lengths on average, not request by request
+        (a block of words is as many tokens as the tokenizer makes of them): say how far each one missed."""
+        if self.config.dataset_kind != "trace" or self.work.sizing.get("method") == "tokenizer":
+            return None
+        asked = {i: r.input_len for i, r in enumerate(self.work.rungs[rung.request_rate].measured)}
+        misses = [100 * (rec.prompt_tokens - asked[rec.index]) / asked[rec.index] for rec in records
+                  if rec.phase == "measured" and rec.prompt_tokens is not None and asked.get(rec.index)]
+        if not misses:
+            return None
+        worst = max(misses, key=abs)
+        return (f"{load_label(rung)}: the trace's prompts, sized by probing without --tokenizer, miss their "
+                f"input_length by up to {worst:+.0f}% (mean {sum(misses) / len(misses):+.0f}%) as the server counts "
+                f"them; --tokenizer with the server's tokenizer sizes each one exactly")
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
