@@ -10,7 +10,7 @@ import click
 from ladder import config as cfg
 from ladder import vllm_flags
 from ladder.audit import DEFAULT_MAX_CPU_PCT, DEFAULT_MAX_LOOP_LAG_MS, AuditThresholds
-from ladder.config import EXIT_USAGE, RunConfig, SetupError
+from ladder.config import EXIT_USAGE, FIRST_LOOK, RunConfig, SetupError
 from ladder.datasets import parse_spec
 from ladder.metrics import SLO_METRICS
 from ladder.own_version import own_version
@@ -25,7 +25,8 @@ ignore_eos and a per-run cache-bust tag on for random, off for datasets; tempera
 \b
 Target: --base-url URL runs against a live server. --serve-cmd "CMD" starts one first and stops it after;
 "{{port}}" in CMD means the ladder picks a free loopback port. Neither: the embedded
-"refengine serve --model smollm2 --port {{port}}".
+"refengine serve --model smollm2 --port {{port}}" on this machine's CPU, where the default ladder (c 1..32,
+1024 in / 512 out) takes hours: for a first look, {FIRST_LOOK}.
 
 \b
 Exit codes:

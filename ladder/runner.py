@@ -29,7 +29,16 @@ from time import perf_counter, time
 from ladder import arrivals, engine_info, gpu, host, repeats, rfc_json, scrape
 from ladder.audit import Audit, AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
-from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
+from ladder.config import (
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OUTPUT_LEN,
+    EXIT_ENGINE_DEAD,
+    EXIT_OK,
+    EXIT_VOID,
+    FIRST_LOOK,
+    RunConfig,
+    SetupError,
+)
 from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance, turn_stats
@@ -57,6 +66,9 @@ WATCH_INTERVAL_S = 0.1
 # the more prompt there is, and no chunk flows meanwhile.
 FIRST_CHUNK_BYTES = 4096
 INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
+# The embedded SmolLM2's decode rate on a CPU, at best (2 cores, c = 16: reports/cpu-bench.md): what a bare
+# `ladder run`'s estimate divides its output tokens by. Lower c decode slower still.
+EMBEDDED_CPU_TOK_S = 50
 
 
 def resolve_target(config: RunConfig) -> tuple[str, str | None]:
@@ -446,6 +458,26 @@ class Ladder:
                 f"({100 * (got - asked) / asked:+.0f}%); with --tokenizer, is it the server's tokenizer?")
 
 
+def workload_size(config: RunConfig) -> tuple[int, int | None]:
+    """(requests, output tokens they ask for) over the whole ladder, warmups and repeats included; the
+    tokens are None where a dataset or trace sets each request's own length."""
+    turns = config.multi_turn or 1
+    requests = config.repeats * turns * sum(config.num_prompts(x) + config.num_warmup(x) for x in config.loads)
+    out_len = config.output_len or (DEFAULT_OUTPUT_LEN if config.dataset_kind == "random" else None)
+    return requests, requests * out_len if out_len else None
+
+
+def size_note(config: RunConfig) -> str:
+    """What the ladder is about to ask for; against the embedded model on a CPU, how long that takes at best."""
+    requests, tokens = workload_size(config)
+    text = f"this ladder sends {requests:,} requests" + (f" asking for {tokens:,} output tokens" if tokens else "")
+    if config.base_url is None and config.serve_cmd is None and tokens:
+        hours = tokens / EMBEDDED_CPU_TOK_S / 3600
+        text += (f"; the embedded SmolLM2 on a CPU decodes at most about {EMBEDDED_CPU_TOK_S} tok/s, so this takes "
+                 f"{hours:.1f} h or more (for a first look: {FIRST_LOOK})")
+    return text
+
+
 def hash_seed(seed: int, load: float) -> int:
     """A stable integer seed for the arrival schedule of one rung."""
     return int.from_bytes(hashlib.sha256(f"ladder-arrivals:{seed}:{load}".encode()).digest()[:8], "little")
@@ -533,6 +565,7 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
         loads = ",".join(f"{x:g}" for x in config.loads)
         display.note(f"ladder {redact_url(session.base_url)} model={ladder.work.model} dataset={ladder.work.dataset['kind']} "
                      f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
+        display.note(size_note(config))
         display.start(len(config.loads))
         try:
             rungs, session.dead = await ladder.run()

@@ -34,6 +34,6 @@ def hint(option: str) -> str | None:
 
 def max_concurrency(n: int) -> str:
     """--max-concurrency without --request-rate: vLLM's meaning (a closed loop, every request due at once)."""
-    return (f"--max-concurrency caps an open loop (--request-rate) here; in vllm bench serve --max-concurrency {n} "
+    return (f"--max-concurrency caps --request-rate (an open loop) here; in vllm bench serve --max-concurrency {n} "
             f"alone sends every request at once with {n} in flight, a closed loop: a closed loop of {n} in flight "
             f"is --c {n} here")
