@@ -1,5 +1,6 @@
 """The server as the ladder sees it over HTTP: model list, health, canary, probes and /metrics counters."""
 
+import base64
 import json
 import re
 from time import perf_counter
@@ -38,7 +39,8 @@ class Endpoint:
         url = yarl.URL(base_url.rstrip("/"))
         self._headers = {"Content-Type": "application/json"}
         if url.user is not None or url.password is not None:
-            self._headers["Authorization"] = aiohttp.BasicAuth(url.user or "", url.password or "").encode()
+            basic = base64.b64encode(f"{url.user or ''}:{url.password or ''}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {basic}"  # RFC 7617
         url = str(url.with_user(None))
         self.base_url = url[:-3] if url.endswith("/v1") else url  # accept either spelling of the base
         self.chat = chat
