@@ -75,7 +75,7 @@ def test_repeats_give_a_confidence_interval_per_metric(ladder):
     cmd = f"{REFENGINE} serve --model tiny-qwen3 --port {{port}} --max-num-seqs 2 --max-model-len 256"
     code, out, err, run = ladder("--serve-cmd", cmd, "--input-len", "32", "--output-len", "4", "--c", "2",
                                  "--prompts-per-rung", "2", "--warmup", "0", "--seed", "3", "--no-cache-bust",
-                                 "--repeats", "3", "--metrics-interval", "0.5")
+                                 "--repeats", "3", "--metrics-interval", "0.02")
     assert code == 0, (out, err)
     (rung,) = load_rungs(run)
     cis = rung["repeats"]["metrics"]
@@ -96,4 +96,5 @@ def test_repeats_give_a_confidence_interval_per_metric(ladder):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["engine_sources"]["engine_version"] == "server"
     assert manifest["code"]["commit"] in manifest["engine"]["engine_version"]
-    assert rung["server_metrics"]["series"]["running"]["peak"] <= 2
+    # read between each repeat's first send and last end (a 20 ms interval leaves samples inside them)
+    assert 1 <= rung["server_metrics"]["series"]["running"]["peak"] <= 2
