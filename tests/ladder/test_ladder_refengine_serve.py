@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from ladder_harness import load_records, load_rungs
 
+from ladder import rfc_json
+
 REFENGINE = Path(sys.executable).parent / "refengine"
 
 
@@ -40,7 +42,7 @@ def test_jsonl_dataset_at_request_rates_against_refengine_serve(tmp_path, ladder
     assert sorted({r["max_tokens"] for r in records}) <= [5, 6, 7]
     assert all(r["completion_tokens"] == r["max_tokens"] == r["output_tokens"] for r in records)
     assert all(r["e2e_ms"] >= r["ttft_ms"] > 0 for r in records)
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = rfc_json.loads((run / "manifest.json").read_text())  # inf is written "Infinity"
     assert manifest["workload"]["dataset"]["kind"] == "jsonl" and manifest["workload"]["dataset"]["num_records"] == 3
     assert manifest["workload"]["load"] == {"request_rate": [8.0, float("inf")], "burstiness": 1.0,
                                             "max_concurrency": 3}
