@@ -5,7 +5,8 @@ burstiness 1 is a Poisson process, below 1 burstier, above 1 more regular. The f
 
 The client can fall behind its own schedule (a busy event loop, a full --max-concurrency cap): a request
 sent more than LATE_TOLERANCE_S after it was due is late. Late requests are counted and flag their rung,
-because the server then saw less load than the rate says.
+because the server then saw less load than the rate says. At inf every request is due at t = 0: there is
+no schedule to fall behind, and the runner records no lateness.
 """
 
 from collections.abc import Awaitable, Callable, Sequence

@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from ladder import config as cfg
+from ladder import vllm_flags
 from ladder.audit import DEFAULT_MAX_CPU_PCT, DEFAULT_MAX_LOOP_LAG_MS, AuditThresholds
-from ladder.config import EXIT_USAGE, RunConfig, SetupError
+from ladder.config import EXIT_USAGE, FIRST_LOOK, RunConfig, SetupError
 from ladder.datasets import parse_spec
 from ladder.metrics import SLO_METRICS
 from ladder.own_version import own_version
@@ -24,7 +25,8 @@ ignore_eos and a per-run cache-bust tag on for random, off for datasets; tempera
 \b
 Target: --base-url URL runs against a live server. --serve-cmd "CMD" starts one first and stops it after;
 "{{port}}" in CMD means the ladder picks a free loopback port. Neither: the embedded
-"refengine serve --model smollm2 --port {{port}}".
+"refengine serve --model smollm2 --port {{port}}" on this machine's CPU, where the default ladder (c 1..32,
+1024 in / 512 out) takes hours: for a first look, {FIRST_LOOK}.
 
 \b
 Exit codes:
@@ -268,7 +270,7 @@ def _run_config(prompts_per_rung: int | None, prompts_per_concurrency: int | Non
         raise click.UsageError("--c (closed loop) and --request-rate (open loop) exclude each other")
     if kw["request_rates"] is None:
         if kw["max_concurrency"] is not None:
-            raise click.UsageError("--max-concurrency caps --request-rate; with --c, c is the cap")
+            raise click.UsageError(vllm_flags.max_concurrency(kw["max_concurrency"]))
         kw["concurrencies"] = kw["concurrencies"] or cfg.DEFAULT_CONCURRENCIES
         if prompts_per_rung is not None and prompts_per_rung < max(kw["concurrencies"]):
             raise click.UsageError(f"--prompts-per-rung {prompts_per_rung} is below c={max(kw['concurrencies'])}: "
@@ -434,6 +436,8 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="ladder", standalone_mode=False)
     except (click.ClickException, SetupError) as e:
         message = e.format_message() if isinstance(e, click.ClickException) else str(e)
+        if isinstance(e, click.NoSuchOption):
+            message = vllm_flags.hint(e.option_name) or message
         click.echo(f"ladder: error: {message}", err=True)
         sys.exit(EXIT_USAGE)
     except (click.Abort, KeyboardInterrupt):

@@ -173,6 +173,12 @@ SERVER_SERIES = {"running": ("running requests", "", 1, 1), "waiting": ("waiting
                  "gpu_util_pct": ("GPU utilisation", "%", 0, 1), "gpu_mem_used_mib": ("GPU memory used", "MiB", 0, 1)}
 
 
+def series_label(name: str) -> str:
+    """A server series' name with its unit, as the table's rows and the plot's axes show it."""
+    title, unit, _, _ = SERVER_SERIES[name]
+    return f"{title} ({unit})" if unit else title
+
+
 def _server_cell(run: Run, c: float) -> dict[str, str]:
     row = run.rungs.get(c)
     if row is None or row.server_metrics is None:
@@ -199,12 +205,11 @@ def _server_table(cmp: Comparison) -> list[str]:
            "their increase per interval. n/a: the server does not expose it; - : not scraped.", "",
            _row(["series", load_column(cmp.reference), *(r.label for r in runs)]),
            _row(["---", "---:", *(["---:"] * len(runs))])]
-    for name, (title, unit, _, _) in SERVER_SERIES.items():
+    for name in SERVER_SERIES:
         shown = [(c, [cells[(r.label, c)].get(name, "-") for r in runs]) for c in concurrencies(runs)]
         if all(v in ("-", "n/a") for _, vs in shown for v in vs) and name.startswith("gpu_"):
             continue  # no GPU series anywhere: not a row per rung of "-"
-        label = f"{title} ({unit})" if unit else title
-        out += [_row([label, f"{c:g}", *vs]) for c, vs in shown]
+        out += [_row([series_label(name), f"{c:g}", *vs]) for c, vs in shown]
     return out + [""]
 
 

@@ -14,6 +14,7 @@ EXIT_ENGINE_DEAD = 3  # the engine died; later rungs NOT_RUN
 
 DEFAULT_CONCURRENCIES = (1, 2, 4, 8, 16, 32)
 DEFAULT_INPUT_LEN = 1024  # vllm bench serve --random-input-len
+FIRST_LOOK = "--c 1,2 --input-len 128 --output-len 64 --prompts-per-concurrency 2"  # a quick ladder
 DEFAULT_OUTPUT_LEN = 512  # the reference comparison's workload (1024 in / 512 out), not vLLM's 128
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # n = 10·c measured requests per rung, as InferenceX runs its points
 DEFAULT_TIMEOUT_S = 600.0  # per request, send → stream closed; vLLM has none, so a hung request hangs it

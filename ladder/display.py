@@ -50,7 +50,7 @@ def rung_line(rung: RungResult) -> str:
                  f"ttft {_mid(st.ttft_ms)} ms", f"tpot {_mid(st.tpot_ms)} ms",
                  f"out {st.output_throughput:.1f} tok/s",
                  f"user {st.per_user_tok_s:.1f} tok/s" if st.per_user_tok_s else "user -",
-                 f"tok/chunk {st.tokens_per_chunk.mean:.2f}",
+                 f"tok/chunk {st.tokens_per_chunk.mean:.2f}" if st.tokens_per_chunk else "tok/chunk -",
                  f"client cpu {rung.audit.cpu_pct:.0f}%"]
         if st.goodput is not None:
             parts.append(f"goodput {st.goodput:.2f} req/s ({100 * st.goodput_fraction:.0f}%)")

@@ -1,16 +1,19 @@
 """The server as the ladder sees it over HTTP: model list, health, canary, probes and /metrics counters."""
 
+import base64
 import json
 import re
 from time import perf_counter
 
 import aiohttp
+import yarl
 
 from ladder.client import Progress, Target, request_body, stream
 from ladder.config import SetupError
 from ladder.metrics import SPEC_COUNTERS, parse_counters, progress_counters
 from ladder.prefix_cache import PREFIX_CACHE_COUNTERS
 from ladder.records import RequestRecord, probe_failure
+from ladder.redact import redact_url
 from ladder.rung import SHUTTING_DOWN
 
 CANARY_TRIES, CANARY_FAILS = 3, 2  # 2 of 3 failed canaries mean the engine is dead
@@ -25,17 +28,23 @@ class Endpoint:
 
     def __init__(self, base_url: str, api_key: str | None, chat: bool, headers: dict[str, str] | None = None,
                  insecure: bool = False, key_source: str | None = None):
-        url = base_url.rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise SetupError(f"base URL {base_url!r} has no scheme: write http://{url} or https://{url}")
-        if (path := re.search(r"(/v1)?/(chat/completions|completions|models)$", url)) is not None:
-            base = url[:path.start()]
-            raise SetupError(f"base URL {base_url!r} names an endpoint, not the server: write {base} "
+        shown = redact_url(base_url.rstrip("/"))
+        if not shown.startswith(("http://", "https://")):
+            raise SetupError(f"base URL {shown!r} has no scheme: write http://{shown} or https://{shown}")
+        if (path := re.search(r"(/v1)?/(chat/completions|completions|models)$", shown)) is not None:
+            raise SetupError(f"base URL {shown!r} names an endpoint, not the server: write {shown[:path.start()]} "
                              f"(--backend picks /v1/chat/completions or /v1/completions)")
+        # NOTE: userinfo (user:password@) becomes Basic auth and leaves the URL, so that no message that
+        # names a URL can carry the password.
+        url = yarl.URL(base_url.rstrip("/"))
+        self._headers = {"Content-Type": "application/json"}
+        if url.user is not None or url.password is not None:
+            basic = base64.b64encode(f"{url.user or ''}:{url.password or ''}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {basic}"  # RFC 7617
+        url = str(url.with_user(None))
         self.base_url = url[:-3] if url.endswith("/v1") else url  # accept either spelling of the base
         self.chat = chat
         self.path = "/v1/chat/completions" if chat else "/v1/completions"
-        self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._headers.update(headers or {})

@@ -68,7 +68,8 @@ def _lengths(run: Run, c: int, key: str) -> tuple[int, int] | None:
     return (stats["min"], stats["max"]) if stats else None
 
 
-def _length_differences(runs: Sequence[Run], c: int, key: str, name: str, tolerance: int) -> list[Difference]:
+def _length_differences(runs: Sequence[Run], c: float, rung: str, key: str, name: str,
+                        tolerance: int) -> list[Difference]:
     measured = [(r, span) for r in runs if (span := _lengths(r, c, key)) is not None]
     if len(measured) < 2:
         return []
@@ -79,7 +80,7 @@ def _length_differences(runs: Sequence[Run], c: int, key: str, name: str, tolera
     if max(shortest) - min(shortest) <= tolerance and max(longest) - min(longest) <= tolerance:
         return []
     note = f"must match within ±{tolerance}" if tolerance else "must match exactly"
-    return [Difference(f"{name} at c={c}", tuple((r.label, f"{a}" if a == b else f"{a}–{b}")
+    return [Difference(f"{name} at {rung}", tuple((r.label, f"{a}" if a == b else f"{a}–{b}")
                                                  for r, (a, b) in measured), note)]
 
 
@@ -97,18 +98,33 @@ def workload_differences(runs: Sequence[Run]) -> list[Difference]:
         out += _differs(key, runs, lambda r, k=key: r.workload.get(k))
     out += _differs("dataset", runs, _dataset, "kind, record count and prompt filter")
     out += _differs("goodput SLOs", runs, lambda r: r.slos, "goodput counts the requests meeting them")
-    out += _differs("load", runs, lambda r: "request rate" if "request_rate" in (r.workload.get("load") or {})
-                    else "concurrency", "a rate rung and a concurrency rung do not measure the same thing")
-    common = sorted(set.intersection(*(set(r.rungs) for r in runs)))
-    for c in common:
+    loads = _differs("load", runs, lambda r: "request rate" if _open_loop(r) else "concurrency",
+                     "a rate rung and a concurrency rung do not measure the same thing")
+    out += loads
+    if loads:
+        return out  # c = 2 and 2 req/s are different rungs: none of them is compared with another
+    # NOTE: prompts sized by probing differ only between servers that count tokens differently
+    sizing = (", --tokenizer sizes them alike" if engine_differences(runs) else "")
+    for c in sorted(set.intersection(*(set(r.rungs) for r in runs))):
+        rung = f"rate={c:g}" if _open_loop(runs[0]) else f"c={c:g}"
         counted = [r for r in runs if r.rungs[c].num_measured is not None]  # OK rows say how many they sent
-        counts = _differs(f"measured requests at c={c}", counted, lambda r, c=c: r.rungs[c].num_measured,
+        counts = _differs(f"measured requests at {rung}", counted, lambda r, c=c: r.rungs[c].num_measured,
                           "different prompt counts (--prompts-per-rung, --prompts-per-concurrency)")
         out += counts
-        out += [] if counts else _differs(f"prompt texts at c={c}", runs,
-                        lambda r, c=c: (r.workload.get("rung_prompt_hashes") or {}).get(str(c), "")[:12] or None,
-                        "sha256 of the measured requests, nonce excluded; random prompts sized by probing "
-                        "differ between servers, --tokenizer sizes them alike")
-        out += _length_differences(runs, c, "input_tokens", "input tokens", INPUT_TOLERANCE)
-        out += _length_differences(runs, c, "output_tokens", "output tokens", 0)
+        out += [] if counts else _differs(f"prompt texts at {rung}", runs,
+                        lambda r, c=c: _rung_hash(r, c), "sha256 of the measured requests, nonce excluded; random "
+                        f"prompts sized by probing differ between servers{sizing}")
+        out += _length_differences(runs, c, rung, "input_tokens", "input tokens", INPUT_TOLERANCE)
+        out += _length_differences(runs, c, rung, "output_tokens", "output tokens", 0)
     return out
+
+
+def _open_loop(run: Run) -> bool:
+    return "request_rate" in (run.workload.get("load") or {})
+
+
+def _rung_hash(run: Run, load: float) -> str | None:
+    """The rung's prompt hash: the manifest keys it as the load was written (c "2", a rate "2.0" or "2.5")."""
+    hashes = run.workload.get("rung_prompt_hashes") or {}
+    found = next((h for key, h in hashes.items() if float(key) == load), "")
+    return found[:12] or None

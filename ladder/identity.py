@@ -25,6 +25,7 @@ from ladder.client import Progress, Target, stream
 from ladder.config import SetupError
 from ladder.endpoint import Endpoint
 from ladder.records import RequestRecord
+from ladder.redact import redact_url
 
 CONTEXT = 4  # tokens (or 4x as many characters) shown either side of a divergence
 
@@ -200,7 +201,8 @@ class Side:
 
 
 async def _rung(sides: Sequence[Side], config: IdentityConfig, c: int, first_seed: int | None) -> list[Verdict]:
-    rng = random.Random(f"ladder-identity:{c}")
+    # NOTE: the same prompts at every c, so that prompt #i at c = 1 is each side's answer alone to #i under load
+    rng = random.Random("ladder-identity")
     texts = [prompts.words_text(rng, config.prompt_words) for _ in range(config.prompts)]
     seeds = [None if first_seed is None else first_seed + i for i in range(len(texts))]
 
@@ -249,11 +251,25 @@ def summary(verdicts: Sequence[Verdict]) -> str:
             f"c={v.concurrency} #{v.index} at {v.position}" for v in diverged[:8]) + (", …" if len(diverged) > 8 else "") + ")"
     if errors:
         text += f", errors {errors}"
+    under_load = [v for v in diverged if v.concurrency > 1]
+    if under_load:
+        alone = {v.index: v for v in verdicts if v.concurrency == 1}
+        text += "; under concurrency: " + ", ".join(_who_moved(v, alone.get(v.index)) for v in under_load[:8])
     return text
+
+
+def _who_moved(v: Verdict, alone: Verdict | None) -> str:
+    """Which side's batched answer left its own answer alone (the same prompt at c = 1), or how to find out."""
+    if alone is None or not alone.identical:
+        return f"rerun prompt #{v.index} at c = 1 (--c 1) to see which side moved"
+    moved = [name for name, now, then in (("A", v.a, alone.a), ("B", v.b, alone.b))
+             if (now.token_ids, now.text) != (then.token_ids, then.text)]
+    return f"c={v.concurrency} #{v.index}: {' and '.join(moved) or 'neither'} moved from its c = 1 answer"
 
 
 def write_json(path: Path, config: IdentityConfig, verdicts: Sequence[Verdict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     recorded = asdict(config)
     recorded["api_key"] = "<set>" if config.api_key else None  # a secret never reaches a file
+    recorded["url_a"], recorded["url_b"] = redact_url(config.url_a), redact_url(config.url_b)
     path.write_text(json.dumps({"config": recorded, "verdicts": [asdict(v) for v in verdicts]}, indent=1) + "\n")

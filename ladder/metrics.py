@@ -23,7 +23,8 @@ DEFINITIONS = {
     "chunk_gap_ms": "t_i - t_(i-1) between token-bearing chunks, pooled over requests (vLLM's 'ITL')",
     "itl_token_ms": "each chunk gap split evenly over the tokens its continuous-usage delta reports, "
                     "one sample per token, pooled; only where the server sends continuous usage",
-    "tokens_per_chunk": "N / chunks per request; above 1 means several tokens per step (spec acceptance)",
+    "tokens_per_chunk": "N / chunks per request, a stopped answer's EOS (no text, no chunk) not counted; above 1 "
+                        "means several tokens per step (spec acceptance); n/a without streaming",
     "request_throughput": "measured requests / window; window = first t_send -> last stream close",
     "output_throughput": "sum N / window (tok/s)",
     "total_throughput": "sum (prompt_tokens + N) / window (tok/s)",
@@ -64,7 +65,7 @@ class RequestMetrics:
     e2e: float
     tpot: float | None  # None when N < 2
     output_tokens: int
-    tokens_per_chunk: float
+    tokens_per_chunk: float | None  # None without streaming: one answer is no chunk
     chunk_gaps: list[float]
     token_itls: list[float] | None  # None without continuous usage
 
@@ -84,7 +85,7 @@ class RungStats:
     tpot_ms: Summary | None
     chunk_gap_ms: Summary | None  # None when every request came in one chunk
     itl_token_ms: Summary | None
-    tokens_per_chunk: Summary
+    tokens_per_chunk: Summary | None  # None without streaming
     goodput: float | None = None  # req/s meeting every SLO; None without --goodput
     goodput_fraction: float | None = None  # the share of requests meeting every SLO
 
@@ -129,9 +130,12 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
     has_usage = len(rec.chunk_usage) == len(times)
     # NOTE: without streaming the first token's arrival is not observable: TTFT and TPOT are n/a, not E2E.
     ttft = times[0] - rec.t_send if rec.streamed else None
+    # NOTE: the EOS that ends a stopped answer counts in usage but has no text, so no chunk carries it: it
+    # is not a token delivered alongside another (a real model without speculation would read 1.01).
+    silent_stop = rec.finish_reason == "stop" and n > len(times)
     return RequestMetrics(
         ttft=ttft, e2e=e2e, tpot=(e2e - ttft) / (n - 1) if n > 1 and ttft is not None else None, output_tokens=n,
-        tokens_per_chunk=n / len(times), chunk_gaps=[b - a for a, b in pairwise(times)],
+        tokens_per_chunk=(n - silent_stop) / len(times) if rec.streamed else None, chunk_gaps=[b - a for a, b in pairwise(times)],
         token_itls=token_itls(times, rec.chunk_usage) if has_usage else None)
 
 
@@ -176,6 +180,7 @@ def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float],
     itls = [x for m in per for x in (m.token_itls or ())]
     have_itls = bool(itls) and all(m.token_itls is not None for m in per)
     good = sum(meets_slos(m, slos_ms) for m in per) if slos_ms else 0
+    per_chunk = [m.tokens_per_chunk for m in per if m.tokens_per_chunk is not None]
 
     def ms(values: Sequence[float]) -> Summary | None:
         return summarize(values, percentiles, 1e3) if len(values) else None
@@ -189,7 +194,7 @@ def rung_stats(records: Sequence[RequestRecord], percentiles: Sequence[float],
         output_tokens=LengthStats(min(n_out), sum(n_out) / len(n_out), max(n_out)),
         ttft_ms=ms([m.ttft for m in per if m.ttft is not None]), e2e_ms=ms([m.e2e for m in per]), tpot_ms=ms(tpots),
         chunk_gap_ms=ms(gaps), itl_token_ms=ms(itls) if have_itls else None,
-        tokens_per_chunk=summarize([m.tokens_per_chunk for m in per], percentiles),
+        tokens_per_chunk=summarize(per_chunk, percentiles) if per_chunk else None,
         goodput=good / window if slos_ms else None, goodput_fraction=good / len(per) if slos_ms else None)
 
 

@@ -11,12 +11,13 @@ run so that runs VOID at the same rung do not overprint; the interactivity plot,
 rung without numbers, names them in a box instead.
 """
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ladder import rfc_json
+from ladder.compare import SERVER_SERIES, series_label
 from ladder.runs import Run, concurrencies
 from ladder.table import OUTPUT_TPUT, PER_USER, TPOT, TTFT, Metric, rung_name, value
 
@@ -137,10 +138,32 @@ def interactivity_plot(runs: Sequence[Run], pct: str, caption: str, path: Path) 
 
 def _samples(run: Run) -> list[dict]:
     path = run.path / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [rfc_json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-TIME_SERIES = (("running", "running requests"), ("waiting", "waiting requests"), ("kv_usage", "KV cache usage"))
+TIME_SERIES = ("running", "waiting", "kv_usage")
+
+
+def time_series(rows: list[dict]) -> tuple[list[float], list[tuple[str, str, list[float]]]]:
+    """x (seconds since the run started) and each (series, axis label, y) of the measured phases, in the
+    unit and scale of compare's table (SERVER_SERIES: KV usage in %, as vLLM's gauge is a fraction); a NaN
+    between rungs (and repeats) breaks the line rather than draw it across the pause between them."""
+    xs: list[float] = []
+    ys: dict[str, list[float]] = {name: [] for name in TIME_SERIES}
+    prev = None
+    for s in rows:
+        if s.get("phase", "measured") != "measured":
+            continue
+        key = (s.get("concurrency"), s.get("request_rate"), s.get("repeat"))
+        if prev is not None and key != prev:
+            xs.append(math.nan)
+            for v in ys.values():
+                v.append(math.nan)
+        prev = key
+        xs.append(s["t"])
+        for name, v in ys.items():
+            v.append(SERVER_SERIES[name][3] * s["values"].get(name, math.nan))
+    return xs, [(name, series_label(name), ys[name]) for name in TIME_SERIES]
 
 
 def server_metrics_plot(runs: Sequence[Run], caption: str, path: Path) -> Plot | None:
@@ -151,22 +174,10 @@ def server_metrics_plot(runs: Sequence[Run], caption: str, path: Path) -> Plot |
     plt = _pyplot()
     fig, axes = plt.subplots(len(TIME_SERIES), 1, figsize=(9, 7), sharex=True)
     for i, run in enumerate(runs):
-        rows = samples[run.label]
-        for ax, (name, title) in zip(axes, TIME_SERIES):
-            # NOTE: a break between rungs (and repeats) rather than a line across the pause between them
-            xs, ys, prev = [], [], None
-            for s in rows:
-                if s.get("phase", "measured") != "measured":
-                    continue
-                key = (s.get("concurrency"), s.get("request_rate"), s.get("repeat"))
-                if prev is not None and key != prev:
-                    xs.append(math.nan)
-                    ys.append(math.nan)
-                prev = key
-                xs.append(s["t"])
-                ys.append(s["values"].get(name, math.nan))
+        xs, series = time_series(samples[run.label])
+        for ax, (_, label, ys) in zip(axes, series):
             ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], markersize=3, label=run.label)
-            ax.set_ylabel(title)
+            ax.set_ylabel(label)
             ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("seconds since the run started (samples of the measured phases only)")
     axes[0].legend(fontsize=8)

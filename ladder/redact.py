@@ -1,5 +1,6 @@
 """Secrets kept out of everything the ladder writes or prints: in a server command line, the values of key-
-and token-like flags (--api-key, --hf-token, --token, ...) and of *_KEY= / *_TOKEN= assignments."""
+and token-like flags (--api-key, --hf-token, --token, ...) and of *_KEY= / *_TOKEN= assignments; in a URL,
+the password of its userinfo (http://user:PASSWORD@host), or a userinfo of one part, which may be a token."""
 
 import re
 
@@ -29,6 +30,17 @@ def redact(text: str, secrets: list[str]) -> str:
 def _mask(value: str) -> str:
     quote = value[0] if value[:1] in ("'", '"') else ""
     return f"{quote}{REDACTED}{quote}"
+
+
+_USERINFO = re.compile(r"^([a-zA-Z][\w+.-]*://)([^/]*)@")
+
+
+def redact_url(url: str | None) -> str | None:
+    """The URL as the ladder records and prints it: user:<redacted>@host, or <redacted>@host."""
+    if url is None:
+        return None
+    return _USERINFO.sub(lambda m: m.group(1) + (m.group(2).split(":")[0] + ":" if ":" in m.group(2) else "")
+                         + REDACTED + "@", url)
 
 
 def redact_cmd(cmd: str | None) -> str | None:

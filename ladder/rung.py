@@ -38,6 +38,7 @@ class RungOk:
     server_metrics: dict | None = None  # /metrics over the measured phase: mean and peak per series
     repeats: dict | None = None  # --repeats: n, and each metric's mean, 95% CI and CV over the repeats
     turns: dict[str, TurnStats] | None = None  # --multi-turn: the measured requests by turn index ("1", ...)
+    partial: bool = False  # SIGINT or SIGTERM cut the rung short: its numbers are the finished requests'
 
     status = "OK"
 
@@ -48,6 +49,8 @@ class RungOk:
             out.append("BELOW_C")  # the rung never had c requests in flight: it did not measure c
         if self.lateness is not None and self.lateness.num_late:
             out.append("LATE")  # the client fell behind the arrival schedule
+        if self.partial:
+            out.append("PARTIAL")  # interrupted: fewer requests than the rung was to measure
         return tuple(out)
 
 

@@ -10,21 +10,35 @@ reported as such, not as dead.
 
 A rung's warmup always runs closed loop (at c, or at --max-concurrency in open loop): it only has to warm
 the engine; the measured phase follows the rung's load.
+
+SIGINT or SIGTERM cancels the command at its next await: the rung in flight keeps every request it sent in
+requests.jsonl (those cut off as failed "interrupted"), its finished measured requests make it a PARTIAL
+rung, the manifest says so, and a server the ladder started is stopped.
 """
 
 import asyncio
 import hashlib
 import json
+import math
 import signal
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info, gpu, host, repeats, scrape
-from ladder.audit import AuditProbe
+from ladder import arrivals, engine_info, gpu, host, repeats, rfc_json, scrape
+from ladder.audit import Audit, AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
-from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
+from ladder.config import (
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OUTPUT_LEN,
+    EXIT_ENGINE_DEAD,
+    EXIT_OK,
+    EXIT_VOID,
+    FIRST_LOOK,
+    RunConfig,
+    SetupError,
+)
 from ladder.display import Display, load_label
 from ladder.endpoint import Endpoint
 from ladder.metrics import DEFINITIONS, rung_stats, spec_acceptance, turn_stats
@@ -32,7 +46,7 @@ from ladder.multiturn import SessionPhase
 from ladder.own_version import build, own_version
 from ladder.prefix_cache import prefix_cache_hits
 from ladder.records import RequestRecord, failure
-from ladder.redact import redact_cmd
+from ladder.redact import redact_cmd, redact_url
 from ladder.rung import (
     SHUTTING_DOWN,
     RungNotRun,
@@ -52,6 +66,9 @@ WATCH_INTERVAL_S = 0.1
 # the more prompt there is, and no chunk flows meanwhile.
 FIRST_CHUNK_BYTES = 4096
 INPUT_LEN_TOLERANCE = 0.05  # realised prompt_tokens further than this from --input-len get a warning
+# The embedded SmolLM2's decode rate on a CPU, at best (2 cores, c = 16: reports/cpu-bench.md): what a bare
+# `ladder run`'s estimate divides its output tokens by. Lower c decode slower still.
+EMBEDDED_CPU_TOK_S = 50
 
 
 def resolve_target(config: RunConfig) -> tuple[str, str | None]:
@@ -74,6 +91,7 @@ def redacted_flags(config: RunConfig) -> dict:
     flags["api_key"] = "<set>" if config.api_key else None
     flags["headers"] = {k: "<set>" for k in config.headers}
     flags["serve_cmd"] = redact_cmd(config.serve_cmd)
+    flags["base_url"] = redact_url(config.base_url)
     return flags
 
 
@@ -88,7 +106,7 @@ def manifest(config: RunConfig, base_url: str, serve_cmd: str | None, work: Work
         "tool": "ladder", "version": own_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "label": config.label,
         "epoch": {"unix_time": time() - (perf_counter() - epoch), "perf_counter": epoch},
-        "endpoint": {"base_url": base_url, "backend": config.backend, "serve_cmd": redact_cmd(serve_cmd),
+        "endpoint": {"base_url": redact_url(base_url), "backend": config.backend, "serve_cmd": redact_cmd(serve_cmd),
                      "path": "/v1/chat/completions" if config.chat else "/v1/completions"},
         "model": work.model, "server_model_info": work.model_info, "engine": engine,
         "engine_sources": sources,
@@ -139,6 +157,9 @@ class Ladder:
         self.usage_seen = False  # did any chunk carry continuous usage?
         self._counters: dict[str, float] = {}  # /metrics counters at the last look (stall checks)
         self.warnings: list[str] = []
+        self.in_flight: list[list[RequestRecord]] = []  # the phases of the rung in flight: what an interrupt keeps
+        self.probe: AuditProbe | None = None  # its measured phase's client audit
+        self.partial: list[str] = []  # the rungs an interrupt cut short, by label
         # NOTE: GPU readings only for a server on this host; a remote server's GPUs are not ours.
         self.gpu = gpu.sampler() if server is not None and config.metrics_interval_s else None
 
@@ -240,6 +261,7 @@ class Ladder:
             for rec, req in zip(records, requests):
                 rec.prompt, rec.output_text = list(with_nonce(req.messages, self.work.nonce)), ""
         progress = Progress(perf_counter())
+        self.in_flight.append(records)
 
         def on_done(rec: RequestRecord) -> bool:
             failed = self._failure(rec) is not None
@@ -252,6 +274,10 @@ class Ladder:
         task = self._launch(load, phase, requests, bodies, records, progress, on_done)
         try:
             dead = await self._watch(task, progress)
+        except BaseException:  # interrupted: the requests in flight stop here, and the rung keeps the rest
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
         finally:
             self.display.phase_end()
         series = None
@@ -283,12 +309,14 @@ class Ladder:
         server_metrics = None
         if dead is None:
             before = await self.ep.counters()
-            audit_probe = AuditProbe(cfg.audit)
+            self.probe = AuditProbe(cfg.audit)
             measured, dead, progress, series = await self._phase(load, "measured", work.measured,
                                                                  work.measured_bodies, repeat)
             # NOTE: the rung's server metrics are its measured phase's, as its other numbers are
-            server_metrics = scrape.summary(series) if series is not None else None
-            audit = audit_probe.stop(measured)
+            sent = [r for r in measured if r.t_send]
+            window = (min(r.t_send for r in sent), max(r.t_end for r in sent)) if sent else None
+            server_metrics = scrape.summary(series, window) if series is not None and window else None
+            audit = self.probe.stop(measured)
             after = await self.ep.counters()
             spec, cache = spec_acceptance(before, after), prefix_cache_hits(before, after)
         # NOTE: with --max-duration, requests the clock cut off were never sent: not part of the rung.
@@ -304,8 +332,10 @@ class Ladder:
             return void_from_failures(c, len(records) - len(failures), failures, work.prompt_hash, dead,
                                       request_rate=rate, phases=phases), records, dead
         stats = rung_stats(measured, cfg.percentiles, cfg.goodput)
+        # NOTE: at inf every request is due at t = 0: no schedule to fall behind (a --max-concurrency wait is
+        # the cap's, as in vLLM)
         late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
-                if cfg.open_loop else None)
+                if cfg.open_loop and math.isfinite(load) else None)
         turns = turn_stats(measured, cfg.percentiles) if cfg.multi_turn else None
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
@@ -322,7 +352,13 @@ class Ladder:
             if dead is not None:
                 rungs.append(RungNotRun(c, gone_reason(dead), request_rate=rate))
             else:
-                rung, dead = await self.run_repeats(load)
+                try:
+                    rung, dead = await self.run_repeats(load)
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    if self.in_flight:
+                        rungs.append(self._keep_interrupted(load))
+                        self.store.write_rungs(rungs)
+                    raise
                 rungs.append(rung)
             self.store.write_rungs(rungs)
             self.display.rung_end(rungs[-1])
@@ -336,7 +372,8 @@ class Ladder:
         """Without speculation every chunk carries one token, unless tokens without text (special ones, which
         random weights sample) were counted in usage but sent in no chunk of their own: say so, so that a
         tok/chunk above 1 is not read as accepted drafts."""
-        if not isinstance(rung, RungOk) or rung.spec is not None or self.spec_method not in (None, "none"):
+        if (not isinstance(rung, RungOk) or rung.spec is not None or self.spec_method not in (None, "none")
+                or rung.stats.tokens_per_chunk is None):  # --no-stream: no chunks to count
             return None
         per_chunk = rung.stats.tokens_per_chunk.mean
         if per_chunk <= 1:
@@ -345,16 +382,59 @@ class Ladder:
                 f"text (special tokens, as random weights sample) count in usage but come in no chunk of their own "
                 f"(or the server batches its chunks); it is not an acceptance")
 
+    def _keep_interrupted(self, load: int | float) -> RungResult:
+        """The rung an interrupt cut short: every request it sent goes to requests.jsonl (one cut off in flight
+        fails as interrupted), and its finished measured requests make a PARTIAL rung; none finished, NOT_RUN."""
+        cfg, work = self.config, self.work.rungs[load]
+        c, rate = cfg.concurrency_of(load), load if cfg.open_loop else None
+        records = [r for phase in self.in_flight for r in phase if r.t_send or r.done or r.error is not None]
+        self.in_flight = []
+        for rec in records:
+            if not rec.done and rec.error is None:
+                rec.error = "interrupted: SIGINT or SIGTERM stopped it in flight"
+        self.store.append_records(records, self.epoch, self._failure)
+        failures = [f for r in records if (f := self._failure(r)) is not None and not f.startswith("interrupted")]
+        if failures:
+            return void_from_failures(c, len(records) - len(failures), failures, work.prompt_hash, None, rate)
+        measured = [r for r in records if r.phase == "measured" and self._failure(r) is None]
+        self.partial.append(f"rate={load:g}" if cfg.open_loop else f"c={load}")
+        if not measured:
+            return RungNotRun(c, "interrupted: SIGINT or SIGTERM came before a measured request finished", rate)
+        audit = self.probe.stop(measured) if self.probe is not None else Audit(0.0, 0.0, 0.0, cfg.audit)
+        num_ok = sum(self._failure(r) is None for r in records)
+        return RungOk(c, num_ok, work.prompt_hash, rung_stats(measured, cfg.percentiles, cfg.goodput), audit, None,
+                      request_rate=rate, num_measured=len(measured), partial=True)
+
     async def run_repeats(self, load: int | float) -> tuple[RungResult, str | None]:
         """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
         done: list[RungOk] = []
         for repeat in range(self.config.repeats):
+            self.in_flight, self.probe = [], None
             rung, records, dead = await self.run_rung(load, repeat)
+            self.in_flight = []  # written next, with no await between: an interrupt cannot write them twice
             self.store.append_records(records, self.epoch, self._failure)
+            if isinstance(rung, RungOk) and (warning := self._trace_len_warning(rung, records)) is not None:
+                self.warnings.append(warning)
+                self.display.note(f"warning: {warning}")
             if not isinstance(rung, RungOk):
                 return rung, dead
             done.append(rung)
         return (repeats.combine(done) if len(done) > 1 else done[0]), None
+
+    def _trace_len_warning(self, rung: RungOk, records: list[RequestRecord]) -> str | None:
+        """A trace sized by probing (no --tokenizer) meets its lengths on average, not request by request
+        (a block of words is as many tokens as the tokenizer makes of them): say how far each one missed."""
+        if self.config.dataset_kind != "trace" or self.work.sizing.get("method") == "tokenizer":
+            return None
+        asked = {i: r.input_len for i, r in enumerate(self.work.rungs[rung.request_rate].measured)}
+        misses = [100 * (rec.prompt_tokens - asked[rec.index]) / asked[rec.index] for rec in records
+                  if rec.phase == "measured" and rec.prompt_tokens is not None and asked.get(rec.index)]
+        if not misses:
+            return None
+        worst = max(misses, key=abs)
+        return (f"{load_label(rung)}: the trace's prompts, sized by probing without --tokenizer, miss their "
+                f"input_length by up to {worst:+.0f}% (mean {sum(misses) / len(misses):+.0f}%) as the server counts "
+                f"them; --tokenizer with the server's tokenizer sizes each one exactly")
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
@@ -376,6 +456,26 @@ class Ladder:
             return None
         return (f"{load_label(rung)}: the server counted {got:.0f} prompt tokens on average for {flags} "
                 f"({100 * (got - asked) / asked:+.0f}%); with --tokenizer, is it the server's tokenizer?")
+
+
+def workload_size(config: RunConfig) -> tuple[int, int | None]:
+    """(requests, output tokens they ask for) over the whole ladder, warmups and repeats included; the
+    tokens are None where a dataset or trace sets each request's own length."""
+    turns = config.multi_turn or 1
+    requests = config.repeats * turns * sum(config.num_prompts(x) + config.num_warmup(x) for x in config.loads)
+    out_len = config.output_len or (DEFAULT_OUTPUT_LEN if config.dataset_kind == "random" else None)
+    return requests, requests * out_len if out_len else None
+
+
+def size_note(config: RunConfig) -> str:
+    """What the ladder is about to ask for; against the embedded model on a CPU, how long that takes at best."""
+    requests, tokens = workload_size(config)
+    text = f"this ladder sends {requests:,} requests" + (f" asking for {tokens:,} output tokens" if tokens else "")
+    if config.base_url is None and config.serve_cmd is None and tokens:
+        hours = tokens / EMBEDDED_CPU_TOK_S / 3600
+        text += (f"; the embedded SmolLM2 on a CPU decodes at most about {EMBEDDED_CPU_TOK_S} tok/s, so this takes "
+                 f"{hours:.1f} h or more (for a first look: {FIRST_LOOK})")
+    return text
 
 
 def hash_seed(seed: int, load: float) -> int:
@@ -438,13 +538,13 @@ class Session:
         return Ladder(config, self.ep, self.server, work, self.store, self.display, self.epoch,
                       self.info["engine"]["spec_method"])
 
-    def interrupted(self, warnings: list[str]) -> None:
-        """SIGINT or SIGTERM stopped the command: the manifest says so, so that neither a reader nor `ladder
-        compare` takes the rungs it has for a finished ladder."""
+    def interrupted(self, warnings: list[str], partial: list[str]) -> None:
+        """SIGINT or SIGTERM stopped the command: the manifest says so, and which rungs it cut short, so that
+        neither a reader nor `ladder compare` takes the rungs it has for a finished ladder."""
         if self.info is None:  # stopped before the first workload: no manifest to mark
             return
         self.info["warnings"] = warnings
-        self.info["result"] = {"exit_code": 130, "engine_dead": None, "interrupted": True}
+        self.info["result"] = {"exit_code": 130, "engine_dead": None, "interrupted": True, "partial_rungs": partial}
         self.store.write_manifest(self.info)
 
     def finish(self, code: int, extra: dict) -> None:
@@ -463,13 +563,14 @@ async def _run(config: RunConfig, store: RunStore, display: Display) -> int:
     async with Session(config, store, display) as session:
         ladder = await session.ladder(config)
         loads = ",".join(f"{x:g}" for x in config.loads)
-        display.note(f"ladder {session.base_url} model={ladder.work.model} dataset={ladder.work.dataset['kind']} "
+        display.note(f"ladder {redact_url(session.base_url)} model={ladder.work.model} dataset={ladder.work.dataset['kind']} "
                      f"{'request-rate' if config.open_loop else 'c'}={loads} -> {store.dir}")
+        display.note(size_note(config))
         display.start(len(config.loads))
         try:
             rungs, session.dead = await ladder.run()
         except (asyncio.CancelledError, KeyboardInterrupt):
-            session.interrupted(ladder.warnings)
+            session.interrupted(ladder.warnings, ladder.partial)
             raise
         code = exit_code(rungs, session.dead)
         session.info["workload"]["continuous_usage_stats"] = ladder.usage_seen
@@ -482,13 +583,13 @@ async def _sweep(config: RunConfig, spec, store: RunStore, display: Display) -> 
     from ladder.sweep import run_sweep
 
     async with Session(config, store, display) as session:
-        display.note(f"sweep {session.base_url} -> {store.dir}")
+        display.note(f"sweep {redact_url(session.base_url)} -> {store.dir}")
         try:
             code = await run_sweep(config, spec, session, display)
         except (asyncio.CancelledError, KeyboardInterrupt):
-            session.interrupted([])
+            session.interrupted([], [])
             raise
-        sweep = json.loads(store.path("sweep.json").read_text())
+        sweep = rfc_json.loads(store.path("sweep.json").read_text())
         tried = sorted(p["load"] for p in sweep["points"])
         session.info["workload"]["load"] = ({**session.info["workload"]["load"], "request_rate": tried}
                                             if config.open_loop else {"concurrency": tried})
@@ -500,6 +601,15 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds through the Session's exit, which stops a server the ladder started
 
 
+async def _cancelled_by_signals(command):
+    """The command, cancelled by SIGINT or SIGTERM once its loop runs: the cancellation lands at an await,
+    never inside a write, so the rung in flight is kept whole (Ladder.run) before the server stops."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await command
+
+
 def run_ladder(config: RunConfig, display: Display, sweep=None) -> int:
     """`ladder run`, or `ladder sweep` with a SweepSpec."""
     store = RunStore(config.out_dir or default_out_dir(config.label))
@@ -508,7 +618,10 @@ def run_ladder(config: RunConfig, display: Display, sweep=None) -> int:
     # (it is then ignored), would otherwise end the ladder and leave its --serve-cmd server running.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return asyncio.run(_run(config, store, display) if sweep is None else _sweep(config, sweep, store, display))
+        return asyncio.run(_cancelled_by_signals(
+            _run(config, store, display) if sweep is None else _sweep(config, sweep, store, display)))
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None  # the signal's cancellation, as `ladder` reports it (exit 130)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -3,11 +3,11 @@
 `ladder compare` works from these two files alone; requests.jsonl is not needed.
 """
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ladder import rfc_json
 from ladder.config import ENGINE_KEYS, SetupError
 
 
@@ -78,8 +78,8 @@ class Run:
 
 def load_run(path: Path, label: str | None = None) -> Run:
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
-        rows = json.loads((path / "rungs.json").read_text())
+        manifest = rfc_json.loads((path / "manifest.json").read_text())
+        rows = rfc_json.loads((path / "rungs.json").read_text())
     except FileNotFoundError as e:
         raise SetupError(f"{path} is not a ladder result directory: no {Path(e.filename).name}") from e
     except ValueError as e:

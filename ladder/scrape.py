@@ -7,7 +7,8 @@ tick was due makes the scraper skip to the newest due tick and count the ones it
 samples + skipped is the number of intervals the phase lasted, whatever the load, and no sample is ever
 taken at a time other than its own. The samples belong to their phase, rung and repeat: each phase has its
 own series, started with it and stopped with it, so neither the warmup nor the pause between rungs is in
-the measured phase's series, from which a rung's summary comes.
+the measured phase's series, from which a rung's summary comes: its gauges over the samples taken between
+the phase's first send and its last end (the requests' own window), its counters over the whole phase.
 
 The series read vLLM's names, SGLang's where they differ, and refengine's (which are vLLM's). Counters
 become per-interval series (their increase since the previous sample); a series the server does not
@@ -94,17 +95,22 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
-def per_interval(samples: list[Sample]) -> dict[str, list[float]]:
-    """Each series as values over time: gauges as sampled; counters as the increase since the previous
-    sample (so a series of n samples has n - 1 values); ratios of increases where the denominator moved."""
+GAUGE_SERIES = ("running", "waiting", "kv_usage", "spec_accept_length", "gpu_util_pct", "gpu_mem_used_mib",
+                "prefix_cache_hit_rate", "spec_acceptance_rate")
+
+
+def per_interval(samples: list[Sample], window: tuple[float, float] | None = None) -> dict[str, list[float]]:
+    """Each series as values over time: gauges as sampled, only inside `window` (the phase's first send to
+    its last end) when given; counters as the increase since the previous sample (so a series of n samples
+    has n - 1 values, over the whole phase); ratios of increases where the denominator moved."""
     out: dict[str, list[float]] = {name: [] for name in SERIES}
     for prev, cur in zip([None, *samples], samples):
-        for name in ("running", "waiting", "kv_usage", "spec_accept_length", "gpu_util_pct", "gpu_mem_used_mib"):
-            if name in cur.values:
-                out[name].append(cur.values[name])
-        for name in ("prefix_cache_hit_rate", "spec_acceptance_rate"):
-            if name in cur.values:
-                out[name].append(cur.values[name])
+        # NOTE: tick 0 comes before the first request and the closing sample after the last: both read an
+        # idle server, so a gauge's mean over them would say the rung held fewer requests than it did.
+        if window is None or window[0] <= cur.t <= window[1]:
+            for name in GAUGE_SERIES:
+                if name in cur.values:
+                    out[name].append(cur.values[name])
         if prev is None:
             continue
         delta = {k: cur.values[k] - prev.values[k] for k in COUNTERS if k in cur.values and k in prev.values}
@@ -117,9 +123,10 @@ def per_interval(samples: list[Sample]) -> dict[str, list[float]]:
     return out
 
 
-def summary(series: Series) -> dict:
-    """The rung's view: mean and peak of each series (None: the server does not expose it)."""
-    values = per_interval(series.samples)
+def summary(series: Series, window: tuple[float, float] | None = None) -> dict:
+    """The rung's view: mean and peak of each series (None: the server does not expose it, or no gauge
+    sample fell inside `window`, the requests' own span)."""
+    values = per_interval(series.samples, window)
     return {"interval_s": series.interval_s, "duration_s": series.t_stop - series.t_start,
             "num_ticks": series.num_ticks, "num_skipped": series.num_skipped,
             "series": {name: ({"mean": sum(v) / len(v), "peak": max(v)} if v else None)

@@ -6,14 +6,16 @@
     <out>/rungs.csv       the same rows, flattened (nested keys joined with "_")
     <out>/metrics.jsonl   the server's /metrics over each phase of each rung: one line per sample
     <out>/server.log      the --serve-cmd output, when the ladder started the server
+
+Every JSON file is RFC 8259 JSON (ladder.rfc_json): a rate of inf is written as "Infinity".
 """
 
-import json
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from ladder import rfc_json
 from ladder.config import SetupError
 from ladder.metrics import request_fields
 from ladder.records import RequestRecord
@@ -48,27 +50,27 @@ class RunStore:
         return self.dir / name
 
     def write_manifest(self, manifest: dict) -> None:
-        self.path("manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        self.path("manifest.json").write_text(rfc_json.dumps(manifest, indent=2, default=str) + "\n")
 
     def append_records(self, records: Sequence[RequestRecord], epoch: float,
                        failure: Callable[[RequestRecord], str | None]) -> None:
         with open(self.path("requests.jsonl"), "a") as f:
             for rec in records:
-                f.write(json.dumps(request_row(rec, epoch, failure(rec))) + "\n")
+                f.write(rfc_json.dumps(request_row(rec, epoch, failure(rec))) + "\n")
 
     def append_metrics(self, series: Series, rung: dict, epoch: float) -> None:
         """One line per sample: its rung (and repeat), tick (null: the closing sample), time in seconds
         since the epoch, and the readings."""
         with open(self.path("metrics.jsonl"), "a") as f:
             for sample in series.samples:
-                f.write(json.dumps({**rung, "tick": sample.tick, "t": round(sample.t - epoch, 6),
+                f.write(rfc_json.dumps({**rung, "tick": sample.tick, "t": round(sample.t - epoch, 6),
                                     "values": sample.values}) + "\n")
 
     def write_rungs(self, rungs: Sequence[RungResult]) -> None:
         import pandas as pd  # deferred: only the writer needs it, and it is slow to import
 
         rows = [to_dict(r) for r in rungs]
-        self.path("rungs.json").write_text(json.dumps(rows, indent=2) + "\n")
+        self.path("rungs.json").write_text(rfc_json.dumps(rows, indent=2) + "\n")
         flat = pd.json_normalize(rows, sep="_")
         for col in ("flags", "errors"):
             if col in flat:

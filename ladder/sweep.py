@@ -6,10 +6,10 @@ definition of goodput capacity). A VOID point fails. The search is ladder.search
 bisection; the result directory holds every point as a rung, and sweep.json the answer with the evidence.
 """
 
-import json
 import math
 from dataclasses import dataclass, replace
 
+from ladder import rfc_json
 from ladder.config import EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
 from ladder.display import Display
 from ladder.rung import RungOk, RungResult
@@ -63,12 +63,20 @@ def check(config: RunConfig, spec: SweepSpec) -> None:
                          f"it could never have c requests in flight; use --prompts-per-concurrency")
 
 
+def limit_reached(answer: float | None, spec: SweepSpec) -> bool:
+    """The answer is the search's ceiling: the capacity is at least that, not that."""
+    return answer is not None and answer >= (spec.max_rate if spec.open_loop else spec.max_c)
+
+
 def report(answer: float | None, spec: SweepSpec, config: RunConfig, rows: list[dict], stopped: str | None) -> str:
     unit = "req/s" if spec.open_loop else "concurrent requests"
     slos = " ".join(f"{k}:{v:g}" for k, v in config.goodput.items())
+    flag = f"--max-rate {spec.max_rate:g}" if spec.open_loop else f"--max-c {spec.max_c}"
+    ceiling = f" (limit reached: {flag} passed, so the highest passing load is at least this; raise {flag})"
     head = (f"sweep: highest {'rate' if spec.open_loop else 'c'} meeting {slos} (ms) for "
             f">= {100 * spec.attainment:g}% of requests: "
-            + (f"{answer:g} {unit}" if answer is not None else "none (the first point failed)"))
+            + (f"{answer:g} {unit}" + (ceiling if limit_reached(answer, spec) else "") if answer is not None
+               else "none (the first point failed)"))
     lines = [head + (f"; stopped early: {stopped}" if stopped else "")]
     for r in rows:
         share = "-" if r["goodput_fraction"] is None else f"{100 * r['goodput_fraction']:.0f}% meet the SLOs"
@@ -97,9 +105,10 @@ async def run_sweep(config: RunConfig, spec: SweepSpec, session, display: Displa
     result = await highest(point, 1.0 if not spec.open_loop else min(1.0, limit), limit, not spec.open_loop)
     rows = evidence(rungs, result.tried)
     text = report(result.answer, spec, config, rows, result.stopped)
-    session.store.path("sweep.json").write_text(json.dumps({
+    session.store.path("sweep.json").write_text(rfc_json.dumps({
         "answer": result.answer, "axis": "request_rate" if spec.open_loop else "concurrency",
-        "slos_ms": config.goodput, "attainment": spec.attainment, "limit": limit, "stopped": result.stopped,
+        "slos_ms": config.goodput, "attainment": spec.attainment, "limit": limit,
+        "limit_reached": limit_reached(result.answer, spec), "stopped": result.stopped,
         "points": rows}, indent=2) + "\n")
     display.note(text)
     if result.stopped:

@@ -129,6 +129,8 @@ FLAG_NOTES: dict[str, tuple[str, Callable[[RungRow], str]]] = {
     "BELOW_C": ("the rung never had c requests in flight, so it did not measure c",
                 lambda row: f"peak {row.peak_in_flight} in flight"),
     "LATE": ("the client fell behind the arrival schedule, so the server saw less than the rate", _late),
+    "PARTIAL": ("SIGINT or SIGTERM stopped the rung, so its numbers are over the requests that finished before",
+                lambda row: f"{row.num_measured} measured requests finished"),
 }
 
 

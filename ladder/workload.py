@@ -53,6 +53,7 @@ class Request:
     session: int | None = None  # --multi-turn: the session within its phase (0-based)
     turn: int | None = None  # --multi-turn: the turn within its session (1-based)
     reply: str | None = None  # --multi-turn-reply dataset: the reply the history carries after this turn
+    input_len: int | None = None  # a trace: the prompt tokens its line asks for (input_length)
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,8 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
             sizing["trace"] = {"block_tokens": trace.BLOCK_TOKENS, "overhead_tokens": overhead,
                                "speedup": config.trace_speedup}
             phases = {(load, "warmup"): [], (load, "measured"): [
-                Request((("user", trace.prompt_text(r, block, overhead)),), r.output_length) for r in replay.requests]}
+                Request((("user", trace.prompt_text(r, block, overhead)),), r.output_length, input_len=r.input_length)
+                for r in replay.requests]}
             due = replay.due_times(config.trace_speedup)
         else:
             make = sessions if config.multi_turn else requests

@@ -10,8 +10,9 @@
 # seeded random words a drafter has nothing to predict, so a ladder of a spec-decoding engine would measure the
 # drafter's cost and none of its benefit. So do real lengths: a fixed 64 tokens with ignore_eos cuts replies
 # short where drafts are accepted most and adds text past EOS that no head learned. One engine at a time, each
-# on one CPU thread, so each server has the same share of the machine. Every server gets the same
-# per-sequence budget (max-model-len 384, 4 sequences). Runs, the report and its plots go to runs/demo/
+# on one CPU thread, so each server has the same share of the machine. Every server gets 4 sequences and a
+# per-sequence budget of 384 tokens (refengine's max-model-len; llama.cpp pads a slot's context to 512, and the
+# report says so). Runs, the report and its plots go to runs/demo/
 # (gitignored), so a first `make demo` leaves the tree clean; `make demo-report` regenerates the committed
 # reports/demo.md and its plots in reports/demo/. A VOID rung does not stop the demo: the report shows it.
 # The self-draft arm (draft_model, first 8 layers) was dropped to keep the demo within 15 minutes on 2 cores.
@@ -76,6 +77,7 @@ fi
 # c = 4 to 16 on a 2-core CPU (reports/cpu-bench.md), more than the 15-minute budget leaves room for;
 # llama.cpp is not batch-invariant either. The banner names the numerics.
 REFENGINE="$VENV/bin/refengine serve --model $GGUF --port {port} --max-num-seqs $SEQS --max-model-len $MAX_MODEL_LEN --fast --threads $THREADS --device $DEVICE"
+LLAMACPP_CTX=$($PY -m ladder.peers.llamacpp --slot-context "$MAX_MODEL_LEN") || exit 2  # what a slot really has
 LLAMACPP="$PY -m ladder.peers.llamacpp --gguf $GGUF --port {port} --slots $SEQS --ctx-per-slot $MAX_MODEL_LEN --threads $THREADS"
 
 declare -A SERVE=(
@@ -124,8 +126,10 @@ EOF
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 NOTES=(--note "Made by \`make $TARGET\` (scripts/demo.sh) on $(date -u +%F): the ladders took ${wall} s of wall time on ${CORES} cores \
 ($(uname -m)), one server at a time; the load average was ${load} when they started and \
-$(cut -d' ' -f1 /proc/loadavg) when they ended. All serve the same file, $(basename "$GGUF"), with the same \
-per-sequence budget (${MAX_MODEL_LEN} tokens, ${SEQS} sequences), refengine on the device ${DEVICE}, every engine with \
+$(cut -d' ' -f1 /proc/loadavg) when they ended. All serve the same file, $(basename "$GGUF"), with ${SEQS} sequences \
+and a per-sequence budget of ${MAX_MODEL_LEN} tokens$( [ "$LLAMACPP_CTX" != "$MAX_MODEL_LEN" ] && [[ " $ARMS " == *" llama.cpp "* ]] \
+&& echo " (llama.cpp pads a slot's context up to a multiple of 256: it has ${LLAMACPP_CTX}; every request fits in ${MAX_MODEL_LEN})"), \
+refengine on the device ${DEVICE}, every engine with \
 ${THREADS} CPU thread (--threads ${THREADS}); the drafters propose ${K} tokens a step.")
 NOTES+=(--note "Prompts are first human turns of at most ${MAX_INPUT_LEN} tokens (seed 0) from ${DATASET}, \
 ${LENGTHS}. Acceptance per spec arm over the whole ladder: ${ACCEPTANCE:-no spec arm ran}.\

@@ -3,7 +3,8 @@
     python -m ladder.peers.llamacpp --gguf PATH --port P --slots N --ctx-per-slot L --threads 2
 
 Slots are llama.cpp's concurrent sequences: give at least the ladder's largest c, and a context per slot of
-at least input + output tokens (plus the chat template). The server listens on 127.0.0.1:P until SIGTERM
+at least input + output tokens (plus the chat template); llama.cpp pads it up to a multiple of 256
+(`python -m ladder.peers.llamacpp --slot-context L` prints what a slot of L really gets). The server listens on 127.0.0.1:P until SIGTERM
 or SIGINT. Settings that would make it measure something other than what refengine measures are pinned:
 no prompt cache (refengine has none), and neutral sampling defaults (top-k, top-p and min-p off), so a
 request's own sampling parameters mean what they mean on an OpenAI server.
@@ -16,6 +17,13 @@ import threading
 from importlib.metadata import PackageNotFoundError, version
 
 ENGINE = "llama.cpp"
+SLOT_CONTEXT_PAD = 256  # llama.cpp pads each sequence's context (n_ctx_seq) up to a multiple of this
+
+
+def slot_context(ctx_per_slot: int) -> int:
+    """The context one slot really has: llama.cpp pads n_ctx / n_parallel up to a multiple of 256 (its log
+    says "n_ctx is not divisible by n_seq_max"), so --ctx-per-slot 384 gives 512, as its /props n_ctx says."""
+    return -(-ctx_per_slot // SLOT_CONTEXT_PAD) * SLOT_CONTEXT_PAD
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,7 +69,7 @@ def engine_keys(argv: list[str]) -> dict[str, object]:
         "kv_dtype": args.kv_type, "spec_method": "none", "spec_k": 0,
         # one host loop schedules and computes each step in turn: nothing overlaps the next schedule
         "async_scheduling": False,
-        "max_model_len": args.ctx_per_slot, "max_num_seqs": args.slots,
+        "max_model_len": slot_context(args.ctx_per_slot), "max_num_seqs": args.slots,
     }
 
 
@@ -93,7 +101,11 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    serve(parse_args(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--slot-context"]:  # for scripts that state the budget each engine really has
+        print(slot_context(int(argv[1])))
+        return
+    serve(parse_args(argv))
 
 
 if __name__ == "__main__":

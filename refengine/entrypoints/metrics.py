@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from refengine.engine.outputs import EngineInfo
 from refengine.entrypoints.admission import AdmissionGate
 from refengine.entrypoints.engine_client import EngineClient, RequestDelta
 from refengine.version import build
@@ -111,6 +112,18 @@ class EngineCollector(Collector):
         fields = {**asdict(self.engine.engine_info), "version": self.version}
         info.add_metric(values, {k: "" if v is None else str(v) for k, v in fields.items()})
         yield info
+        yield cache_config_info(self.engine.engine_info, labels, values)
+
+
+def cache_config_info(info: EngineInfo, labels: list[str], values: list[str]) -> InfoMetricFamily:
+    """vLLM's vllm:cache_config_info, under its label names, so that a benchmark reads the KV cache's dtype
+    where it reads vLLM's. refengine allocates its KV cache in the compute dtype (engine_args.build_engine),
+    so cache_dtype is that dtype, never vLLM's unresolved "auto"."""
+    family = InfoMetricFamily("vllm:cache_config", "How the KV cache was configured.", labels=labels)
+    family.add_metric(values, {"cache_dtype": info.dtype, "block_size": str(info.block_size),
+                               "num_gpu_blocks": str(info.num_blocks),
+                               "enable_prefix_caching": str(info.enable_prefix_caching)})
+    return family
 
 
 class ServerMetrics:

@@ -25,6 +25,8 @@ Script keys (all optional):
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
   stop_after        finish with finish_reason "stop" after this many tokens (an EOS); with ignore_eos the
                     EOS is emitted there (id 2, no text) and the stream goes on, as vLLM and refengine do
+  stop_eos          with stop_after: the last of those tokens is the EOS, counted in usage but sent without
+                    text, as a real model's stop token is
   tls               [certfile, keyfile]: serve HTTPS with this certificate
   canary_fail_at    1-token requests after the first load request (canaries), by their serial, answered 500
   plain_json        answer stream: true with one JSON body (application/json), as a non-streaming server
@@ -278,7 +280,9 @@ class FakeServer:
                 self.accepted += n - 1
             positions = range(done - n, done)
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
-            eos = [req.get("ignore_eos") and p == s.get("stop_after") for p in positions]
+            eos_at = (s["stop_after"] - 1 if stopped and s.get("stop_eos")
+                      else s.get("stop_after") if req.get("ignore_eos") else None)
+            eos = [p == eos_at for p in positions]
             text = "".join("" if e else "Ω" if d else TOKEN_TEXTS[p % len(TOKEN_TEXTS)]
                            for p, d, e in zip(positions, diverged, eos))
             if max_tokens == 1 and s.get("silent_one_token"):

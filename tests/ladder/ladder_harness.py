@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+from ladder import rfc_json
+
 FAKE = Path(__file__).with_name("fake_openai.py")
 
 
@@ -13,8 +15,8 @@ def fake_cmd(script: dict, port: str = "0") -> str:
 
 
 def load_rungs(out: Path) -> list[dict]:
-    return json.loads((out / "rungs.json").read_text())
+    return rfc_json.loads((out / "rungs.json").read_text())
 
 
 def load_records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    return [rfc_json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]

@@ -33,15 +33,17 @@ def _nvml(util: tuple[int, ...], used_mib: tuple[int, ...]) -> types.ModuleType:
 def test_nvml_series_only_for_a_local_server(fake_server, ladder, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _nvml((40, 60), (1000, 3000)))
     args = ("--c", "1", "--prompts-per-rung", "1", "--warmup", "0", "--output-len", "3", "--metrics-interval", "0.1")
-    code, out, err, run = ladder("--serve-cmd", fake_cmd({}, "{port}"), *args)
+    # a request of 0.3 s: the gauges are read between its send and its end (ladder.scrape.summary)
+    code, out, err, run = ladder("--serve-cmd", fake_cmd({"gap": 0.15}, "{port}"), *args)
     assert code == 0, (out, err)
     series = load_rungs(run)[0]["server_metrics"]["series"]
     assert series["gpu_util_pct"] == {"mean": 50.0, "peak": 50.0}  # averaged over GPUs
     assert series["gpu_mem_used_mib"] == {"mean": 4000.0, "peak": 4000.0}  # summed over GPUs
-    code, out, err, run = ladder("--base-url", fake_server(), *args)
+    code, out, err, run = ladder("--base-url", fake_server(gap=0.15), *args)
     assert code == 0, (out, err)
     series = load_rungs(run)[0]["server_metrics"]["series"]
-    assert series["gpu_util_pct"] is None and series["gpu_mem_used_mib"] is None  # a remote server's GPUs are not ours
+    assert series["running"] is not None  # the server's gauges were read, ...
+    assert series["gpu_util_pct"] is None and series["gpu_mem_used_mib"] is None  # ... a remote server's GPUs are not ours
 
 
 def test_a_run_on_an_overloaded_host_says_so(fake_server, ladder, monkeypatch):

@@ -4,7 +4,8 @@ whose requests are held open for a scripted time. Counts of samples only; no wal
 import json
 import math
 
-from ladder_harness import fake_cmd, load_rungs
+import pytest
+from ladder_harness import fake_cmd, load_records, load_rungs
 
 HOLD_S = 0.5
 INTERVAL_S = 0.125  # 4 intervals per hold, exactly in binary
@@ -41,7 +42,11 @@ def test_metrics_series_has_one_sample_per_interval_and_belongs_to_its_rung(ladd
         running = [s["values"]["running"] for s in mine]
         series = summary["series"]
         assert series["running"]["peak"] == max(running) <= rung["concurrency"]
-        assert series["running"]["mean"] == sum(running) / len(running)
+        # the gauges' mean is over the requests' own window: tick 0 and the closing sample read an idle server
+        sent = [r for r in load_records(run) if r["concurrency"] == rung["concurrency"] and r["phase"] == "measured"]
+        lo, hi = min(r["t_send"] for r in sent), max(r["t_end"] for r in sent)
+        inside = [s["values"]["running"] for s in mine if lo <= s["t"] <= hi]
+        assert len(inside) < len(running) and series["running"]["mean"] == pytest.approx(sum(inside) / len(inside))
         assert series["waiting"] == {"mean": 0.0, "peak": 0.0}
         assert series["kv_usage"] is None and series["prefix_cache_hit_rate"] is None  # not exposed: n/a
     by_c = {r["concurrency"]: r["server_metrics"]["series"]["preemptions"] for r in rungs}

@@ -181,6 +181,9 @@ FAMILIES = {
     # How the engine was configured: one series of value 1, labelled with EngineInfo's fields and the build
     # (refengine.version) (the text format spells an info family as a gauge named *_info).
     "refengine:engine_info": Family("gauge", (*(f.name for f in fields(EngineInfo)), "version"), low=1.0, high=1.0),
+    # vLLM's KV cache configuration (vllm/config/cache.py's metrics_info), one series of value 1
+    "vllm:cache_config_info": Family("gauge", ("cache_dtype", "block_size", "num_gpu_blocks", "enable_prefix_caching"),
+                                     low=1.0, high=1.0),
     "refengine:request_failure": Family("counter"),
     "refengine:request_rejected": Family("counter", ("reason",)),
     "refengine:request_aborted": Family("counter", ("reason",)),
