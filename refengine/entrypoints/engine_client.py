@@ -15,6 +15,7 @@ from refengine.engine.outputs import (
     GenerationRequest,
     RequestDelta,
     RequestFailedError,
+    SpecDecodingStats,
     TokenLogprobs,
 )
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -28,6 +29,7 @@ __all__ = [
     "Message",
     "RequestDelta",
     "RequestFailedError",
+    "SpecDecodingStats",
     "SamplingParams",
     "TokenLogprobs",
     "Tokenizer",
