@@ -58,6 +58,9 @@ def rung_line(rung: RungResult) -> str:
             parts.append(f"ttft by turn {_by_turn(rung.turns)} ms")
         if rung.spec:
             parts.append(f"accept len {rung.spec.acceptance_length:.2f}")
+        if rung.spec_requests:
+            d = rung.spec_requests
+            parts.append(f"per request p10/p50/p90 {d.p10:.2f}/{d.p50:.2f}/{d.p90:.2f}")
         cache = rung.prefix_cache
         parts.append(f"cache hits {'n/a' if cache is None or cache.hit_rate is None else f'{100 * cache.hit_rate:.0f}%'}")
         if rung.num_unsent:

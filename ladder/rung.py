@@ -11,6 +11,7 @@ from ladder.arrivals import Lateness
 from ladder.audit import Audit
 from ladder.metrics import RungStats, SpecAcceptance, TurnStats
 from ladder.prefix_cache import PrefixCacheHits
+from ladder.spec_metrics import SpecDistribution
 
 MAX_ERRORS = 5  # distinct error messages kept on a VOID row
 SHUTTING_DOWN = "the server is shutting down"  # how a draining server is named, never "engine dead"
@@ -38,6 +39,8 @@ class RungOk:
     server_metrics: dict | None = None  # /metrics over the measured phase: mean and peak per series
     repeats: dict | None = None  # --repeats: n, and each metric's mean, 95% CI and CV over the repeats
     turns: dict[str, TurnStats] | None = None  # --multi-turn: the measured requests by turn index ("1", ...)
+    # Acceptance over the measured requests, from their responses (None: the server reports none per request).
+    spec_requests: SpecDistribution | None = None
 
     status = "OK"
 

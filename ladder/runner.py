@@ -16,12 +16,12 @@ import asyncio
 import hashlib
 import json
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info, gpu, host, repeats, scrape
+from ladder import arrivals, engine_info, gpu, host, repeats, scrape, spec_metrics
 from ladder.audit import AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
@@ -309,7 +309,8 @@ class Ladder:
         turns = turn_stats(measured, cfg.percentiles) if cfg.multi_turn else None
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
-                      lateness=late, prefix_cache=cache, server_metrics=server_metrics, turns=turns), records, None
+                      lateness=late, prefix_cache=cache, server_metrics=server_metrics, turns=turns,
+                      spec_requests=spec_metrics.distribution([r.spec for r in measured])), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []
@@ -348,13 +349,17 @@ class Ladder:
     async def run_repeats(self, load: int | float) -> tuple[RungResult, str | None]:
         """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
         done: list[RungOk] = []
+        specs = []  # every repeat's measured requests count once in the rung's per-request acceptance
         for repeat in range(self.config.repeats):
             rung, records, dead = await self.run_rung(load, repeat)
             self.store.append_records(records, self.epoch, self._failure)
             if not isinstance(rung, RungOk):
                 return rung, dead
             done.append(rung)
-        return (repeats.combine(done) if len(done) > 1 else done[0]), None
+            specs += [r.spec for r in records if r.phase == "measured"]
+        if len(done) == 1:
+            return done[0], None
+        return replace(repeats.combine(done), spec_requests=spec_metrics.distribution(specs)), None
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by

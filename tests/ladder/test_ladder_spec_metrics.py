@@ -1,0 +1,51 @@
+"""Per-request speculative metrics, end to end: `ladder run` against a real `refengine serve` (tiny-qwen3,
+ngram drafting, repetitive prompts so that drafts are accepted) reads each request's drafts from its usage,
+and each rung's acceptance over its requests has the /metrics figure for the same window as its weighted
+mean. Against a server that reports no per-request figures the rung keeps its /metrics deltas alone."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from ladder_harness import load_records, load_rungs
+
+REFENGINE = Path(sys.executable).parent / "refengine"
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
+PROMPTS = ["one two three one two three one two three", "the cat sat the cat sat the cat sat",
+           "1 2 3 4 1 2 3 4 1 2 3 4", "red blue red blue red blue red blue"]
+
+
+def test_per_request_acceptance_has_metrics_figure_as_its_weighted_mean(tmp_path, ladder):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "output_len": 16 + 4 * i}) + "\n" for i, p in enumerate(PROMPTS)))
+    cmd = f"{REFENGINE} serve --model tiny-qwen3 --port {{port}} --max-num-seqs 4 --speculative-config '{NGRAM}'"
+    code, out, err, run = ladder("--serve-cmd", cmd, "--dataset", f"jsonl:{data}", "--ignore-eos", "--c", "1,2",
+                                 "--prompts-per-rung", "4", "--warmup", "0", "--seed", "3")
+    assert code == 0, (out, err)
+    rungs = load_rungs(run)
+    assert [r["status"] for r in rungs] == ["OK", "OK"]
+    measured = [r for r in load_records(run) if r["phase"] == "measured"]
+    assert len(measured) == 8 and all(r["spec"] and r["spec"]["num_spec_steps"] > 0 for r in measured)
+    for rung in rungs:
+        dist, metrics = rung["spec_requests"], rung["spec"]
+        assert dist["num_requests"] == 4 and sum(dist["histogram"]["counts"]) == 4
+        # the same window from both sides: the requests' usage, and /metrics' counter deltas
+        assert math.isclose(dist["weighted_acceptance_length"], metrics["acceptance_length"]), (dist, metrics)
+        assert math.isclose(dist["acceptance_rate"], metrics["acceptance_rate"])
+        assert dist["p10"] <= dist["p50"] <= dist["p90"]
+        mine = [r for r in measured if r["concurrency"] == rung["concurrency"]]
+        lengths = sorted(1 + r["spec"]["num_accepted_tokens"] / r["spec"]["num_spec_steps"] for r in mine)
+        assert lengths[0] <= dist["p10"] and dist["p90"] <= lengths[-1]
+        assert 1 < dist["weighted_acceptance_length"] <= 4  # drafts were accepted: else this proves nothing
+    assert "per request p10/p50/p90" in out
+
+
+def test_a_server_without_per_request_figures_keeps_the_metrics_deltas(fake_server, ladder):
+    url = fake_server(spec_k=3, tokens_per_chunk=2)
+    code, out, err, run = ladder("--base-url", url, "--input-len", "64", "--output-len", "8", "--c", "1",
+                                 "--prompts-per-rung", "2", "--warmup", "0")
+    assert code == 0, (out, err)
+    (rung,) = load_rungs(run)
+    assert rung["spec"]["acceptance_length"] > 1 and rung["spec_requests"] is None
+    assert all(r["spec"] is None for r in load_records(run))
