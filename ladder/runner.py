@@ -352,7 +352,10 @@ class Ladder:
         """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
         done: list[RungOk] = []
         specs = []  # every repeat's measured requests count once in the rung's per-request acceptance
+        resets = []  # the prefix cache before each repeat: every repeat starts as cold as it can
         for repeat in range(self.config.repeats):
+            if self.config.repeats > 1:
+                resets.append(await self.ep.reset_prefix_cache())
             rung, records, dead = await self.run_rung(load, repeat)
             self.store.append_records(records, self.epoch, self._failure)
             if not isinstance(rung, RungOk):
@@ -361,7 +364,9 @@ class Ladder:
             specs += [r.spec for r in records if r.phase == "measured"]
         if len(done) == 1:
             return done[0], None
-        return replace(repeats.combine(done), spec_requests=spec_metrics.distribution(specs)), None
+        combined = repeats.combine(done)
+        return replace(combined, spec_requests=spec_metrics.distribution(specs),
+                       repeats={**combined.repeats, "prefix_cache_reset": resets}), None
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
         """--input-len asks for the server's prompt_tokens: say so when a rung's realised mean is off by
