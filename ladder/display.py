@@ -79,6 +79,8 @@ def rung_line(rung: RungResult) -> str:
             parts.append(f"{rung.repeats['n']} repeats: out {out.get('mean', 0):.1f}{spread} tok/s (95% CI{cv})")
         notes = {rung.audit.flag: f"({rung.audit.criterion})",
                  "BELOW_C": f"(peak {rung.peak_in_flight} in flight < c={rung.concurrency})"}
+        if rung.delivered_load is not None:
+            notes["LOAD_MISS"] = f"({rung.delivered_load.missed})"
         if rung.lateness is not None:
             notes["LATE"] = (f"({rung.lateness.num_late} of {st.num_requests} sent late, "
                              f"max {rung.lateness.max_ms:.0f} ms)")

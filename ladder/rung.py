@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from ladder.arrivals import Lateness
 from ladder.audit import Audit
 from ladder.content_types import ContentStats
+from ladder.load_check import DeliveredLoad
 from ladder.metrics import RungStats, SpecAcceptance, TurnStats
 from ladder.prefix_cache import PrefixCacheHits
 from ladder.spec_metrics import SpecDistribution
@@ -43,6 +44,7 @@ class RungOk:
     # Acceptance over the measured requests, from their responses (None: the server reports none per request).
     spec_requests: SpecDistribution | None = None
     by_content: dict[str, ContentStats] | None = None  # --dataset mix: TPOT and acceptance per content type
+    delivered_load: DeliveredLoad | None = None  # the load the rung delivered (ladder.load_check)
 
     status = "OK"
 
@@ -53,6 +55,8 @@ class RungOk:
             out.append("BELOW_C")  # the rung never had c requests in flight: it did not measure c
         if self.lateness is not None and self.lateness.num_late:
             out.append("LATE")  # the client fell behind the arrival schedule
+        if self.delivered_load is not None and self.delivered_load.flag:
+            out.append(self.delivered_load.flag)  # the load it delivered misses its configuration
         return tuple(out)
 
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, content_types, engine_info, gpu, host, repeats, scrape, spec_metrics
+from ladder import arrivals, content_types, engine_info, gpu, host, load_check, repeats, scrape, spec_metrics
 from ladder.audit import AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
 from ladder.config import DEFAULT_INPUT_LEN, EXIT_ENGINE_DEAD, EXIT_OK, EXIT_VOID, RunConfig, SetupError
@@ -308,11 +308,15 @@ class Ladder:
         late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
                 if cfg.open_loop else None)
         turns = turn_stats(measured, cfg.percentiles) if cfg.multi_turn else None
+        sends = [r.t_send for r in measured]
+        delivered = (load_check.open_loop(load, cfg.burstiness, sends) if cfg.open_loop
+                     else load_check.closed_loop(c, sends, [r.t_end for r in measured]))
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
                       lateness=late, prefix_cache=cache, server_metrics=server_metrics, turns=turns,
                       spec_requests=spec_metrics.distribution([r.spec for r in measured]),
-                      by_content=content_types.by_content(measured, cfg.percentiles)), records, None
+                      by_content=content_types.by_content(measured, cfg.percentiles),
+                      delivered_load=delivered), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []
