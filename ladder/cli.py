@@ -314,13 +314,23 @@ def _trace_load(kw: dict, path: Path, prompts_per_rung: int | None, prompts_per_
     return len(replay.requests)
 
 
-def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, **kw) -> int:
+def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, pareto: str | None, **kw) -> int:
     from ladder.display import Display
     from ladder.runner import run_ladder
     from ladder.sweep import SweepSpec, check
 
     if kw["dataset"].partition(":")[0] == "trace":
         raise click.UsageError("ladder sweep searches for a load; a trace replays its own: use ladder run")
+    if pareto is not None:
+        from ladder import pareto as front
+
+        if max_rate is not None or max_c is None:
+            raise click.UsageError("--pareto sweeps c = 1, 2, 4 .. --max-c: give --max-c (not --max-rate)")
+        if kw["input_len"] is not None or kw["output_len"] is not None:
+            raise click.UsageError("--pareto sets each ladder's --input-len and --output-len from its ISL:OSL pairs")
+        pairs = front.parse_pairs(pareto)
+        config, explain = _run_config(concurrencies=front.doubling(max_c), request_rates=None, **kw)
+        return front.run_pareto(config, pairs, Display(explain=explain, percentiles=config.percentiles))
     spec = SweepSpec(max_c, max_rate, slo_attainment)
     kw["request_rates"] = (1.0,) if spec.open_loop else None  # the search sets each point's load
     config, explain = _run_config(concurrencies=None if spec.open_loop else (1,), **kw)
@@ -340,6 +350,10 @@ sweep = click.Command(
                      help="Open loop: the highest request rate (req/s) tried."),
         click.Option(["--slo-attainment"], type=click.FloatRange(0, 1, min_open=True), default=0.9,
                      show_default=True, help="The share of a point's requests that must meet every SLO."),
+        click.Option(["--pareto"], metavar="ISL:OSL,...",
+                     help="Instead of a search: a ladder per input:output length pair at c = 1, 2, 4 .. --max-c "
+                          "(with --repeats), then the Pareto front of output tok/s per user against output tok/s "
+                          "(per GPU where known): OUT/pareto.png, pareto.csv and pareto.md."),
     ])
 cli.add_command(sweep)
 
