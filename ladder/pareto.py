@@ -15,7 +15,7 @@ from pathlib import Path
 from ladder.config import RunConfig, SetupError
 from ladder.display import Display
 from ladder.plots import DPI, MARKERS, _pyplot
-from ladder.runner import run_ladder, default_out_dir
+from ladder.runner import default_out_dir, run_ladder
 from ladder.runs import load_run
 
 

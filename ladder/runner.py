@@ -371,6 +371,9 @@ class Ladder:
         combined = repeats.combine(done)
         return replace(combined, spec_requests=spec_metrics.distribution([r.spec for r in measured]),
                        by_content=content_types.by_content(measured, self.config.percentiles),
+                       # a repeat that missed its load flags the rung, as a VOID repeat voids it
+                       delivered_load=next((r.delivered_load for r in done if r.delivered_load and r.delivered_load.flag),
+                                           combined.delivered_load),
                        repeats={**combined.repeats, "prefix_cache_reset": resets}), None
 
     def _input_len_warning(self, rung: RungResult) -> str | None:

@@ -11,9 +11,9 @@ differ by more than LOAD_MOVED, the table says the load moved between arms, nami
 
 import argparse
 import statistics
-from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ladder.runs import Run, RungRow, load_runs
 

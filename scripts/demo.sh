@@ -19,6 +19,8 @@
 # each) and every speed-up the report prints carries the interval of its arms' repeats (python -m ladder.speedup),
 # with a line when the load moved between arms. The mix (chat from ShareGPT, code from HumanEval, math from CHAMP)
 # gives each arm's TPOT and acceptance per content type; DEMO_DATASET=sharegpt runs chat alone.
+# DEMO_PARETO=ISL:OSL,... (the default of `make demo-report`: 64:32,128:64) adds `ladder sweep --pareto` of spec off
+# at c = 1 .. DEMO_PARETO_MAX_C (4), whose front the report links.
 #
 # Overrides for a shortened smoke run: DEMO_ARMS="refengine-off refengine-ngram" (a subset of the labels),
 # DEMO_C=1 (the rungs), DEMO_PROMPTS=4 (prompts per c), DEMO_OUTPUT_LEN=N (N tokens each with ignore_eos), and
@@ -43,6 +45,7 @@ K=${DEMO_K:-3}
 SEQS=${DEMO_MAX_NUM_SEQS:-4}
 DATASET=${DEMO_DATASET:-mix}
 REPEATS=${DEMO_REPEATS:-3}
+PARETO=${DEMO_PARETO-$( [ "$TARGET" = demo-report ] && echo 64:32,128:64 )}
 MAX_INPUT_LEN=${DEMO_MAX_INPUT_LEN:-128}
 MAX_MODEL_LEN=${DEMO_MAX_MODEL_LEN:-384}
 # DEMO_OUTPUT_LEN=dataset (the default): each request asks for its ShareGPT reply's length and may stop at EOS;
@@ -144,6 +147,23 @@ OTHERS=()
 for dir in "${DIRS[@]}"; do [ "$dir" = "$BASE" ] || OTHERS+=("$dir"); done
 if [[ " $ARMS " == *" refengine-off "* ]] && [ ${#OTHERS[@]} -gt 0 ]; then
     NOTES+=(--note "$($PY -m ladder.speedup "$BASE" "${OTHERS[@]}")")
+fi
+
+if [ -n "$PARETO" ]; then
+    echo "== pareto $PARETO"
+    "$LADDER" sweep --pareto "$PARETO" --max-c "${DEMO_PARETO_MAX_C:-4}" --out "$RUNS/pareto" --seed 0 \
+        --prompts-per-concurrency 5 --tokenizer "$RUNS" \
+        --temperature 0 --ignore-eos --repeats "$REPEATS" --label refengine-off --serve-cmd "${SERVE[refengine-off]}" \
+        || { echo "== pareto: ladder exit code $?"; status=1; }
+    if [ -f "$RUNS/pareto/pareto.png" ]; then
+        mkdir -p "$PLOTS" && cp "$RUNS/pareto/pareto.png" "$PLOTS/pareto.png"
+        LINK=$($PY -c "import os, sys; print(os.path.relpath(sys.argv[1], os.path.dirname(os.path.abspath(sys.argv[2]))))" \
+            "$(realpath "$PLOTS")/pareto.png" "$REPORT")
+        NOTES+=(--note "Pareto sweep of spec off (\`ladder sweep --pareto $PARETO\`, random prompts, c = 1 .. \
+${DEMO_PARETO_MAX_C:-4}, $REPEATS repeats): output tok/s per user against output tok/s in total (no GPU). \
+![Pareto front]($LINK)
+$(cat "$RUNS/pareto/pareto.md" | tail -n +3)")
+    fi
 fi
 
 "$LADDER" compare "${DIRS[@]}" --out "$REPORT" --plots "$PLOTS" \
