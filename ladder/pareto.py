@@ -96,7 +96,7 @@ def _plot(path: Path, pts: Sequence[Point], on: set[Point], y: str) -> None:
             ax.annotate(f"c={p.concurrency}", (p.per_user_tok_s, p.output_tok_s), fontsize=7)
     best = sorted(on, key=lambda p: p.per_user_tok_s)
     ax.plot([p.per_user_tok_s for p in best], [p.output_tok_s for p in best], color="black", linewidth=1.5,
-            label="Pareto front")
+            marker="o", markersize=11, markerfacecolor="none", label="Pareto front")
     ax.set_xlabel("output tok/s per user (median of 1 / TPOT)")
     ax.set_ylabel(y)
     ax.grid(True, alpha=0.3)

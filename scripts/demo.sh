@@ -162,7 +162,8 @@ if [ -n "$PARETO" ]; then
         NOTES+=(--note "Pareto sweep of spec off (\`ladder sweep --pareto $PARETO\`, random prompts, c = 1 .. \
 ${DEMO_PARETO_MAX_C:-4}, $REPEATS repeats): output tok/s per user against output tok/s in total (no GPU). \
 ![Pareto front]($LINK)
-$(cat "$RUNS/pareto/pareto.md" | tail -n +3)")
+
+$(tail -n +3 "$RUNS/pareto/pareto.md")")
     fi
 fi
 
