@@ -69,3 +69,33 @@ def test_a_server_without_per_request_figures_keeps_the_metrics_deltas(fake_serv
     (rung,) = load_rungs(run)
     assert rung["spec"]["acceptance_length"] > 1 and rung["spec_requests"] is None
     assert all(r["spec"] is None for r in load_records(run))
+
+
+def test_per_request_figures_and_content_types_from_a_scripted_server(tmp_path, fake_server, ladder):
+    """The same reading against the scripted server, whose every chunk is one verify of 3 drafts carrying 2
+    tokens (the last chunk 1 when the length is odd): requests of 8 and 5 tokens accept 4 of 4 steps and 2 of
+    3, so the step-weighted mean (the /metrics figure) and the mean over requests differ, and each content
+    type has its own."""
+    data = tmp_path / "typed.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{kind} prompt number {i} " * 12, "output_len": n,
+                                        "content_type": kind}) + "\n"
+                            for i, (kind, n) in enumerate([("chat", 8), ("math", 5), ("code", 5), ("chat", 8)])))
+    url = fake_server(spec_k=3, tokens_per_chunk=2, spec_usage=True)
+    code, out, err, run = ladder("--base-url", url, "--dataset", f"jsonl:{data}", "--ignore-eos", "--c", "2",
+                                 "--prompts-per-rung", "8", "--warmup", "0", "--seed", "1")
+    assert code == 0, (out, err)
+    (rung,) = load_rungs(run)
+    measured = load_records(run)
+    dist, metrics = rung["spec_requests"], rung["spec"]
+    assert all(r["spec"] for r in measured) and dist["num_requests"] == len(measured) == 8
+    assert math.isclose(dist["weighted_acceptance_length"], metrics["acceptance_length"])
+    lengths = [1 + r["spec"]["num_accepted_tokens"] / r["spec"]["num_spec_steps"] for r in measured]
+    assert not math.isclose(dist["weighted_acceptance_length"], sum(lengths) / len(lengths))
+    assert math.isclose(dist["mean_of_requests"], sum(lengths) / len(lengths))
+    by_type = rung["by_content"]
+    for kind, stats in by_type.items():
+        own = [r for r in measured if r["content_type"] == kind]
+        assert stats["num_requests"] == len(own) == stats["spec"]["num_requests"] > 0
+        want = 2.0 if kind == "chat" else 1 + 2 / 3  # 8 tokens: 4 steps, 4 accepted; 5 tokens: 3 steps, 2
+        assert math.isclose(stats["spec"]["weighted_acceptance_length"], want), (kind, stats)
+    assert set(by_type) == {r["content_type"] for r in measured} and len(by_type) >= 2
