@@ -16,7 +16,8 @@
 # reports/demo.md and its plots in reports/demo/. A VOID rung does not stop the demo: the report shows it.
 # The self-draft arm (draft_model, first 8 layers) was dropped to keep the demo within 15 minutes on 2 cores.
 # Arms run one after another, so each rung runs DEMO_REPEATS times (3; the server's prefix cache reset before
-# each) and every speed-up the report prints carries the interval of its arms' repeats (python -m ladder.speedup),
+# each; with 5·c prompts instead of 4·c, about 3.75x the ladders' time of a single run: DEMO_REPEATS=1 for a quick
+# look) and every speed-up the report prints carries the interval of its arms' repeats (python -m ladder.speedup),
 # with a line when the load moved between arms. The mix (chat from ShareGPT, code from HumanEval, math from CHAMP)
 # gives each arm's TPOT and acceptance per content type; DEMO_DATASET=sharegpt runs chat alone.
 # DEMO_PARETO=ISL:OSL,... (the default of `make demo-report`: 64:32,128:64) adds `ladder sweep --pareto` of spec off
