@@ -63,3 +63,15 @@ def test_pareto_pairs_are_checked(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["sweep", "--base-url", "http://127.0.0.1:9", "--pareto", "32x4", "--max-c", "2"])
     assert exc.value.code != 0 and "expected ISL:OSL pairs" in capsys.readouterr().err
+
+
+def test_the_front_is_exactly_the_undominated_points():
+    from ladder.pareto import Point, front
+
+    def p(c, user, total):
+        return Point("64x32", c, user, total, 0)
+
+    a, b, c, d, e = p(1, 50.0, 50.0), p(2, 40.0, 80.0), p(4, 30.0, 70.0), p(8, 20.0, 120.0), p(16, 40.0, 80.0)
+    # c dominated by b (lower on both); b and e tie, and neither dominates the other
+    assert front([a, b, c, d, e]) == {a, b, d, e}
+    assert front([a]) == {a}
