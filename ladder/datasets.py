@@ -20,7 +20,7 @@ from pathlib import Path
 from ladder.config import SetupError
 from refengine.sharegpt_file import ShareGPTFileError, iter_json_array, packaged_sharegpt
 
-DATASET_KINDS = ("random", "sharegpt", "jsonl", "trace")
+DATASET_KINDS = ("random", "sharegpt", "jsonl", "trace", "mix")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class DatasetRequest:
     messages: tuple[tuple[str, str], ...]  # (role, content); a plain prompt is one user message
     output_len: int | None  # from the data (jsonl `output_len`, or a tokenized ShareGPT reply); None: unknown
     reply: str | None = None  # ShareGPT's first reply, tokenized for output_len only when a tokenizer is given
+    content_type: str | None = None  # chat, code, math (--dataset mix, or a JSONL record's "content_type")
 
     @property
     def text(self) -> str:
@@ -46,12 +47,12 @@ class Dataset:
 
 
 def parse_spec(spec: str) -> tuple[str, Path | None]:
-    """`random`, `sharegpt`, `sharegpt:PATH`, `jsonl:PATH` or `trace:PATH` -> (kind, path)."""
+    """`random`, `mix`, `sharegpt`, `sharegpt:PATH`, `jsonl:PATH` or `trace:PATH` -> (kind, path)."""
     kind, _, path = spec.partition(":")
     if kind not in DATASET_KINDS:
-        raise SetupError(f"--dataset {spec!r}: expected random, sharegpt[:PATH], jsonl:PATH or trace:PATH")
-    if kind == "random" and path:
-        raise SetupError("--dataset random takes no path")
+        raise SetupError(f"--dataset {spec!r}: expected random, mix, sharegpt[:PATH], jsonl:PATH or trace:PATH")
+    if kind in ("random", "mix") and path:
+        raise SetupError(f"--dataset {kind} takes no path")
     if kind in ("jsonl", "trace") and not path:
         raise SetupError(f"--dataset {kind} needs a path: {kind}:PATH")
     return kind, Path(path) if path else None
@@ -104,16 +105,19 @@ def _jsonl_request(obj: object, where: str) -> DatasetRequest:
     out = obj.get("output_len")
     if out is not None and (not isinstance(out, int) or out < 1):
         raise SetupError(f"{where}: output_len must be a positive integer, got {out!r}")
+    kind = obj.get("content_type")
+    if kind is not None and (not isinstance(kind, str) or not kind):
+        raise SetupError(f"{where}: content_type must be a non-empty string, got {kind!r}")
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise SetupError(f"{where}: prompt must be a non-empty string")
-        return DatasetRequest((("user", obj["prompt"]),), out)
+        return DatasetRequest((("user", obj["prompt"]),), out, content_type=kind)
     msgs = obj["messages"]
     if not isinstance(msgs, list) or not msgs or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in msgs):
         raise SetupError(f"{where}: messages must be a non-empty list of {{role, content}} strings")
-    return DatasetRequest(tuple((m["role"], m["content"]) for m in msgs), out)
+    return DatasetRequest(tuple((m["role"], m["content"]) for m in msgs), out, content_type=kind)
 
 
 def jsonl_records(path: Path, kind: str) -> Iterator[tuple[object, str]]:
@@ -171,7 +175,7 @@ def _selected(req: DatasetRequest, kind: str, count_tokens: Callable[[str], int]
     # vLLM's ShareGPT sampler drops prompt + reply > 2048 too: a server refuses a request past its context.
     if max_total_len is not None and num_input + n > max_total_len:
         return None
-    return DatasetRequest(req.messages, n, req.reply)
+    return DatasetRequest(req.messages, n, req.reply, req.content_type)
 
 
 def select(dataset: Dataset, count_tokens: Callable[[str], int] | None, output_len: int | None,

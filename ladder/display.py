@@ -58,6 +58,13 @@ def rung_line(rung: RungResult) -> str:
             parts.append(f"ttft by turn {_by_turn(rung.turns)} ms")
         if rung.spec:
             parts.append(f"accept len {rung.spec.acceptance_length:.2f}")
+        if rung.spec_requests:
+            d = rung.spec_requests
+            parts.append(f"per request p10/p50/p90 {d.p10:.2f}/{d.p50:.2f}/{d.p90:.2f}")
+        for kind, stats in (rung.by_content or {}).items():
+            tpot = f"{stats.tpot_ms.mean:.1f} ms" if stats.tpot_ms else "-"
+            accept = f", accept len {stats.spec.weighted_acceptance_length:.2f}" if stats.spec else ""
+            parts.append(f"{kind}: tpot {tpot}{accept} ({stats.num_requests} req)")
         cache = rung.prefix_cache
         parts.append(f"cache hits {'n/a' if cache is None or cache.hit_rate is None else f'{100 * cache.hit_rate:.0f}%'}")
         if rung.num_unsent:
@@ -72,6 +79,8 @@ def rung_line(rung: RungResult) -> str:
             parts.append(f"{rung.repeats['n']} repeats: out {out.get('mean', 0):.1f}{spread} tok/s (95% CI{cv})")
         notes = {rung.audit.flag: f"({rung.audit.criterion})",
                  "BELOW_C": f"(peak {rung.peak_in_flight} in flight < c={rung.concurrency})"}
+        if rung.delivered_load is not None:
+            notes["LOAD_MISS"] = f"({rung.delivered_load.missed})"
         if rung.lateness is not None:
             notes["LATE"] = (f"({rung.lateness.num_late} of {st.num_requests} sent late, "
                              f"max {rung.lateness.max_ms:.0f} ms)")

@@ -131,6 +131,18 @@ class Endpoint:
         except (aiohttp.ClientError, TimeoutError):
             return ""
 
+    async def reset_prefix_cache(self) -> str:
+        """vLLM's POST /reset_prefix_cache, so that a repeat starts as cold as the first run: "reset", "refused"
+        (the server answered, but not 200: busy, say) or "not offered" (no such route, or no answer)."""
+        try:
+            async with self.session.post(self.base_url + "/reset_prefix_cache",
+                                         timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                if resp.status in (404, 405):
+                    return "not offered"
+                return "reset" if resp.status == 200 else "refused"
+        except (aiohttp.ClientError, TimeoutError):
+            return "not offered"
+
     async def optional_json(self, path: str) -> dict:
         """The JSON object at GET path, or {} when the server does not serve one (llama.cpp's /props)."""
         try:

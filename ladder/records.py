@@ -5,6 +5,8 @@ All times are `time.perf_counter()` seconds. Metrics are computed from these rec
 
 from dataclasses import dataclass, field
 
+from ladder.spec_metrics import RequestSpec
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -35,6 +37,8 @@ class RequestRecord:
     streamed: bool = True  # False: --no-stream, one JSON answer; its one "chunk" is the answer's arrival
     session: int | None = None  # --multi-turn: the session within its phase (0-based); None for a single request
     turn: int | None = None  # --multi-turn: the turn within its session (1-based)
+    spec: RequestSpec | None = None  # its drafts, where the server reports them per request (spec_metrics.py)
+    content_type: str | None = None  # chat, code, math (ladder.content_types); None for a single-type dataset
 
 
 def failure(rec: RequestRecord, output_len: int, ignore_eos: bool, allow_chunk_count: bool) -> str | None:

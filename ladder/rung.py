@@ -9,8 +9,11 @@ from dataclasses import asdict, dataclass
 
 from ladder.arrivals import Lateness
 from ladder.audit import Audit
+from ladder.content_types import ContentStats
+from ladder.load_check import DeliveredLoad
 from ladder.metrics import RungStats, SpecAcceptance, TurnStats
 from ladder.prefix_cache import PrefixCacheHits
+from ladder.spec_metrics import SpecDistribution
 
 MAX_ERRORS = 5  # distinct error messages kept on a VOID row
 SHUTTING_DOWN = "the server is shutting down"  # how a draining server is named, never "engine dead"
@@ -39,6 +42,10 @@ class RungOk:
     repeats: dict | None = None  # --repeats: n, and each metric's mean, 95% CI and CV over the repeats
     turns: dict[str, TurnStats] | None = None  # --multi-turn: the measured requests by turn index ("1", ...)
     partial: bool = False  # SIGINT or SIGTERM cut the rung short: its numbers are the finished requests'
+    # Acceptance over the measured requests, from their responses (None: the server reports none per request).
+    spec_requests: SpecDistribution | None = None
+    by_content: dict[str, ContentStats] | None = None  # --dataset mix: TPOT and acceptance per content type
+    delivered_load: DeliveredLoad | None = None  # the load the rung delivered (ladder.load_check)
 
     status = "OK"
 
@@ -51,6 +58,8 @@ class RungOk:
             out.append("LATE")  # the client fell behind the arrival schedule
         if self.partial:
             out.append("PARTIAL")  # interrupted: fewer requests than the rung was to measure
+        if self.delivered_load is not None and self.delivered_load.flag:
+            out.append(self.delivered_load.flag)  # the load it delivered misses its configuration
         return tuple(out)
 
 

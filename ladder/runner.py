@@ -21,12 +21,23 @@ import hashlib
 import json
 import math
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter, time
 
-from ladder import arrivals, engine_info, gpu, host, repeats, rfc_json, scrape
+from ladder import (
+    arrivals,
+    content_types,
+    engine_info,
+    gpu,
+    host,
+    load_check,
+    repeats,
+    rfc_json,
+    scrape,
+    spec_metrics,
+)
 from ladder.audit import Audit, AuditProbe
 from ladder.client import Progress, run_open_loop, run_phase, run_sessions
 from ladder.config import (
@@ -230,7 +241,8 @@ class Ladder:
         open_measured = cfg.open_loop and phase == "measured"
         cap = cfg.max_concurrency if open_measured else cfg.concurrency_of(load)
         return RequestRecord(cap, phase, index, max_tokens=req.max_tokens, request_rate=load if cfg.open_loop else None,
-                             repeat=repeat, streamed=cfg.stream, session=req.session, turn=req.turn)
+                             repeat=repeat, streamed=cfg.stream, session=req.session, turn=req.turn,
+                             content_type=req.content_type)
 
     def _launch(self, load: int | float, phase: str, requests: list[Request], bodies: list[bytes],
                 records: list[RequestRecord], progress: Progress, on_done) -> asyncio.Task:
@@ -337,9 +349,15 @@ class Ladder:
         late = (arrivals.lateness([r.t_due for r in measured], [r.t_send for r in measured])
                 if cfg.open_loop and math.isfinite(load) else None)
         turns = turn_stats(measured, cfg.percentiles) if cfg.multi_turn else None
+        sends = [r.t_send for r in measured]
+        delivered = (load_check.open_loop(load, cfg.burstiness, sends) if cfg.open_loop
+                     else load_check.closed_loop(c, sends, [r.t_end for r in measured]))
         return RungOk(c, len(records), work.prompt_hash, stats, audit, spec, request_rate=rate,
                       num_measured=len(measured), num_unsent=num_unsent, peak_in_flight=progress.peak_in_flight,
-                      lateness=late, prefix_cache=cache, server_metrics=server_metrics, turns=turns), records, None
+                      lateness=late, prefix_cache=cache, server_metrics=server_metrics, turns=turns,
+                      spec_requests=spec_metrics.distribution([r.spec for r in measured]),
+                      by_content=content_types.by_content(measured, cfg.percentiles),
+                      delivered_load=delivered), records, None
 
     async def run(self) -> tuple[list[RungResult], str | None]:
         rungs: list[RungResult] = []
@@ -408,7 +426,11 @@ class Ladder:
     async def run_repeats(self, load: int | float) -> tuple[RungResult, str | None]:
         """The rung run --repeats times; the first VOID repeat voids it, and no further repeat runs."""
         done: list[RungOk] = []
+        measured = []  # every repeat's measured requests count once per request and per content type
+        resets = []  # the prefix cache before each repeat: every repeat starts as cold as it can
         for repeat in range(self.config.repeats):
+            if self.config.repeats > 1:
+                resets.append(await self.ep.reset_prefix_cache())
             self.in_flight, self.probe = [], None
             rung, records, dead = await self.run_rung(load, repeat)
             self.in_flight = []  # written next, with no await between: an interrupt cannot write them twice
@@ -419,7 +441,16 @@ class Ladder:
             if not isinstance(rung, RungOk):
                 return rung, dead
             done.append(rung)
-        return (repeats.combine(done) if len(done) > 1 else done[0]), None
+            measured += [r for r in records if r.phase == "measured" and self._failure(r) is None]
+        if len(done) == 1:
+            return done[0], None
+        combined = repeats.combine(done)
+        return replace(combined, spec_requests=spec_metrics.distribution([r.spec for r in measured]),
+                       by_content=content_types.by_content(measured, self.config.percentiles),
+                       # a repeat that missed its load flags the rung, as a VOID repeat voids it
+                       delivered_load=next((r.delivered_load for r in done if r.delivered_load and r.delivered_load.flag),
+                                           combined.delivered_load),
+                       repeats={**combined.repeats, "prefix_cache_reset": resets}), None
 
     def _trace_len_warning(self, rung: RungOk, records: list[RequestRecord]) -> str | None:
         """A trace sized by probing (no --tokenizer) meets its lengths on average, not request by request

@@ -34,6 +34,8 @@ class RungRow:
     server_metrics: dict | None = None
     repeats: dict | None = None
     turns: dict | None = None  # --multi-turn: TTFT and lengths by turn index ("1", "2", ...)
+    spec_requests: dict | None = None  # acceptance over the requests (spec_metrics.SpecDistribution)
+    by_content: dict | None = None  # --dataset mix: content type -> content_types.ContentStats
 
     @property
     def load(self) -> float:
@@ -48,7 +50,8 @@ class RungRow:
                    audit=row.get("audit"), spec=row.get("spec"), peak_in_flight=row.get("peak_in_flight"),
                    lateness=row.get("lateness"), prefix_cache=row.get("prefix_cache"),
                    num_measured=row.get("num_measured"), server_metrics=row.get("server_metrics"),
-                   repeats=row.get("repeats"), turns=row.get("turns"))
+                   repeats=row.get("repeats"), turns=row.get("turns"), spec_requests=row.get("spec_requests"),
+                   by_content=row.get("by_content"))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import random
 import secrets
 from dataclasses import asdict, dataclass, replace
 
-from ladder import datasets, engine_info, prompts, shared_prefix, trace
+from ladder import content_types, datasets, engine_info, prompts, shared_prefix, trace
 from ladder.client import Messages, request_body
 from ladder.config import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, RunConfig, SetupError
 from ladder.endpoint import Endpoint
@@ -54,6 +54,7 @@ class Request:
     turn: int | None = None  # --multi-turn: the turn within its session (1-based)
     reply: str | None = None  # --multi-turn-reply dataset: the reply the history carries after this turn
     input_len: int | None = None  # a trace: the prompt tokens its line asks for (input_length)
+    content_type: str | None = None  # chat, code, math: where its prompt came from (ladder.content_types)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,8 @@ async def prepare(config: RunConfig, ep: Endpoint) -> Workload:
         dataset_info = {"kind": kind, "source": replay.source, "num_records": len(replay.requests),
                         "num_usable": len(replay.requests)}
     elif kind != "random":
-        data = datasets.load(kind, path, config.multi_turn)
+        data = (content_types.load_mix(config.multi_turn) if kind == "mix"
+                else datasets.load(kind, path, config.multi_turn))
         tok = prompts.load_tokenizer(config.tokenizer) if config.tokenizer is not None else None
         count = (lambda text: len(tok.encode(text, add_special_tokens=False).ids)) if tok else None
         pool = datasets.select(data, count, config.output_len, config.max_input_len, config.max_total_len)
@@ -340,7 +342,7 @@ def _dataset_requests(config: RunConfig, hand: list) -> list[Request]:
     """A hand of dataset records as requests; with --multi-turn each record is a session, its turns in order,
     each with the dataset's reply when --multi-turn-reply dataset asks for it."""
     if not config.multi_turn:
-        return [Request(r.messages, r.output_len) for r in hand]
+        return [Request(r.messages, r.output_len, content_type=r.content_type) for r in hand]
     dataset_reply = config.multi_turn_reply == "dataset"
     return [Request(q.messages, q.output_len, session=s, turn=t + 1, reply=q.reply if dataset_reply else None)
             for s, session in enumerate(hand) for t, q in enumerate(session)]

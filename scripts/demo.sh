@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make demo`: the embedded SmolLM2 GGUF laddered on real text (ShareGPT) on four engine configurations,
-# then `ladder compare`.
+# `make demo`: the embedded SmolLM2 GGUF laddered on real text (chat, code and math: --dataset mix) on four engine
+# configurations, then `ladder compare`.
 #
 #   refengine, spec off | refengine, ngram (k=3) | refengine, eagle3 (the best trained head, async, k=3) | llama.cpp, spec off
 #
@@ -16,6 +16,13 @@
 # (gitignored), so a first `make demo` leaves the tree clean; `make demo-report` regenerates the committed
 # reports/demo.md and its plots in reports/demo/. A VOID rung does not stop the demo: the report shows it.
 # The self-draft arm (draft_model, first 8 layers) was dropped to keep the demo within 15 minutes on 2 cores.
+# Arms run one after another, so each rung runs DEMO_REPEATS times (3; the server's prefix cache reset before
+# each; with 5·c prompts instead of 4·c, about 3.75x the ladders' time of a single run: DEMO_REPEATS=1 for a quick
+# look) and every speed-up the report prints carries the interval of its arms' repeats (python -m ladder.speedup),
+# with a line when the load moved between arms. The mix (chat from ShareGPT, code from HumanEval, math from CHAMP)
+# gives each arm's TPOT and acceptance per content type; DEMO_DATASET=sharegpt runs chat alone.
+# DEMO_PARETO=ISL:OSL,... (the default of `make demo-report`: 64:32,128:64) adds `ladder sweep --pareto` of spec off
+# at c = 1 .. DEMO_PARETO_MAX_C (4), whose front the report links.
 #
 # Overrides for a shortened smoke run: DEMO_ARMS="refengine-off refengine-ngram" (a subset of the labels),
 # DEMO_C=1 (the rungs), DEMO_PROMPTS=4 (prompts per c), DEMO_OUTPUT_LEN=N (N tokens each with ignore_eos), and
@@ -38,7 +45,9 @@ THREADS=1
 DEVICE=${DEMO_DEVICE:-cpu}
 K=${DEMO_K:-3}
 SEQS=${DEMO_MAX_NUM_SEQS:-4}
-DATASET=${DEMO_DATASET:-sharegpt}
+DATASET=${DEMO_DATASET:-mix}
+REPEATS=${DEMO_REPEATS:-3}
+PARETO=${DEMO_PARETO-$( [ "$TARGET" = demo-report ] && echo 64:32,128:64 )}
 MAX_INPUT_LEN=${DEMO_MAX_INPUT_LEN:-128}
 MAX_MODEL_LEN=${DEMO_MAX_MODEL_LEN:-384}
 # DEMO_OUTPUT_LEN=dataset (the default): each request asks for its ShareGPT reply's length and may stop at EOS;
@@ -57,18 +66,19 @@ Tokenizer.from_gguf_vocab(read_gguf(Path(sys.argv[1])).vocab).save_hf_folder(Pat
     "$GGUF" "$RUNS" || exit 2
 
 WORKLOAD=(--dataset "$DATASET" --tokenizer "$RUNS" --max-input-len "$MAX_INPUT_LEN"
-          --c "${DEMO_C:-1,2,4}" --seed 0 --temperature 0)
+          --c "${DEMO_C:-1,2,4}" --seed 0 --temperature 0 --repeats "$REPEATS")
 # DEMO_PROMPTS_PER_RUNG: as many requests at every c (a c = 1 rung of 4 or 6 requests leaves its p50 to which
 # prompts came up); else DEMO_PROMPTS·c.
 if [ -n "${DEMO_PROMPTS_PER_RUNG:-}" ]; then
     WORKLOAD+=(--prompts-per-rung "$DEMO_PROMPTS_PER_RUNG")
 else
-    WORKLOAD+=(--prompts-per-concurrency "${DEMO_PROMPTS:-4}")
+    WORKLOAD+=(--prompts-per-concurrency "${DEMO_PROMPTS:-5}")  # SGLang's floor: 5 x c prompts per point
 fi
 if [ "$OUTPUT_LEN" = dataset ]; then
     WORKLOAD+=(--max-total-len $((MAX_MODEL_LEN - 64)))
-    LENGTHS="each asked for its ShareGPT reply's length in tokens and free to stop at EOS (prompt and reply \
-together at most $((MAX_MODEL_LEN - 64)) tokens)"
+    LENGTHS="each asked for its reference reply's length in tokens (ShareGPT's reply; on the mix, HumanEval's \
+canonical solution and CHAMP's worked solution) and free to stop at EOS (prompt and reply together at most \
+$((MAX_MODEL_LEN - 64)) tokens)"
 else
     WORKLOAD+=(--output-len "$OUTPUT_LEN" --ignore-eos)
     LENGTHS="each asked for $OUTPUT_LEN tokens with ignore_eos"
@@ -135,6 +145,32 @@ NOTES+=(--note "Prompts are first human turns of at most ${MAX_INPUT_LEN} tokens
 ${LENGTHS}. Acceptance per spec arm over the whole ladder: ${ACCEPTANCE:-no spec arm ran}.\
 $( [ "$DEVICE" = cpu ] && echo " On a CPU each draft pass of a 135M-parameter target costs a large share of a \
 target step, so a drafter pays for itself only when enough of its drafts are accepted.")")
+
+# Every arm's speed-up over spec off at each c with its spread (and per content type on the mix).
+BASE="$RUNS/refengine-off"
+OTHERS=()
+for dir in "${DIRS[@]}"; do [ "$dir" = "$BASE" ] || OTHERS+=("$dir"); done
+if [[ " $ARMS " == *" refengine-off "* ]] && [ ${#OTHERS[@]} -gt 0 ]; then
+    NOTES+=(--note "$($PY -m ladder.speedup "$BASE" "${OTHERS[@]}")")
+fi
+
+if [ -n "$PARETO" ]; then
+    echo "== pareto $PARETO"
+    "$LADDER" sweep --pareto "$PARETO" --max-c "${DEMO_PARETO_MAX_C:-4}" --out "$RUNS/pareto" --seed 0 \
+        --prompts-per-concurrency 5 --tokenizer "$RUNS" \
+        --temperature 0 --ignore-eos --repeats "$REPEATS" --label refengine-off --serve-cmd "${SERVE[refengine-off]}" \
+        || { echo "== pareto: ladder exit code $?"; status=1; }
+    if [ -f "$RUNS/pareto/pareto.png" ]; then
+        mkdir -p "$PLOTS" && cp "$RUNS/pareto/pareto.png" "$PLOTS/pareto.png"
+        LINK=$($PY -c "import os, sys; print(os.path.relpath(sys.argv[1], os.path.dirname(os.path.abspath(sys.argv[2]))))" \
+            "$(realpath "$PLOTS")/pareto.png" "$REPORT")
+        NOTES+=(--note "Pareto sweep of spec off (\`ladder sweep --pareto $PARETO\`, random prompts, c = 1 .. \
+${DEMO_PARETO_MAX_C:-4}, $REPEATS repeats): output tok/s per user against output tok/s in total (no GPU). \
+![Pareto front]($LINK)
+
+$(tail -n +3 "$RUNS/pareto/pareto.md")")
+    fi
+fi
 
 "$LADDER" compare "${DIRS[@]}" --out "$REPORT" --plots "$PLOTS" \
     $( [[ " $ARMS " == *" refengine-off "* ]] && echo --baseline refengine-off ) "${NOTES[@]}" || exit 2

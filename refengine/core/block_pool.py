@@ -94,6 +94,19 @@ class BlockPool:
             del self._cached_block_hash_to_block[block_hash]
         self.num_evictions += 1
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's reset: forget every cached block, so that the next request finds no prefix. Only an idle
+        pool is reset (a running request's blocks stay published); False when some block has an owner."""
+        if any(self._ref_cnt):
+            return False
+        for block_id in list(self._free_cached):
+            self._block_hash[block_id] = None
+            self._block_token_ids[block_id] = ()
+        self._free_queue.update(self._free_cached)
+        self._free_cached.clear()
+        self._cached_block_hash_to_block.clear()
+        return True
+
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take a reference to cached blocks a request hit: one without owners leaves the free queue."""
         for block_id in block_ids:

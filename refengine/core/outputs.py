@@ -100,6 +100,9 @@ class EngineCoreOutput:
     stop_reason: int | str | None  # the stop token id or stop string, when finish_reason is STOP
     logprobs: tuple[TokenLogprobs, ...] | None = None  # one per new token, when the request asked
     num_cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache (vLLM's)
+    # The request's own drafts and acceptances, on its finishing output only (None: no draft verified);
+    # the server reports them in usage (vLLM's per-request speculative-decoding metrics).
+    spec_decoding_stats: SpecDecodingStats | None = None
 
 
 @dataclass(frozen=True, slots=True)

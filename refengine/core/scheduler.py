@@ -391,6 +391,8 @@ class Scheduler:
             finish_reason=None if finish_status is None else finish_status.finish_reason,
             stop_reason=request.stop_reason,
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            spec_decoding_stats=(request.spec_decoding_stats.copy()
+                                 if finish_status is not None and request.spec_decoding_stats.num_drafts else None),
         )
 
     def _release_placeholders(self, request: Request, num_tokens: int) -> None:

@@ -52,6 +52,12 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class _ResetPrefixCache:
+    loop: asyncio.AbstractEventLoop
+    done: "asyncio.Future[bool]"
+
+
 class AsyncLLM:
     def __init__(self, args: EngineArgs, *, served_model_name: str | None = None) -> None:
         self.engine: Engine = build_engine(args)
@@ -77,7 +83,7 @@ class AsyncLLM:
         drafter = engine.runner.drafter
         self._drafter_random_init = drafter is not None and drafter.random_init
         self._processor = OutputProcessor(self.tokenizer)
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _ResetPrefixCache | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._num_requests = 0
         self._num_prompt_tokens = 0
@@ -111,6 +117,16 @@ class AsyncLLM:
             if not finished:
                 # The consumer went away (client disconnect): free the request's KV blocks.
                 self._commands.put(_Abort(request.request_id))
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prefix block, on the engine thread between steps; False while requests
+        hold blocks (vLLM's rule: a reset never pulls blocks from under a running request)."""
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+        self._commands.put(_ResetPrefixCache(loop, done))
+        return await done
 
     def stats(self) -> EngineStats:
         scheduler = self.engine.core.scheduler
@@ -165,7 +181,7 @@ class AsyncLLM:
         except Exception as err:  # noqa: BLE001 - any failure of the loop kills the engine, by design
             self._die(f"{type(err).__name__}: {err}")
 
-    def _apply(self, command: "_Add | _Abort | None") -> None:
+    def _apply(self, command: "_Add | _Abort | _ResetPrefixCache | None") -> None:
         if isinstance(command, _Add):
             try:
                 self._add(command)
@@ -178,6 +194,9 @@ class AsyncLLM:
                 self.engine.core.abort_requests([command.request_id])
                 self._processor.abort(command.request_id)
                 self.engine.stop_checker.forget(command.request_id)
+        elif isinstance(command, _ResetPrefixCache):
+            reset = self.engine.core.scheduler.kv_cache_manager.block_pool.reset_prefix_cache()
+            command.loop.call_soon_threadsafe(command.done.set_result, reset)
 
     def _add(self, command: _Add) -> None:
         req = command.request
@@ -230,3 +249,5 @@ class AsyncLLM:
             command = self._commands.get_nowait()
             if isinstance(command, _Add):
                 command.stream.put(error)
+            elif isinstance(command, _ResetPrefixCache):
+                command.loop.call_soon_threadsafe(command.done.set_exception, error)

@@ -70,6 +70,7 @@ class OutputProcessor:
                 num_prompt_tokens=tracked.num_prompt_tokens,
                 num_output_tokens=tracked.num_output_tokens,
                 num_cached_tokens=out.num_cached_tokens,
+                spec_decoding_stats=out.spec_decoding_stats,
             )
             deltas.append((out.req_id, delta))
             if finished:

@@ -5,8 +5,9 @@ from typing import Literal
 
 from refengine.core.outputs import StepRecord, TokenLogprobs
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.metrics import SpecDecodingStats
 
-__all__ = ["StepRecord", "TokenLogprobs"]
+__all__ = ["SpecDecodingStats", "StepRecord", "TokenLogprobs"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class RequestDelta:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    spec_decoding_stats: SpecDecodingStats | None = None  # the request's drafts, on its finishing delta
 
 
 @dataclass(frozen=True)

@@ -359,6 +359,16 @@ class OpenAIServer:
         )
         return JSONResponse(ModelList(data=[card]).model_dump())
 
+    async def reset_prefix_cache(self, request: Request) -> Response:
+        """vLLM's POST /reset_prefix_cache: benchmark clients call it between repeats so that each starts
+        cold. Refused with 409 while requests hold KV blocks (vLLM logs and skips the reset then)."""
+        self.check_auth(request)
+        self.check_alive()
+        if not await self.engine.reset_prefix_cache():
+            raise APIError(409, "requests are running: the prefix cache is reset only when the engine is idle",
+                           code="engine_busy")
+        return Response(status_code=200)
+
     def render_metrics(self) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -371,6 +381,7 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
 
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.render_metrics, methods=["GET"])
+    app.add_api_route("/reset_prefix_cache", server.reset_prefix_cache, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])

@@ -4,7 +4,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from refengine.entrypoints.engine_client import RequestDelta, Tokenizer, TokenLogprobs
+from refengine.entrypoints.engine_client import RequestDelta, SpecDecodingStats, Tokenizer, TokenLogprobs
 from refengine.entrypoints.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -19,6 +19,7 @@ from refengine.entrypoints.responses import (
     CompletionResponse,
     PromptTokensDetails,
     ResponseModel,
+    SpeculativeDecodingUsage,
     TopLogprob,
     Usage,
 )
@@ -34,6 +35,23 @@ def usage_of(delta: RequestDelta) -> Usage:
         completion_tokens=delta.num_output_tokens,
         total_tokens=delta.num_prompt_tokens + delta.num_output_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=delta.num_cached_tokens),
+        speculative_decoding=None if delta.spec_decoding_stats is None else spec_usage(delta.spec_decoding_stats),
+    )
+
+
+def spec_usage(stats: SpecDecodingStats) -> SpeculativeDecodingUsage:
+    per_pos = stats.num_accepted_tokens_per_pos
+    # Steps that accepted at least j drafts: all of them for j = 0, per_pos[j - 1] after; exact per step.
+    at_least = [stats.num_drafts, *per_pos, 0]
+    return SpeculativeDecodingUsage(
+        num_spec_steps=stats.num_drafts,
+        num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_draft_tokens=stats.num_accepted_tokens,
+        num_spec_tokens=len(per_pos),
+        mean_acceptance_length=1 + stats.num_accepted_tokens / stats.num_drafts,
+        draft_acceptance_rate=stats.num_accepted_tokens / stats.num_draft_tokens,
+        acceptance_histogram=[at_least[j] - at_least[j + 1] for j in range(len(per_pos) + 1)],
+        num_accepted_tokens_per_pos=list(per_pos),
     )
 
 

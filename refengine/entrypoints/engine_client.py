@@ -15,6 +15,7 @@ from refengine.engine.outputs import (
     GenerationRequest,
     RequestDelta,
     RequestFailedError,
+    SpecDecodingStats,
     TokenLogprobs,
 )
 from refengine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -28,6 +29,7 @@ __all__ = [
     "Message",
     "RequestDelta",
     "RequestFailedError",
+    "SpecDecodingStats",
     "SamplingParams",
     "TokenLogprobs",
     "Tokenizer",
@@ -69,6 +71,8 @@ class EngineClient(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[RequestDelta, None]: ...
 
     def stats(self) -> EngineStats: ...
+
+    async def reset_prefix_cache(self) -> bool: ...
 
     def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
         """Raises ValueError naming why the constraint cannot be compiled (or the backend is missing)."""

@@ -35,14 +35,31 @@ class PromptTokensDetails(ResponseModel):
     cached_tokens: int
 
 
+class SpeculativeDecodingUsage(ResponseModel):
+    """One request's drafts and acceptances, named as vLLM's per-request speculative-decoding metrics
+    (vllm#48915), which AIPerf reads (aiperf#1191). A spec step is one verification of a draft."""
+
+    num_spec_steps: int
+    num_draft_tokens: int
+    num_accepted_draft_tokens: int
+    num_spec_tokens: int  # the longest draft it verified (k)
+    mean_acceptance_length: float  # 1 + accepted / steps: tokens each verification emitted
+    draft_acceptance_rate: float  # accepted / drafted
+    acceptance_histogram: list[int]  # [j] = steps that accepted exactly j draft tokens
+    # [i] = steps whose draft token at position i was accepted (vLLM's /metrics counter, per request).
+    num_accepted_tokens_per_pos: list[int]
+
+
 class Usage(ResponseModel):
-    omit_when_none = frozenset({"prompt_tokens_details"})
+    omit_when_none = frozenset({"prompt_tokens_details", "speculative_decoding"})
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     # OpenAI's field: how many prompt tokens the prefix cache served.
     prompt_tokens_details: PromptTokensDetails | None = None
+    # On a finished request that verified drafts; absent otherwise (spec off, or before the end).
+    speculative_decoding: SpeculativeDecodingUsage | None = None
 
 
 class CompletionLogprobs(ResponseModel):

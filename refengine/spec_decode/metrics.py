@@ -22,3 +22,7 @@ class SpecDecodingStats:
         per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
         for pos in range(num_accepted_tokens):
             per_pos[pos] += 1
+
+    def copy(self) -> "SpecDecodingStats":
+        return SpecDecodingStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                 list(self.num_accepted_tokens_per_pos))

@@ -175,3 +175,23 @@ def test_pool_accounts_every_block():
     assert pool.num_free_blocks == 2 and pool.ref_cnt(blocks[0]) == 1
     pool.free_blocks([blocks[0]])
     assert pool.num_free_blocks == 3 and pool.get_cached_block(b"h") == blocks[0]
+
+
+def test_reset_forgets_every_cached_block_only_when_idle():
+    """vLLM's reset_prefix_cache: refused while a block has an owner (nothing changes); on an idle pool
+    every cached block becomes a plain free block, so the same prompt then finds nothing."""
+    kv = KVCacheManager(num_blocks=6, block_size=2)
+    a = request("a", [1, 2, 3, 4, 5])
+    assert kv.allocate_slots(a, 5) == [0, 1, 2]
+    a.num_computed_tokens = 5
+    kv.cache_blocks(a, 4)
+    pool = kv.block_pool
+    assert not pool.reset_prefix_cache() and pool.num_cached_blocks == 2
+    kv.free(a)
+    assert kv.get_computed_blocks(request("b", [1, 2, 3, 4, 9])) == ([0, 1], 4)
+    assert pool.reset_prefix_cache()
+    assert pool.num_cached_blocks == 0 and pool.num_free_blocks == 6
+    assert pool.block_hash(0) is None and pool.block_token_ids(1) == ()
+    assert kv.get_computed_blocks(request("c", [1, 2, 3, 4, 9])) == ([], 0)
+    # the freed blocks are handed out again without counting as evictions of cached content
+    assert kv.allocate_slots(request("d", [5] * 12), 12) is not None and pool.num_evictions == 0

@@ -106,3 +106,35 @@ def test_logprobs_one_per_token_and_greedy_picks_the_top(tiny):
         for token, lp in zip(d.token_ids, d.logprobs, strict=True):
             assert lp.token_id == token and lp.logprob <= 0.0 and len(lp.top) == 3
             assert lp.top[0][0] == token and lp.top[0][1] == lp.logprob  # greedy emits the argmax
+
+
+def test_each_request_finishes_with_its_own_draft_counts(tiny):
+    """Two requests drafted at once (ngram): each one's finishing delta carries its own drafts and
+    acceptances, only that one does, and together they are the engine's counters (what /metrics exports)."""
+    from refengine.spec_decode.config import SpeculativeConfig
+
+    llm = AsyncLLM(args(tiny, speculative_config=SpeculativeConfig("ngram", 3), async_scheduling=False))
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+    async def one(req_id: str, prompt: list[int]):
+        return [d async for d in llm.generate(GenerationRequest(req_id, prompt, params))]
+
+    async def main():
+        return await asyncio.gather(one("a", PROMPTS[0] * 3), one("b", PROMPTS[1] * 2 + PROMPTS[2]))
+
+    try:
+        streams = asyncio.run(main())
+        totals = llm.stats()
+    finally:
+        llm.shutdown()
+    finals = []
+    for deltas in streams:
+        assert all(d.spec_decoding_stats is None for d in deltas[:-1])
+        finals.append(deltas[-1].spec_decoding_stats)
+    assert all(s is not None and s.num_drafts > 0 for s in finals)
+    assert sum(s.num_drafts for s in finals) == totals.spec_num_drafts
+    assert sum(s.num_draft_tokens for s in finals) == totals.spec_num_draft_tokens
+    assert sum(s.num_accepted_tokens for s in finals) == totals.spec_num_accepted_tokens > 0
+    width = len(totals.spec_num_accepted_tokens_per_pos)
+    assert [sum(s.num_accepted_tokens_per_pos[i] for s in finals if i < len(s.num_accepted_tokens_per_pos))
+            for i in range(width)] == totals.spec_num_accepted_tokens_per_pos

@@ -20,6 +20,8 @@ Script keys (all optional):
   split_writes      write each event in two pieces, split inside a multi-byte char   (false)
   api_key           require `Authorization: Bearer <api_key>`                        (null)
   spec_k            expose vLLM spec-decode counters as if every chunk were one verify with k drafts
+  spec_usage        with spec_k: the final usage also carries the request's own counts, as refengine's
+                    usage.speculative_decoding (vLLM's per-request names)                              (false)
   fail_at, truncate_at, short_at   load serials answered 500 / cut before [DONE] / one token short
   overload_at       load serials answered 429 (the server sheds load)
   slow_at, slow_ttft   load serials whose first content chunk waits slow_ttft seconds instead of ttft
@@ -267,6 +269,8 @@ class FakeServer:
         await asyncio.sleep(s.get("slow_ttft", 0.0) if slow else s.get("ttft", 0.0))
         k = s.get("tokens_per_chunk", 1)
         done = 0
+        mine = {"num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0,
+                "num_accepted_tokens_per_pos": [0] * s.get("spec_k", 0)}
         while done < max_tokens:
             while self.stalled.is_set():  # a hung engine behind an HTTP front that may still ping
                 if s.get("pings"):
@@ -278,6 +282,11 @@ class FakeServer:
                 self.drafts += 1
                 self.draft_tokens += s["spec_k"]
                 self.accepted += n - 1
+                mine["num_spec_steps"] += 1
+                mine["num_draft_tokens"] += s["spec_k"]
+                mine["num_accepted_draft_tokens"] += n - 1
+                for pos in range(min(n - 1, s["spec_k"])):
+                    mine["num_accepted_tokens_per_pos"][pos] += 1
             positions = range(done - n, done)
             diverged = [p >= s.get("diverge_at", max_tokens) for p in positions]
             eos_at = (s["stop_after"] - 1 if stopped and s.get("stop_eos")
@@ -294,9 +303,10 @@ class FakeServer:
                 gap = s.get("gap", 0.0)
                 await asyncio.sleep(gap) if gap else await asyncio.sleep(0)
         if usage_final:
-            await emit({"id": "cmpl-1", "choices": [], "usage": {
-                "prompt_tokens": prompt_tokens, "completion_tokens": done,
-                "total_tokens": prompt_tokens + done}})
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
+            if s.get("spec_usage") and mine["num_spec_steps"]:
+                usage["speculative_decoding"] = mine
+            await emit({"id": "cmpl-1", "choices": [], "usage": usage})
         if s.get("truncate_at") and serial in s["truncate_at"]:
             writer.transport.abort()
             return False

@@ -34,7 +34,7 @@ def one_line_error(code, out, err) -> str:
     (("--c", "8", "--prompts-per-rung", "2"), "below c=8"),
     (("--goodput", "ttft=500"), "NAME:MS"),
     (("--goodput", "itl:5"), "NAME:MS"),
-    (("--dataset", "csv:x"), "expected random, sharegpt"),
+    (("--dataset", "csv:x"), "expected random, mix, sharegpt"),
     (("--dataset", "sharegpt:/no/such.json", "--output-len", "8"), "no such file"),
     (("--dataset", "jsonl:/dev/null", "--input-len", "8"), "--input-len sizes random prompts"),
 ])

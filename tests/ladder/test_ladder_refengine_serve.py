@@ -95,6 +95,11 @@ def test_repeats_give_a_confidence_interval_per_metric(ladder):
     assert rung["stats"]["num_requests"] == 6 and rung["num_measured"] == 6
     records = load_records(run)
     assert sorted(r["repeat"] for r in records) == [0, 0, 1, 1, 2, 2]
+    # The same prompts each repeat (--no-cache-bust), and every repeat starts cold: the server's prefix cache is
+    # reset before each (vLLM's POST /reset_prefix_cache), so none finds what the one before it left.
+    assert rung["repeats"]["prefix_cache_reset"] == ["reset"] * 3
+    cached = [sum(r["cached_tokens"] for r in records if r["repeat"] == k) for k in range(3)]
+    assert cached == [cached[0]] * 3, cached
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["engine_sources"]["engine_version"] == "server"
     assert manifest["code"]["commit"] in manifest["engine"]["engine_version"]

@@ -39,6 +39,7 @@ class Seen:
     completion_tokens: int
     finish_reason: str
     latency_s: float
+    spec: dict | None  # usage.speculative_decoding
 
 
 async def send(client: httpx.AsyncClient, i: int, stop_token: int | None) -> Seen:
@@ -71,7 +72,8 @@ async def send(client: httpx.AsyncClient, i: int, stop_token: int | None) -> See
         answer = response.json()
         ids, usage, request_id = answer["choices"][0]["token_ids"], answer["usage"], answer["id"]
         largest, finish_reason = len(ids), answer["choices"][0]["finish_reason"]
-    return Seen(request_id, ids, largest, usage["prompt_tokens"], usage["completion_tokens"], finish_reason, latency)
+    return Seen(request_id, ids, largest, usage["prompt_tokens"], usage["completion_tokens"], finish_reason, latency,
+                usage.get("speculative_decoding"))
 
 
 def families(text: str) -> dict:
@@ -137,6 +139,32 @@ def test_counters_equal_what_the_clients_saw_with_multi_token_steps(workload):
     for position in range(longest):
         at_position = sum(r.num_accepted > position for r in steps)
         assert value(fams, "vllm:spec_decode_num_accepted_tokens_per_pos", position=str(position)) == at_position
+
+
+def test_each_requests_usage_carries_its_own_drafts_and_their_sum_is_metrics(workload):
+    """usage.speculative_decoding (vLLM's per-request names) on every request, streamed and whole, chat and
+    completions: its counts are the request's own steps (the step recorder), and over all requests they sum
+    to /metrics' spec-decode counters, position by position."""
+    seen, _, final, records = workload
+    fams = families(final)
+    assert all(s.spec is not None for s in seen), [s.request_id for s in seen if s.spec is None]
+    for s in seen:
+        steps, spec = records[s.request_id], s.spec
+        accepted = [r.num_accepted for r in steps]
+        assert spec["num_spec_steps"] == len(steps) and spec["num_accepted_draft_tokens"] == sum(accepted), s
+        assert spec["num_draft_tokens"] == sum(len(r.draft_token_ids) for r in steps), s
+        assert spec["acceptance_histogram"] == [accepted.count(j) for j in range(spec["num_spec_tokens"] + 1)], s
+        assert spec["num_accepted_tokens_per_pos"] == [sum(a > p for a in accepted) for p in range(spec["num_spec_tokens"])]
+        assert math.isclose(spec["mean_acceptance_length"], 1 + sum(accepted) / len(steps))
+        assert math.isclose(spec["draft_acceptance_rate"], sum(accepted) / spec["num_draft_tokens"])
+    for field, counter in (("num_spec_steps", "vllm:spec_decode_num_drafts"),
+                           ("num_draft_tokens", "vllm:spec_decode_num_draft_tokens"),
+                           ("num_accepted_draft_tokens", "vllm:spec_decode_num_accepted_tokens")):
+        assert sum(s.spec[field] for s in seen) == value(fams, counter), field
+    for position in range(K):
+        total = sum(s.spec["num_accepted_tokens_per_pos"][position] for s in seen
+                    if position < len(s.spec["num_accepted_tokens_per_pos"]))
+        assert total == value(fams, "vllm:spec_decode_num_accepted_tokens_per_pos", position=str(position))
 
 
 @dataclass(frozen=True)

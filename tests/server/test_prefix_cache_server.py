@@ -31,3 +31,31 @@ def test_a_repeated_prompt_is_served_from_the_cache(enabled):
     assert metrics["vllm:kv_cache_usage_perc"] == 0.0  # cached blocks without owners are free
     info = [k for k in metrics if k.startswith("refengine:engine_info")]
     assert len(info) == 1 and f"[enable_prefix_caching={enabled}]" in info[0]
+
+
+def test_reset_prefix_cache_makes_the_next_request_start_cold():
+    """vLLM's POST /reset_prefix_cache: after it the repeated prompt finds nothing cached, and the pool is
+    whole again; a repeat after that hits as before. Refused with 409 and an OpenAI-style body while a
+    request holds blocks, and the cache then stays."""
+    import asyncio
+
+    with serve_real(tiny_engine()) as url:
+        first, hit = _complete(url), _complete(url)
+        assert hit["prompt_tokens_details"]["cached_tokens"] > 0
+        reset = httpx.post(f"{url}/reset_prefix_cache", timeout=30)
+        assert reset.status_code == 200, reset.text
+        cold = _complete(url)
+        assert cold["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert _complete(url)["prompt_tokens_details"] == hit["prompt_tokens_details"]
+
+        async def reset_while_running() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                body = {"model": MODEL, "prompt": "abc", "max_tokens": 200, "ignore_eos": True, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as running:
+                    assert running.status_code == 200
+                    async for _ in running.aiter_lines():  # the request is admitted and holds its blocks
+                        return await client.post("/reset_prefix_cache")
+
+        busy = asyncio.run(reset_while_running())
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "engine_busy", busy.text
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}

@@ -75,6 +75,7 @@ def test_serve_subprocess_streams_equal_offline_generate(tiny_folder):
             # The prompts share their first words: a request admitted after another published them hits.
             cached = usage.pop("prompt_tokens_details")["cached_tokens"]
             assert cached % 4 == 0 and 0 <= cached < len(expected.prompt_token_ids)
+            assert usage.pop("speculative_decoding")["num_spec_steps"] > 0  # the request's own drafts
             assert usage == {
                 "prompt_tokens": len(expected.prompt_token_ids),
                 "completion_tokens": 24,

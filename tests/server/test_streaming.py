@@ -84,6 +84,8 @@ async def test_chunks_carry_several_tokens_and_continuous_usage_is_exact(client,
     *chunks, usage_chunk = events
     assert usage_chunk["choices"] == []
     num_prompt = len(engine.tokenizer.encode("abc"))
+    spec = usage_chunk["usage"].pop("speculative_decoding")  # the request's drafts (test_metrics_exact.py)
+    assert spec["num_accepted_draft_tokens"] > 0
     assert usage_chunk["usage"] == {
         "prompt_tokens": num_prompt,
         "completion_tokens": 60,
@@ -95,6 +97,8 @@ async def test_chunks_carry_several_tokens_and_continuous_usage_is_exact(client,
     seen = 0
     for chunk, size in zip(chunks, sizes):
         seen += size
+        # The finishing chunk's usage also carries the request's drafts, as the usage chunk's does.
+        assert chunk["usage"].pop("speculative_decoding", spec) == spec
         assert chunk["usage"] == {
             "prompt_tokens": num_prompt,
             "completion_tokens": seen,
