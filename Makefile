@@ -214,6 +214,12 @@ mutmut: install
 	$(VENV)/bin/mutations gate --run --threshold-file mutations/threshold.toml --max-children $(MUTMUT_CHILDREN) --timeout-seconds 14400 \
 		$(foreach glob,$(MUTMUT_SCOPE),--scope '$(glob)')
 
+## The PR-scoped mutmut gate: mutants of the functions changed since DIFF_BASE (default: merge base with origin, else HEAD~1).
+DIFF_BASE ?= auto
+mutmut-diff: install
+	$(VENV)/bin/mutations gate --diff $(DIFF_BASE) --max-children $(MUTMUT_CHILDREN)
+.PHONY: mutmut-diff
+
 # reports/acceptance.md: the shipped SmolLM2 heads, the heads shipped before them (commit 6078575) and ngram on the
 # held-out ShareGPT split (greedy, k = 4), on the CPU; about 8 minutes on two cores (replies of up to 256 tokens). With
 # REPRODUCED_HEADS=DIR (one subfolder per method, heads retrained by their COMMAND files), those beside them.

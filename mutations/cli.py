@@ -30,6 +30,8 @@ from mutations.gate import (
     load_threshold,
     run_mutmut,
 )
+from mutations.diffgate import judge, load_config_scope, plan, run_scoped, sample
+from mutations.diffscope import DiffError, changed_functions, default_base
 from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
@@ -43,10 +45,13 @@ from mutations.report import (
     write_json,
 )
 from mutations.runner import JournalPending, Runner, check_apply
+from mutations.survivors import load_survivors
 
 STATE_DIR = ".mutations"
 MARKDOWN_REPORT = Path("reports") / "mutations.md"
 EXIT_RESTORE_FAILED = 3
+# The PR-scoped gate's cap on mutants: a 30-line change in core/ makes fewer (measured in reports/mutations.md).
+DIFF_MAX_MUTANTS = 150
 
 console = Console(highlight=False)
 
@@ -295,6 +300,28 @@ def restore(ctx: Context, force: bool) -> None:
     help="A file glob within mutmut's selection (e.g. 'refengine/sample/*'); repeatable. Only its mutants run "
     "and the score covers them alone. With no --run, the stats are recomputed over it from mutants/.",
 )
+@click.option(
+    "--diff",
+    "diff_base",
+    metavar="BASE",
+    default=None,
+    help="PR-scoped: mutate only the functions changed since BASE (a commit; 'auto': the merge base with "
+    "origin's default branch, else HEAD~1) and fail on any survivor not recorded in --survivors.",
+)
+@click.option(
+    "--max-mutants",
+    type=click.IntRange(min=0),
+    default=DIFF_MAX_MUTANTS,
+    show_default=True,
+    help="With --diff: run a deterministic sample of this many when the change has more (0: all), and say so.",
+)
+@click.option(
+    "--survivors",
+    "survivors_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --diff: the reviewed survivors [default: ROOT/mutations/survivors.toml].",
+)
 @pass_context
 def gate(
     ctx: Context,
@@ -304,8 +331,16 @@ def gate(
     max_children: int,
     timeout_seconds: float | None,
     scope: tuple[str, ...],
+    diff_base: str | None,
+    max_mutants: int,
+    survivors_path: Path | None,
 ) -> None:
     """The mutmut gate: strict score killed/(everything but skipped) against the threshold in the repo."""
+    if diff_base is not None:
+        if scope or stats_path is not None or run_first:
+            raise ConfigError("--diff runs its own mutants: drop --scope, --stats and --run")
+        _diff_gate(ctx, diff_base, max_children, timeout_seconds, max_mutants, survivors_path)
+        return
     try:
         threshold = load_threshold(threshold_file or ctx.root / "mutations" / "threshold.toml")
     except GateError as exc:
@@ -349,6 +384,46 @@ def gate(
     outcome = "PASS" if verdict.ok else "FAIL"
     click.echo(f"mutmut-gate: score {verdict.score:.4f} (min {threshold.min_score:.4f}) {outcome}")
     if not verdict.ok:
+        raise SystemExit(1)
+
+
+def _diff_gate(
+    ctx: Context, base: str, max_children: int, timeout_s: float | None, max_mutants: int, survivors_path: Path | None
+) -> None:
+    try:
+        scope = load_config_scope(ctx.root)
+        base = default_base(ctx.root) if base == "auto" else base
+        functions = changed_functions(ctx.root, base, scope)
+        survivors = load_survivors(survivors_path or ctx.root / "mutations" / "survivors.toml")
+        planned = plan(ctx.root, functions)
+    except (GateError, DiffError) as exc:
+        raise ConfigError(str(exc)) from exc
+    click.echo(f"diff-gate: base {base}: {len(functions)} changed functions in scope, {len(planned)} mutants")
+    if not planned:
+        click.echo("diff-gate: PASS (no mutant in the change: nothing in mutmut's scope changed)")
+        return
+    chosen = sample(planned, max_mutants)
+    if len(chosen) < len(planned):
+        console.print(
+            f"[bold yellow]SAMPLED: {len(chosen)} of {len(planned)} mutants run (--max-mutants {max_mutants}); "
+            f"{len(planned) - len(chosen)} stay unchecked: run `mutations gate --diff {base} --max-mutants 0` "
+            "or `make mutmut` for all of them[/bold yellow]"
+        )
+    records, failure = run_scoped(ctx.root, chosen, scope, max_children, timeout_s)
+    if failure is not None:
+        click.echo(f"diff-gate: FAIL ({failure})")
+        raise SystemExit(1)
+    failures, excused = judge(chosen, records, survivors)
+    # Plain echo: the names and digests are copied into survivors.toml, so they must not be wrapped.
+    for line in excused:
+        click.echo(f"excused: {line}")
+    for line in failures:
+        click.echo(f"FAILED: {line}")
+    killed = sum(r.status == "killed" for r in records)
+    sampled = f", sampled {len(chosen)} of {len(planned)}" if len(chosen) < len(planned) else ""
+    outcome = "FAIL" if failures else "PASS"
+    click.echo(f"diff-gate: {killed} of {len(records)} killed, {len(excused)} recorded survivors{sampled} {outcome}")
+    if failures:
         raise SystemExit(1)
 
 
