@@ -213,6 +213,17 @@ MUTMUT_SCOPE ?=
 mutmut: install
 	$(VENV)/bin/mutations gate --run --threshold-file mutations/threshold.toml --max-children $(MUTMUT_CHILDREN) --timeout-seconds 14400 \
 		$(foreach glob,$(MUTMUT_SCOPE),--scope '$(glob)')
+	$(if $(MUTMUT_SCOPE),,$(VENV)/bin/mutations merge .mutations/records.jsonl --write-scores)
+
+## One shard of the full mutmut run (SHARD=i/n, balanced by mutations/durations.json); merge them with mutmut-merge.
+SHARD ?= 1/1
+mutmut-shard: install
+	$(VENV)/bin/mutations shard --shard $(SHARD) --max-children $(MUTMUT_CHILDREN)
+
+## Merge the shards' raw records (.mutations/shards/*.jsonl): score gate, per-file ratchet, scores.toml and durations.
+mutmut-merge: install
+	$(VENV)/bin/mutations merge .mutations/shards/*.jsonl --write-scores
+.PHONY: mutmut-shard mutmut-merge
 
 ## The PR-scoped mutmut gate: mutants of the functions changed since DIFF_BASE (default: merge base with origin, else HEAD~1).
 DIFF_BASE ?= auto

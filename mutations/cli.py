@@ -21,6 +21,8 @@ from rich.table import Table
 
 from mutations.catalogue import CatalogueError, load_catalogue
 from mutations.clean_run import CleanRunError, load_clean_run
+from mutations.diffgate import judge, load_config_scope, plan, run_scoped, sample
+from mutations.diffscope import DiffError, changed_functions, default_base
 from mutations.gate import (
     STATS_PATH,
     GateError,
@@ -30,12 +32,14 @@ from mutations.gate import (
     load_threshold,
     run_mutmut,
 )
-from mutations.diffgate import judge, load_config_scope, plan, run_scoped, sample
-from mutations.diffscope import DiffError, changed_functions, default_base
 from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
 from mutations.parallel import run_parallel
+from mutations.ratchet import check as ratchet_check
+from mutations.ratchet import file_scores, load_scores, render_scores
+from mutations.records import load_records, read_all, stats_of, write_records
+from mutations.records import merge as merge_records
 from mutations.report import (
     closing_line,
     keep_marked_section,
@@ -45,13 +49,25 @@ from mutations.report import (
     write_json,
 )
 from mutations.runner import JournalPending, Runner, check_apply
+from mutations.scratch import run_mutants
+from mutations.shards import (
+    DURATIONS,
+    coverage_failures,
+    parse_shard,
+    plan_scope,
+    shard_mutants,
+    write_durations,
+)
 from mutations.survivors import load_survivors
 
 STATE_DIR = ".mutations"
 MARKDOWN_REPORT = Path("reports") / "mutations.md"
 EXIT_RESTORE_FAILED = 3
-# The PR-scoped gate's cap on mutants: a 30-line change in core/ makes fewer (measured in reports/mutations.md).
-DIFF_MAX_MUTANTS = 150
+# The PR-scoped gate's cap on mutants: a 26-line change in core/ makes 69, which took 5m50s on the loaded 2-core machine.
+DIFF_MAX_MUTANTS = 100
+SHARDS_DIR = Path(".mutations") / "shards"
+SCORES = Path("mutations") / "scores.toml"
+FULL_RUN_RECORDS = Path(".mutations") / "records.jsonl"
 
 console = Console(highlight=False)
 
@@ -352,6 +368,13 @@ def gate(
         if failure is not None:
             click.echo(f"mutmut-gate: FAIL ({failure})")
             raise SystemExit(1)
+        if not scope:
+            # The full run's raw records: `mutations merge` ratchets on them and writes the per-file table
+            # and the per-mutant durations that balance the next run's shards.
+            try:
+                write_records(read_all(ctx.root / "mutants"), ctx.root / FULL_RUN_RECORDS)
+            except GateError as exc:
+                raise ConfigError(str(exc)) from exc
     if scope:
         try:
             export_scoped_stats(ctx.root, scope)
@@ -385,6 +408,85 @@ def gate(
     click.echo(f"mutmut-gate: score {verdict.score:.4f} (min {threshold.min_score:.4f}) {outcome}")
     if not verdict.ok:
         raise SystemExit(1)
+
+
+@main.command()
+@click.option("--shard", "shard_text", default="1/1", show_default=True, metavar="I/N", help="Which shard of how many.")
+@click.option("--max-children", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--timeout-seconds", type=click.FloatRange(min=1), default=None, help="Wall limit for mutmut.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Raw per-mutant records (JSON lines) [default: ROOT/{SHARDS_DIR}/I-of-N.jsonl].",
+)
+@pass_context
+def shard(ctx: Context, shard_text: str, max_children: int, timeout_seconds: float | None, out: Path | None) -> None:
+    """Run one shard of the full mutmut scope (balanced by mutations/durations.json) and write its raw records."""
+    try:
+        index, count = parse_shard(shard_text)
+        scope = load_config_scope(ctx.root)
+        chosen = shard_mutants(ctx.root, scope, index, count)
+    except (GateError, DiffError) as exc:
+        raise ConfigError(str(exc)) from exc
+    out = out or ctx.root / SHARDS_DIR / f"{index}-of-{count}.jsonl"
+    click.echo(f"mutmut-shard {index}/{count}: {len(chosen)} mutants")
+    scratch = ctx.root / SHARDS_DIR / f"scratch-{index}-of-{count}"
+    records, failure = run_mutants(
+        ctx.root, scratch, chosen, list(scope.test_selection), max_children, timeout_seconds, every_mutant=count == 1
+    )
+    if failure is not None:
+        click.echo(f"mutmut-shard: FAIL ({failure})")
+        raise SystemExit(1)
+    write_records(records, out)
+    click.echo(f"mutmut-shard {index}/{count}: {len(records)} records in {ctx.label(out)}")
+
+
+@main.command("merge")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--threshold-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML with min_score and max_timeouts [default: ROOT/mutations/threshold.toml].",
+)
+@click.option(
+    "--write-scores",
+    is_flag=True,
+    help=f"When the gate passes, rewrite {SCORES} and {DURATIONS} from these records (the ratchet only rises).",
+)
+@pass_context
+def merge_cmd(ctx: Context, parts: tuple[Path, ...], threshold_file: Path | None, write_scores: bool) -> None:
+    """Merge shards' raw records, check they cover the scope's plan, and gate: score and per-file ratchet."""
+    try:
+        threshold = load_threshold(threshold_file or ctx.root / "mutations" / "threshold.toml")
+        records = merge_records([load_records(part) for part in parts])
+        planned = plan_scope(ctx.root, load_config_scope(ctx.root))
+        recorded = load_scores(ctx.root / SCORES)
+    except (GateError, DiffError) as exc:
+        raise ConfigError(str(exc)) from exc
+    stats = stats_of(records)
+    verdict = evaluate(stats, threshold)
+    scores = file_scores(records)
+    failures = coverage_failures(planned, records) + verdict.failures + ratchet_check(scores, recorded, threshold.min_score)
+    table = Table(title=f"mutmut, {len(parts)} shards merged")
+    for column in ("file", "killed", "scored", "score", "recorded"):
+        table.add_column(column, justify="left" if column == "file" else "right")
+    for path, score in scores.items():
+        floor = recorded.get(path)
+        table.add_row(escape(path), str(score.killed), str(score.scored), f"{score.score:.4f}", "new" if floor is None else f"{floor:.4f}")
+    console.print(table)
+    for failure in failures:
+        click.echo(f"FAILED: {failure}")
+    outcome = "FAIL" if failures else "PASS"
+    click.echo(f"mutmut-merge: {len(records)} mutants, score {stats.score:.4f} (min {threshold.min_score:.4f}) {outcome}")
+    if failures:
+        raise SystemExit(1)
+    if write_scores:
+        (ctx.root / SCORES).parent.mkdir(parents=True, exist_ok=True)
+        (ctx.root / SCORES).write_text(render_scores(scores, tree_commit(ctx.root)), encoding="utf-8")
+        write_durations(records, ctx.root / DURATIONS)
+        click.echo(f"wrote {SCORES} and {DURATIONS}")
 
 
 def _diff_gate(

@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
-import shutil
-import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mutations.diffscope import ChangedFunction, MutmutScope, load_scope, module_name
-from mutations.gate import GateError, mutmut_env
+from mutations.gate import GateError
 from mutations.plan import PlannedMutant, plan_file
-from mutations.procs import run_group
-from mutations.records import KILLED, MutantRecord, read_meta
+from mutations.records import KILLED, MutantRecord
+from mutations.scratch import run_mutants
 from mutations.survivors import RecordedSurvivor
 
 SCRATCH = Path(".mutations") / "diff-gate"
@@ -84,59 +80,12 @@ def covering_tests(root: Path, scope: MutmutScope, paths: set[str]) -> list[str]
     return files or list(scope.test_selection)
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def write_scratch(root: Path, scratch: Path, paths: set[str], tests: list[str]) -> None:
-    """A copy of what mutmut copies, with a pyproject whose [tool.mutmut] mutates `paths` under `tests`."""
-    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-    config = dict(pyproject["tool"]["mutmut"])
-    config.update(only_mutate=sorted(paths), pytest_add_cli_args_test_selection=tests)
-    config.pop("do_not_mutate", None)  # the changed paths are in scope already
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for entry in {*config.get("source_paths", []), "tests", *config.get("also_copy", [])}:
-        source = root / entry
-        if source.is_dir():
-            shutil.copytree(source, scratch / entry, ignore=ignore)
-        elif source.is_file():
-            (scratch / entry).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, scratch / entry)
-    sections = {"tool.mutmut": config, "tool.pytest.ini_options": pyproject["tool"].get("pytest", {}).get("ini_options", {})}
-    text = "".join(
-        f"[{name}]\n" + "".join(f"{key} = {_toml_value(value)}\n" for key, value in body.items()) + "\n"
-        for name, body in sections.items()
-    )
-    (scratch / "pyproject.toml").write_text(text, encoding="utf-8")
-
-
-def run_scoped(root: Path, chosen: list[PlannedMutant], scope: MutmutScope, max_children: int, timeout_s: float | None) -> tuple[list[MutantRecord], str | None]:
-    """Run `chosen` through mutmut in the scratch copy; their records, and why the run failed if it did."""
+def run_scoped(
+    root: Path, chosen: list[PlannedMutant], scope: MutmutScope, max_children: int, timeout_s: float | None
+) -> tuple[list[MutantRecord], str | None]:
+    """Run `chosen` in the scratch copy, under the test files that import their modules."""
     paths = {m.path for m in chosen}
-    scratch = root / SCRATCH
-    write_scratch(root, scratch, paths, covering_tests(root, scope, paths))
-    # `*NAME`: mutmut takes a pattern with a star as a glob (a plain name must have covering tests, or
-    # mutmut stops with a KeyError); the leading star matches the empty prefix, so it selects NAME alone.
-    patterns = [f"*{m.name}" for m in chosen]
-    rc = run_group(
-        [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns],
-        cwd=scratch,
-        env=mutmut_env(),
-        timeout_s=timeout_s,
-    )
-    if rc is None:
-        return [], f"mutmut run did not finish within {timeout_s}s"
-    if rc != 0:
-        return [], f"mutmut run exited {rc} (red baseline, or tests not importing mutants/)"
-    names = {m.name for m in chosen}
-    records = [r for path in sorted(paths) for r in read_meta(scratch / "mutants", path, names)]
-    missing = names - {r.name for r in records}
-    records += [MutantRecord(n, next(m.path for m in chosen if m.name == n), "not checked", 0.0) for n in sorted(missing)]
-    return sorted(records), None
+    return run_mutants(root, root / SCRATCH, chosen, covering_tests(root, scope, paths), max_children, timeout_s)
 
 
 def judge(

@@ -43,6 +43,12 @@ def read_meta(mutants: Path, path: str, names: set[str] | None = None) -> list[M
     ]
 
 
+def read_all(mutants: Path) -> list[MutantRecord]:
+    """Every record of a `mutants/` directory, file by file."""
+    metas = sorted(mutants.rglob("*.py.meta"))
+    return [r for meta in metas for r in read_meta(mutants, meta.relative_to(mutants).as_posix().removesuffix(".meta"))]
+
+
 def write_records(records: list[MutantRecord], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(asdict(r), ensure_ascii=False, sort_keys=True) for r in sorted(records)]

@@ -106,7 +106,7 @@ def test_a_survivor_passes_only_with_its_own_digest_and_a_killed_entry_is_stale(
     chosen = [planned("m.x_f__mutmut_1"), planned("m.x_f__mutmut_2")]
     records = [MutantRecord("m.x_f__mutmut_1", "toy/floor.py", "survived", 0.1), MutantRecord("m.x_f__mutmut_2", "toy/floor.py", "killed", 0.1)]
     entry = RecordedSurvivor("m.x_f__mutmut_1", "equivalent", "d1", "same output")
-    assert judge(chosen, records, {entry.name: entry}) == ([], [f"survived, recorded equivalent: m.x_f__mutmut_1 [d1] (a -> b): same output"])
+    assert judge(chosen, records, {entry.name: entry}) == ([], ["survived, recorded equivalent: m.x_f__mutmut_1 [d1] (a -> b): same output"])
     moved = RecordedSurvivor("m.x_f__mutmut_1", "equivalent", "old", "same output")
     failures, _ = judge(chosen, records, {moved.name: moved})
     assert failures == ["survived: m.x_f__mutmut_1 [d1] (a -> b): recorded for digest old, another mutation"]
