@@ -38,6 +38,7 @@ from mutations.mutate import MutantRejected, mutate_source
 from mutations.parallel import run_parallel
 from mutations.ratchet import check as ratchet_check
 from mutations.ratchet import file_scores, load_scores, render_scores
+from mutations.ray_executor import run_on_ray
 from mutations.records import load_records, read_all, stats_of, write_records
 from mutations.records import merge as merge_records
 from mutations.report import (
@@ -55,7 +56,7 @@ from mutations.shards import (
     coverage_failures,
     parse_shard,
     plan_scope,
-    shard_mutants,
+    shard_plan,
     write_durations,
 )
 from mutations.survivors import load_survivors
@@ -415,31 +416,59 @@ def gate(
 @click.option("--max-children", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--timeout-seconds", type=click.FloatRange(min=1), default=None, help="Wall limit for mutmut.")
 @click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"Raw per-mutant records (JSON lines) [default: ROOT/{SHARDS_DIR}/I-of-N.jsonl].",
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: this shard here, under mutmut's own children; ray: all --count shards as Ray tasks.",
 )
+@click.option("--address", default=None, help="With --executor ray: the cluster (e.g. 127.0.0.1:6379).")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="With --executor ray: how many shards.")
 @pass_context
-def shard(ctx: Context, shard_text: str, max_children: int, timeout_seconds: float | None, out: Path | None) -> None:
-    """Run one shard of the full mutmut scope (balanced by mutations/durations.json) and write its raw records."""
+def shard(
+    ctx: Context,
+    shard_text: str,
+    max_children: int,
+    timeout_seconds: float | None,
+    executor: str,
+    address: str | None,
+    count: int | None,
+) -> None:
+    """Run shards of the full mutmut scope (balanced by mutations/durations.json); write raw records per shard
+    to ROOT/.mutations/shards/I-of-N.jsonl for `mutations merge`."""
+    if (executor == "ray") != (address is not None and count is not None):
+        raise ConfigError("--executor ray takes --address and --count (and runs every shard); local takes --shard")
     try:
-        index, count = parse_shard(shard_text)
+        index, total = (1, count) if count is not None else parse_shard(shard_text)
         scope = load_config_scope(ctx.root)
-        chosen = shard_mutants(ctx.root, scope, index, count)
+        shards = shard_plan(ctx.root, scope, total)
     except (GateError, DiffError) as exc:
         raise ConfigError(str(exc)) from exc
-    out = out or ctx.root / SHARDS_DIR / f"{index}-of-{count}.jsonl"
-    click.echo(f"mutmut-shard {index}/{count}: {len(chosen)} mutants")
-    scratch = ctx.root / SHARDS_DIR / f"scratch-{index}-of-{count}"
-    records, failure = run_mutants(
-        ctx.root, scratch, chosen, list(scope.test_selection), max_children, timeout_seconds, every_mutant=count == 1
-    )
-    if failure is not None:
-        click.echo(f"mutmut-shard: FAIL ({failure})")
+    wanted = range(1, total + 1) if executor == "ray" else [index]
+    scratches = [ctx.root / SHARDS_DIR / f"scratch-{i}-of-{total}" for i in wanted]
+    tests = list(scope.test_selection)
+    if executor == "ray":
+        try:
+            done = run_on_ray(address, ctx.root, shards, scratches, tests, max_children, timeout_seconds)
+        except RuntimeError as exc:
+            raise ConfigError(str(exc)) from exc
+    else:
+        chosen = shards[index - 1]
+        records, failure = run_mutants(
+            ctx.root, scratches[0], chosen, tests, max_children, timeout_seconds, every_mutant=total == 1
+        )
+        done = [(records, failure, "local")]
+    failed = False
+    for i, (records, failure, node) in zip(wanted, done, strict=True):
+        if failure is not None:
+            click.echo(f"mutmut-shard {i}/{total}: FAIL ({failure})")
+            failed = True
+            continue
+        out = ctx.root / SHARDS_DIR / f"{i}-of-{total}.jsonl"
+        write_records(records, out)
+        click.echo(f"mutmut-shard {i}/{total}: {len(records)} records in {ctx.label(out)} (node {node})")
+    if failed:
         raise SystemExit(1)
-    write_records(records, out)
-    click.echo(f"mutmut-shard {index}/{count}: {len(records)} records in {ctx.label(out)}")
 
 
 @main.command("merge")

@@ -70,11 +70,11 @@ def partition(names: list[str], durations: dict[str, float], count: int) -> list
     return [sorted(shard) for shard in shards]
 
 
-def shard_mutants(root: Path, scope: MutmutScope, index: int, count: int) -> list[PlannedMutant]:
-    """The mutants of shard `index` (1-based) of `count`."""
+def shard_plan(root: Path, scope: MutmutScope, count: int) -> list[list[PlannedMutant]]:
+    """The mutants of each of `count` shards, in shard order."""
     planned = plan_scope(root, scope)
-    names = set(partition([m.name for m in planned], load_durations(root / DURATIONS), count)[index - 1])
-    return [m for m in planned if m.name in names]
+    shards = partition([m.name for m in planned], load_durations(root / DURATIONS), count)
+    return [[m for m in planned if m.name in set(names)] for names in shards]
 
 
 def coverage_failures(plan: list[PlannedMutant], records: list[MutantRecord]) -> list[str]:
