@@ -56,7 +56,7 @@ def _alive_nodes(address: str) -> int:
 
 
 def _stop(node: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(node.pid, sig)
         except ProcessLookupError:
@@ -132,7 +132,7 @@ def test_mutmut_shards_on_two_ray_nodes_merge_to_the_local_run(cluster, sample_p
 def _oracle(cwd: Path, *args: str) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "refengine.cli", "oracle", "--model", "tiny-qwen3", "--methods", "none,eagle",
-         "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--no-variants", "--no-structured",
+         "--c", "1,4", "--prompts", "4", "--max-tokens", "8", "--no-variants", "--no-structured", "--no-seeded",
          "--prefix-cache", "off", "--write-report", "--report", "oracle.md", *args],
         cwd=cwd, capture_output=True, text=True, timeout=800, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
