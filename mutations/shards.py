@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from mutations.diffscope import MutmutScope
@@ -39,7 +40,10 @@ def plan_scope(root: Path, scope: MutmutScope) -> list[PlannedMutant]:
             relative = file.relative_to(root).as_posix()
             if scope.contains(relative):
                 paths.append(relative)
-    return sorted(m for path in paths for m in plan_file(root, path))
+    # libcst over the whole scope takes minutes of CPU: one file per process, on every core there is.
+    with ProcessPoolExecutor() as pool:
+        per_file = pool.map(plan_file, [root] * len(paths), paths)
+        return sorted(m for mutants in per_file for m in mutants)
 
 
 def load_durations(path: Path) -> dict[str, float]:
