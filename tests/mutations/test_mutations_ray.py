@@ -2,6 +2,7 @@
 `ray start --address`): mutmut shards of refengine/sample/ and a tiny-qwen3 oracle slice as Ray tasks
 give the records and the report the local run gives."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -88,6 +90,12 @@ def cluster(tmp_path_factory):
     finally:
         for node in reversed(nodes):
             _stop(node)
+        # Ray's worker processes run in sessions of their own: those of this cluster (its GCS port on their
+        # command line) are ended by pid, once their nodes are gone.
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if any(arg.endswith(f":{port}") and arg.startswith("--gcs-address") for arg in proc.info["cmdline"] or ()):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
 
 @pytest.fixture
