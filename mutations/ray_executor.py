@@ -2,7 +2,8 @@
 
 Each shard is one task of `max_children` CPUs, run by `run_mutants` in its own scratch directory under
 the checkout, which every node must hold at the same path (a shared filesystem, or the same clone on
-each host): the task ships mutant names, not the tree. Ray is an optional extra (`pip install
+each host): the task ships mutant names, not the tree. Run it from the checkout: Ray puts the driver's
+working directory first on its workers' sys.path. Ray is an optional extra (`pip install
 .[ray]`); the default executor stays mutmut's own process children on this machine. Tasks return raw
 records and the node that ran them; the caller writes one record file per shard for `mutations merge`.
 """
