@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from mutations.diffscope import ChangedFunction, MutmutScope, load_scope, module_name
@@ -25,18 +24,6 @@ from mutations.scratch import run_mutants
 from mutations.survivors import RecordedSurvivor
 
 SCRATCH = Path(".mutations") / "diff-gate"
-
-
-@dataclass
-class DiffVerdict:
-    planned: int
-    ran: list[MutantRecord] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    excused: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
 
 
 def sample(mutants: list[PlannedMutant], max_mutants: int) -> list[PlannedMutant]:
