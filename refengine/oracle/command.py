@@ -104,6 +104,9 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Worker processes running arms in parallel, each loading the model once and using one thread; "
                    "1 runs every arm in this process. The results do not depend on it.")
+@click.option("--executor", default="local", show_default=True, type=click.Choice(["local", "ray"]),
+              help="local: here (--jobs); ray: every arm a task on the Ray cluster at --address (one GPU each on cuda).")
+@click.option("--address", default=None, help="With --executor ray: the cluster's address (host:port).")
 @click.option("--device", default="cpu", show_default=True, callback=_device,
               help="cpu, or cuda[:N]: the same arms on a GPU, their uniform steps replayed from CUDA graphs.")
 @click.option("--tensor-parallel-size", default=1, show_default=True, type=click.IntRange(min=1),
@@ -112,7 +115,7 @@ def derive_bad_words(baseline: ArmResult) -> tuple[tuple[int, ...], ...]:
 @click.pass_context
 def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, num_speculative_tokens, temperature,
                    seed, variants, seeded, structured, prefix_cache, block_size, write_report, report_path, jobs,
-                   device, tensor_parallel_size) -> None:
+                   executor, address, device, tensor_parallel_size) -> None:
     """Run every arm of the matrix and judge it. Exits 1 on any failed arm. With --jobs N the arms run
     in N worker processes; the tables keep the matrix order. `oracle merge` combines slice reports."""
     if ctx.invoked_subcommand is not None:
@@ -125,6 +128,8 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         )
     if tensor_parallel_size > 1 and any(m in TEACHER_METHODS for m in methods):
         raise click.UsageError("--tensor-parallel-size > 1: drop the teacher methods from --methods")
+    if (executor == "ray") != (address is not None):
+        raise click.UsageError("--executor ray takes --address (and --address only goes with --executor ray)")
     loaded = resolve_model(model, device)
     block_size = block_size or (4 if model in TINY_MODELS else 16)
     prompts = (
@@ -140,7 +145,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
     ]
     sections: list[Section] = []
     started = time.perf_counter()
-    with arm_runner(model, loaded, block_size, jobs, device, tensor_parallel_size) as runner:
+    with arm_runner(model, loaded, block_size, jobs, device, tensor_parallel_size, address) as runner:
         all_results, workloads = _run_passes(runner, arms, workloads, loaded.tokenizer, console)
     labels: collections.Counter[str] = collections.Counter()
     for workload, results in zip(banned_workloads(workloads, all_results), all_results, strict=True):
@@ -154,7 +159,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature if seeded else None, seed=seed,
         variants=variants, structured=structured, prefix_cache=prefix_cache, concurrency=tuple(concurrency), commit=_commit(),
         date=time.strftime("%Y-%m-%d"),
-        host=_host(jobs, device, all_results) + (f"; tensor-parallel size {tensor_parallel_size}" if tensor_parallel_size > 1 else ""),
+        host=(f"Ray cluster at {address}" if address else _host(jobs, device, all_results)) + (f"; tensor-parallel size {tensor_parallel_size}" if tensor_parallel_size > 1 else ""),
         sections=tuple(sections), labels=dict(labels),
         elapsed_s=round(time.perf_counter() - started, 1),
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -55,7 +56,32 @@ class PoolRunner:
         return [future.result() for future in futures]
 
 
-Runner = InProcessRunner | PoolRunner
+@dataclass(frozen=True)
+class RayRunner:
+    """Each arm a Ray task on the cluster `ray.init` joined (one GPU each on a CUDA device); a Ray worker
+    process loads the model once, on its first arm, and keeps it for the next."""
+
+    model_name: str
+    device: str
+    block_size: int
+    tensor_parallel: TensorParallel | None = None
+
+    def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
+        import ray
+
+        task = ray.remote(num_cpus=1, num_gpus=0 if self.device == "cpu" else 1)(_run_in_ray_worker)
+        refs = {
+            task.remote(self.model_name, self.device, arm, workload, self.block_size, self.tensor_parallel): workload
+            for arm, workload in jobs
+        }
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            on_done(refs[ready[0]], ray.get(ready[0]))
+        return ray.get(list(refs))
+
+
+Runner = InProcessRunner | PoolRunner | RayRunner
 
 
 # The engine builder's logger (refengine.engine.engine_args logs as "refengine"): it warns at every build
@@ -81,11 +107,30 @@ class _Once(logging.Filter):
 
 @contextmanager
 def arm_runner(
-    model_name: str, model: LoadedModel, block_size: int, jobs: int, device: str = "cpu", tensor_parallel_size: int = 1
+    model_name: str,
+    model: LoadedModel,
+    block_size: int,
+    jobs: int,
+    device: str = "cpu",
+    tensor_parallel_size: int = 1,
+    ray_address: str | None = None,
 ) -> Iterator[Runner]:
     """`jobs` 1 runs the arms here, on `model`; more starts that many workers, each loading `model_name`
-    once onto `device`. `tensor_parallel_size` > 1: each arm's engine runs on that many ranks."""
+    once onto `device`. `tensor_parallel_size` > 1: each arm's engine runs on that many ranks. With
+    `ray_address`, the arms are tasks on that Ray cluster instead (`jobs` is then the cluster's business)."""
     tensor_parallel = None if tensor_parallel_size == 1 else TensorParallel(model_name, tensor_parallel_size)
+    if ray_address is not None:
+        import ray
+
+        # Ray's workers import refengine from this checkout, which every node must hold at the same path.
+        root = str(Path(__file__).resolve().parents[2])
+        ray.init(address=ray_address, runtime_env={"env_vars": {"PYTHONPATH": root, "OMP_NUM_THREADS": "1"}},
+                 log_to_driver=False)
+        try:
+            yield RayRunner(model_name, device, block_size, tensor_parallel)
+        finally:
+            ray.shutdown()
+        return
     if jobs == 1:
         once = _Once()
         ENGINE_LOGGER.addFilter(once)
@@ -117,6 +162,16 @@ def _init_worker(model_name: str, device: str) -> None:
     # One thread per worker: the workers already fill the cores, and more would only oversubscribe them.
     torch.set_num_threads(1)
     _worker_model = resolve_model(model_name, device)
+
+
+def _run_in_ray_worker(
+    model_name: str, device: str, arm: Arm, workload: Workload, block_size: int, tensor_parallel: TensorParallel | None
+) -> ArmResult:
+    # Ray gives each GPU task its own CUDA_VISIBLE_DEVICES: the task's GPU is always cuda:0 in the task.
+    device = "cpu" if device == "cpu" else "cuda"
+    if _worker_model is None:
+        _init_worker(model_name, device)
+    return _run_in_worker(arm, workload, block_size, tensor_parallel)
 
 
 def _run_in_worker(arm: Arm, workload: Workload, block_size: int, tensor_parallel: TensorParallel | None) -> ArmResult:

@@ -125,6 +125,9 @@ def test_gate_runs_mutmut_fresh_with_one_openmp_thread(tmp_path, monkeypatch):
     assert stats.killed > 0 and stats.survived > 0  # `max(0, ...)` is never tested below zero
     assert stats.killed + stats.survived == stats.total
     assert result.output.splitlines()[-1].endswith("(min 0.5000) PASS")
+    # The full run's raw records, for `mutations merge` (the per-file ratchet, the shards' durations).
+    records = [json.loads(line) for line in (root / ".mutations" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == stats.total and sum(r["status"] == "killed" for r in records) == stats.killed
 
 
 def test_a_scoped_gate_runs_and_scores_only_its_files(tmp_path):
