@@ -264,20 +264,23 @@ mutmut: install
 		$(foreach glob,$(MUTMUT_SCOPE),--scope '$(glob)')
 	$(if $(MUTMUT_SCOPE),,$(VENV)/bin/mutations merge .mutations/records.jsonl --write-scores)
 
-## One shard of the full mutmut run (SHARD=i/n, balanced by mutations/durations.json); merge them with mutmut-merge.
+# One shard of the full mutmut run (SHARD=i/n, balanced by mutations/durations.json); merge them with mutmut-merge.
 # On several hosts: each runs its shard, and their .mutations/shards/*.jsonl are gathered on one. On a Ray cluster:
 # `mutations shard --executor ray --address HOST:PORT --count N` runs all N as tasks (the checkout at one path on every node).
 SHARD ?= 1/1
+## test | one time-balanced shard of the full mutmut run (SHARD=i/n) into .mutations/shards/ | the full run's time / n
 mutmut-shard: install
 	$(VENV)/bin/mutations shard --shard $(SHARD) --max-children $(MUTMUT_CHILDREN)
 
-## Merge the shards' raw records (.mutations/shards/*.jsonl): score gate, per-file ratchet, scores.toml and durations.
+# Merge the shards' raw records (.mutations/shards/*.jsonl): score gate, per-file ratchet, scores.toml and durations.
+## test | merge the shards' raw records: the score gate and the per-file ratchet | seconds
 mutmut-merge: install
 	$(VENV)/bin/mutations merge .mutations/shards/*.jsonl --write-scores
 .PHONY: mutmut-shard mutmut-merge
 
-## The PR-scoped mutmut gate: mutants of the functions changed since DIFF_BASE (default: merge base with origin, else HEAD~1).
+# The PR-scoped mutmut gate: mutants of the functions changed since DIFF_BASE (default: merge base with origin, else HEAD~1).
 DIFF_BASE ?= auto
+## test | mutmut on the functions changed since the merge base (HEAD~1 on main), as .ci/run runs it | 1-5 min on a typical change
 mutmut-diff: install
 	$(VENV)/bin/mutations gate --diff $(DIFF_BASE) --max-children $(MUTMUT_CHILDREN)
 .PHONY: mutmut-diff
