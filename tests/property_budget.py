@@ -1,7 +1,7 @@
 """Example budgets of the tests that search (issue 56): each property is two tests of one check.
 `test_X` runs in `make test` under the "ci" profile: derandomized, a fixed number of examples, no
 database, so CI sees the same examples every run. `test_X_slow`, marked slow, runs under `make test-slow`
-with the "search" profile: random examples and a larger budget. The marker is the switch
+with the "search" profile: random examples, shrunk on failure, and a larger budget. The marker is the switch
 (`pytest -m slow` picks the search), never a process-global setting.
 
 A check takes a Counter first: it counts the variants its examples ran (a preemption, a chunked step, a
@@ -12,10 +12,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", derandomize=True, database=None, deadline=None, suppress_health_check=_QUIET)
+# No shrinking in CI: a failure reports the example as drawn, at once (a mutant's run stays short).
+settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, suppress_health_check=_QUIET,
+    phases=[Phase.explicit, Phase.generate],
+)  # fmt: skip
 settings.register_profile("search", derandomize=False, database=None, deadline=None, suppress_health_check=_QUIET)
 
 
