@@ -1,21 +1,27 @@
 """Secrets kept out of everything the ladder writes or prints: in a server command line, the values of key-
-and token-like flags (--api-key, --hf-token, --token, ...) and of *_KEY= / *_TOKEN= assignments."""
+and token-like flags (--api-key, --hf-token, --token, ...), of *_KEY= / *_TOKEN= assignments and of
+credential headers (-H "Authorization: Bearer ...", "X-Api-Key: ...")."""
 
 import re
 
 REDACTED = "<redacted>"
 
 _NAME = r"(?:api[-_]?key|key|token|secret|password|passwd|credentials?)"
-_VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s'\"-][^\s'\"]*)"  # quoted, or a word that is not the next flag
+# quoted, or a word that is not the next flag (after "=" it may start with "-"); a shell's ; & | end it
+_VALUE = r"(\"[^\"]*\"|'[^']*'|(?<==)[^\s'\";&|]+|[^\s'\";&|-][^\s'\";&|]*)"
 # a flag whose last word names a secret: --api-key V, --hf-token=V, -token V (not --max-tokens, --tokenizer)
 _FLAG = re.compile(rf"(?i)(?<![\w-])(--?(?:\w+[-_])*{_NAME})(=|\s+){_VALUE}")
 # an environment assignment: HF_TOKEN=V, OPENAI_API_KEY=V, TOKEN=V
 _ASSIGN = re.compile(rf"(?i)(?<![\w-])((?:\w+_)?{_NAME})={_VALUE}")
+# a credential header: "Authorization: Bearer V", "X-Api-Key: V", "Private-Token: V"
+_HEADER = re.compile(r"(?i)((?<![\w-])(?:(?:proxy-)?authorization\s*:\s*(?:(?:bearer|basic|token)\s+)?"
+                     r"|[\w-]*(?:key|token|secret)\s*:\s*))([^\s'\"]+)")
 
 
 def secrets_in(cmd: str) -> list[str]:
     """The secret values `cmd` holds, quotes stripped, longest first (so none is a part of another's mask)."""
     found = [m.group(3) for m in _FLAG.finditer(cmd)] + [m.group(2) for m in _ASSIGN.finditer(cmd)]
+    found += [m.group(2) for m in _HEADER.finditer(cmd)]
     return sorted({v.strip("'\"") for v in found if v.strip("'\"")}, key=len, reverse=True)
 
 
@@ -36,4 +42,5 @@ def redact_cmd(cmd: str | None) -> str | None:
     if cmd is None:
         return None
     cmd = _FLAG.sub(lambda m: m.group(1) + m.group(2) + _mask(m.group(3)), cmd)
+    cmd = _HEADER.sub(lambda m: m.group(1) + REDACTED, cmd)
     return _ASSIGN.sub(lambda m: m.group(1) + "=" + _mask(m.group(2)), cmd)
