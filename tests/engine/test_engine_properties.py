@@ -75,11 +75,11 @@ def configs(draw) -> Config:
     max_model_len = max(8, multiple - draw(st.sampled_from([0, 0, 1, block_size // 2])))
     lookahead = 0 if method is None else k + (method == "dflash")
     min_blocks = -(-(max_model_len + lookahead) // block_size)
-    num_blocks = min_blocks + draw(st.sampled_from([0, 0, 1, 2, 3 * min_blocks]))
+    num_blocks = min_blocks + draw(st.sampled_from([0, 0, 0, 1, 3 * min_blocks]))  # mostly tight: preemption
     budget = draw(st.sampled_from([k + 1 + draw(st.integers(0, 5)), 256]))
     return Config(
         method, k, front, block_size, max_model_len, num_blocks, budget,
-        draw(st.sampled_from([1, 2, 4, 4])), draw(st.sampled_from([True, True, False])),
+        draw(st.sampled_from([2, 4, 4])), draw(st.sampled_from([True, True, False])),
     )  # fmt: skip
 
 
@@ -97,7 +97,7 @@ def requests(draw, max_model_len: int) -> list[tuple[list[int], SamplingParams]]
             tail = draw(st.lists(token, min_size=1, max_size=max_model_len - 1 - shared))
             prompt = prefix[:shared] + tail
         limit = max_model_len - len(prompt)
-        max_tokens = draw(st.one_of(st.just(limit), st.integers(1, limit)))
+        max_tokens = limit if draw(st.integers(0, 2)) else draw(st.integers(1, limit))
         greedy = draw(st.booleans())
         params = SamplingParams(
             temperature=0.0 if greedy else draw(st.sampled_from([0.6, 1.0])),
@@ -153,11 +153,14 @@ def _async_llm(args: EngineArgs, work) -> tuple[list[Emitted], object, list[int]
 
 
 def _watch_preemptions(scheduler) -> list[int]:
+    """What each preempted request held (prompt and output) when it was preempted."""
     held: list[int] = []
     preempt = scheduler._preempt_request
 
     def noting(request) -> None:
         held.append(request.num_tokens)
+        scheduler.num_preempted_with_output = getattr(scheduler, "num_preempted_with_output", 0) + (
+            request.num_tokens > request.num_prompt_tokens)
         preempt(request)
 
     scheduler._preempt_request = noting
@@ -209,6 +212,8 @@ def check_valid_configurations_serve_and_account(counts, tiny_qwen3, data):
     else:
         assert pc == (0, 0)
     counts["preemptions"] += len(preempted)
+    counts["resumed with output, prefix caching on"] += config.enable_prefix_caching and getattr(
+        scheduler, "num_preempted_with_output", 0)
     counts["chunked prefills"] += sum(len(p) > config.max_num_batched_tokens for p in prompts)
     counts["drafts"] += scheduler.spec_decoding_stats.num_draft_tokens > 0
     counts["cache hits"] += pc[1] > 0
@@ -221,7 +226,7 @@ def check_valid_configurations_serve_and_account(counts, tiny_qwen3, data):
 
 test_valid_configurations_serve_and_account, test_valid_configurations_serve_and_account_slow = property_tests(
     check_valid_configurations_serve_and_account, 12, 120,
-    variants=("preemptions", "chunked prefills", "drafts", "cache hits",
+    variants=("preemptions", "resumed with output, prefix caching on", "chunked prefills", "drafts", "cache hits",
               "at max_model_len, a multiple of the block size, with lookahead", *FRONTS),
     data=st.data(),
 )  # fmt: skip
