@@ -23,12 +23,15 @@ settings.register_profile(
 settings.register_profile("search", derandomize=False, database=None, deadline=None, suppress_health_check=_QUIET)
 
 
-def _test(check: Callable, profile: str, examples: int, variants: Sequence[str], strategies: dict) -> Callable:
+def _test(check: Callable, profile: str, examples: int, variants: Sequence[str], pinned: Sequence[dict],
+          strategies: dict) -> Callable:
     signature = inspect.signature(check)
     fixtures = [p for name, p in list(signature.parameters.items())[1:] if name not in strategies]
 
     def test(**kwargs) -> None:
         counts: Counter = Counter()
+        for case in pinned:  # cases that every run holds, whatever the draws give
+            check(counts, **kwargs, **case)
         def counted(*args, **drawn) -> None:
             check(counts, *args, **drawn)
 
@@ -45,10 +48,11 @@ def _test(check: Callable, profile: str, examples: int, variants: Sequence[str],
 
 
 def property_tests(
-    check: Callable, ci: int, slow: int, variants: Sequence[str] = (), **strategies
+    check: Callable, ci: int, slow: int, variants: Sequence[str] = (), pinned: Sequence[dict] = (), **strategies
 ) -> tuple[Callable, Callable]:
-    """`check(counts, *fixtures, **drawn)` as the CI test of `ci` examples and the slow test of `slow`."""
+    """`check(counts, *fixtures, **drawn)` as the CI test of `ci` examples and the slow test of `slow`; each
+    runs the `pinned` cases (explicit values of the drawn arguments) first."""
     return (
-        _test(check, "ci", ci, variants, strategies),
-        pytest.mark.slow(_test(check, "search", slow, variants, strategies)),
+        _test(check, "ci", ci, variants, pinned, strategies),
+        pytest.mark.slow(_test(check, "search", slow, variants, pinned, strategies)),
     )
