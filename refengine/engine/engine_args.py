@@ -167,7 +167,11 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         # general way.
         spec_step_graphs = SpecStepGraphs(sampler_graphs, drafter.step_graphs, device)
         spec_step_graphs.capture(graphs)
-    input_batch = InputBatch(config.max_num_seqs, config.max_model_len, _max_blocks_per_req(config), config.block_size)
+    # A row holds the longest context plus the drafter's lookahead, as its blocks do: under async scheduling
+    # the runner's optimistic count (every draft in flight accepted) runs up to k past max_model_len.
+    input_batch = InputBatch(
+        config.max_num_seqs, config.max_model_len + config.num_lookahead_tokens, _max_blocks_per_req(config), config.block_size
+    )
     runner = ModelRunner(
         model if args.skew_logits_on_rank != tp_rank else SkewedLogitsModel(model, tp_rank),
         kv_cache,

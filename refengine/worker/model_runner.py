@@ -274,22 +274,16 @@ class ModelRunner:
 
     def _uniform_key(self, rows: list[ScheduledRow], num_device_drafts: int) -> SamplerGraphKey | None:
         """The graph of a uniform verify step (spec_step_graphs.py), else None: every request verifies k
-        drafts that are all on the device, none wants logprobs or has a constraint (bad words, a grammar)
-        or min_tokens (whose masks, overrides and read-backs the general path serves), and its sampling
-        is a captured variant. Tensor parallelism broadcasts the sampled ids between verification and
+        drafts that are all on the device, and each request sets only what the step honours
+        (sample/step_support.py: no logprobs, constraint or min_tokens, whose masks, overrides and
+        read-backs the general path serves; top-k and top-p only when greedy). Tensor parallelism broadcasts the sampled ids between verification and
         drafting, which the graph would skip: it stays general."""
         graphs = self.spec_step_graphs
         if graphs is None or self.tp_group is not None or num_device_drafts != len(rows) * graphs.k:
             return None
         for row in rows:
             state = row.state
-            if (
-                row.first_logits_row is None
-                or row.num_scheduled_tokens != graphs.q
-                or state.num_logprobs is not None
-                or state.constrained
-                or state.params.min_tokens
-            ):
+            if row.first_logits_row is None or row.num_scheduled_tokens != graphs.q or not state.uniform_step:
                 return None
         padded = graphs.padded_size(len(rows))
         return None if padded is None else graphs.key(padded, [r.batch_row for r in rows], self.input_batch)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from refengine.core.outputs import NewRequestData
 from refengine.sample.sampler import RowParams
+from refengine.sample.step_support import uniform_step_supports
 
 
 @dataclass(slots=True)
@@ -35,6 +36,8 @@ class CachedRequestState:
     num_cached_tokens: int = 0
     # It has a constraint (bad words, a grammar): its drafts are judged on the host, its rows masked.
     constrained: bool = False
+    # Every field it sets is one the uniform verify step honours (sample/step_support.py).
+    uniform_step: bool = False
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> "CachedRequestState":
@@ -61,6 +64,7 @@ class CachedRequestState:
             num_logprobs=sp.logprobs,
             num_cached_tokens=data.num_computed_tokens,
             constrained=bool(sp.bad_words or sp.bad_words_token_ids or sp.structured_outputs),
+            uniform_step=uniform_step_supports(sp),
         )
 
     @property

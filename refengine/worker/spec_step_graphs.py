@@ -158,13 +158,10 @@ class SpecStepGraphs:
                     self._graphs[key] = capture(partial(self.step, key, rows))
                 self._captured_sizes.append(padded)
 
-    def key(self, padded: int, batch_rows: Sequence[int], input_batch: InputBatch) -> SamplerGraphKey | None:
+    def key(self, padded: int, batch_rows: Sequence[int], input_batch: InputBatch) -> SamplerGraphKey:
         """The graph of a uniform step of the requests in `batch_rows` at P = `padded`: greedy, or seeded
-        without top-k and top-p; None for the other variants, which the runner samples the general way."""
-        rows_a = np.asarray(batch_rows, dtype=np.int64)
-        greedy = not input_batch.temperature[rows_a].any()
-        if not greedy and ((input_batch.top_k[rows_a] > 0).any() or (input_batch.top_p[rows_a] < 1.0).any()):
-            return None
+        (top-k and top-p only on greedy rows: the runner's eligibility, sample/step_support.py)."""
+        greedy = not input_batch.temperature[np.asarray(batch_rows, dtype=np.int64)].any()
         return SamplerGraphKey(padded, greedy, False, False, False)
 
     def run(self, key: SamplerGraphKey, verified: Sequence[ScheduledRow], input_batch: InputBatch, rows: TargetRows) -> SampledStep:
