@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.graphs import BufferSet, Field, GraphPool, GraphSet
+from refengine.model.graphs import GraphPool, GraphSet
+from refengine.model.static_buffers import BufferSet, Field
 from refengine.spec_decode.proposer import DeviceDrafter, DraftInput, PaddedDraftBatch, ProposalInputs
 
 _PER_SEQ = ("seq_lens", "num_rejected", "limit")
@@ -37,8 +38,8 @@ class DraftGraphs:
             fields[name] = Field((t, size), dtype=dtype, staged=False)
         self.step_buffers = BufferSet(device, fields)
         proposal = dict(tokens=Field((b,)), starts=Field((b,)), num_drafts=Field((b,)), block_tables=Field((b, w)))
-        if drafter.draft_hidden_size is not None:
-            proposal["hidden"] = Field((b, drafter.draft_hidden_size), dtype=dtype, staged=False)
+        if drafter.draft_hidden is not None:
+            proposal["hidden"] = Field((b, drafter.draft_hidden[0]), dtype=drafter.draft_hidden[1], staged=False)
         self.proposal_buffers = BufferSet(device, proposal)
         self._query_start_loc = torch.arange(b + 1, device=device) * self.q
         self._last_fed_row = torch.arange(b, device=device) * self.q + self.q - 1

@@ -45,8 +45,8 @@ class FixedShapeProposer(NetworkProposer):
         return self  # the DeviceDrafter capability (proposer.py)
 
     @property
-    def draft_hidden_size(self) -> int | None:
-        return self.network.config.hidden_size if self.reads_hidden else None
+    def draft_hidden(self) -> tuple[int, torch.dtype] | None:
+        return (self.network.config.hidden_size, next(self.network.parameters()).dtype) if self.reads_hidden else None
 
     def use_graphs(self, graphs: DraftGraphRunner) -> None:
         self.graphs = graphs

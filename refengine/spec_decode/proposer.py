@@ -116,7 +116,7 @@ class DeviceDrafter(Protocol):
 
     k: int
     capture_layers: tuple[int, ...]
-    draft_hidden_size: int | None  # the width of the hidden rows `draft` reads; None: it reads none
+    draft_hidden: tuple[int, torch.dtype] | None  # (size, dtype) of the hidden rows `draft` reads; None: none
 
     def ingest(self, batch: PaddedDraftBatch, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         """Pass 1 over every fed row; the output rows `draft` continues from, or None."""

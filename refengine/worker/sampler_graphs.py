@@ -16,7 +16,8 @@ from functools import partial
 
 import torch
 
-from refengine.model.graphs import BufferSet, Field, GraphPool, GraphSet
+from refengine.model.graphs import GraphPool, GraphSet
+from refengine.model.static_buffers import BufferSet, Field
 from refengine.sample.metadata import SamplingMetadata
 from refengine.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,

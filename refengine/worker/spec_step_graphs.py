@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from refengine.model.graphs import BufferSet, Field, GraphPool, GraphSet
+from refengine.model.graphs import GraphPool, GraphSet
+from refengine.model.static_buffers import BufferSet, Field
 from refengine.sample.metadata import SamplingMetadata
 from refengine.spec_decode.draft_graphs import DraftGraphs
 from refengine.spec_decode.proposer import PaddedDraftBatch

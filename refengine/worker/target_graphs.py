@@ -12,8 +12,9 @@ import torch
 
 from refengine.model import attention
 from refengine.model.attention_metadata import AttentionMetadata
-from refengine.model.graphs import BufferSet, Field, GraphPool, GraphSet
+from refengine.model.graphs import GraphPool, GraphSet
 from refengine.model.kv_cache import KVCache
+from refengine.model.static_buffers import BufferSet, Field
 from refengine.model.transformer import ModelOutput, Transformer
 from refengine.worker.device_inputs import CompletedInputs, DeviceInputIndices, DeviceInputs
 from refengine.worker.errors import RunnerInvariantError

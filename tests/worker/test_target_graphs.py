@@ -8,7 +8,7 @@ import torch
 
 from refengine.model import KVCache
 from refengine.model.attention_metadata_builder import build_attention_metadata
-from refengine.model.graphs import BufferSet, Field
+from refengine.model.static_buffers import BufferSet, Field
 from refengine.worker.device_inputs import DeviceInputIndices
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.target_graphs import TargetGraphs
