@@ -9,7 +9,7 @@ rejected drafts, read on the device), so the step runs at the exact positions.
 
 The completion has fixed shapes: one op per field over every fed row, whichever rows read the device.
 A CUDA graph of the step captures it with the forward, so the host only stages its indices with the
-step's other inputs (worker/graph_layout.py); the eager path runs the same code.
+step's other inputs (worker/target_graphs.py); the eager path runs the same code.
 
 Invariant numbers refer to docs/invariants.md.
 """
