@@ -103,6 +103,7 @@ class GraphSet(Generic[_Key, _Out]):
         self.name = name
         self.step = step
         self._graphs: dict[_Key, tuple[torch.cuda.CUDAGraph, _Out]] = {}
+        self.captured: tuple[_Key, ...] = ()  # kept once at capture: the dispatcher reads it every step
         self.num_replays = 0
         self.num_eager_steps = 0
 
@@ -113,6 +114,7 @@ class GraphSet(Generic[_Key, _Out]):
                 if prepare is not None:
                     prepare(key)
                 self._graphs[key] = pool.capture(partial(self.step, key))
+        self.captured = tuple(self._graphs)
 
     def holds(self, key: _Key) -> bool:
         return key in self._graphs
@@ -132,4 +134,4 @@ class GraphSet(Generic[_Key, _Out]):
 
     @property
     def stats(self) -> GraphStats:
-        return GraphStats(self.name, tuple(self._graphs), self.num_replays, self.num_eager_steps)
+        return GraphStats(self.name, self.captured, self.num_replays, self.num_eager_steps)

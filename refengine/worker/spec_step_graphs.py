@@ -54,6 +54,7 @@ class SpecStepGraphs:
         # Each captured key's target rows (the target graph's outputs); an eager step's own rows.
         self._captured: dict[SamplerGraphKey, TargetStep] = {}
         self._rows: TargetStep | None = None
+        self.captured_sizes: list[int] = []  # the P with graphs (none: every step runs eagerly)
 
     def _step(self, key: SamplerGraphKey) -> SampledStep:
         return self.step(key, self._captured.get(key, self._rows))
@@ -89,6 +90,7 @@ class SpecStepGraphs:
             for greedy in () if rows is None else (True, False):
                 self._captured[SamplerGraphKey(padded, greedy, False, False, False)] = rows
         self.graphs.capture(pool, list(self._captured))
+        self.captured_sizes = sorted({key.padded for key in self._captured})
 
     def run(self, key: SamplerGraphKey, verified: Sequence[ScheduledRow], input_batch: InputBatch, rows: TargetStep) -> SampledStep:
         """The step of the `verified` requests, replayed right after its target's graph of P = `key.padded`

@@ -92,7 +92,7 @@ class Dispatcher:
             return None
         if meta.seq_lens.shape[0] > g.max_seqs or meta.block_tables.shape[1] > g.width:
             return None
-        padded = padded_batch_size(t, g.graphs.stats.keys) if num_padded is None else num_padded
+        padded = padded_batch_size(t, g.graphs.captured) if num_padded is None else num_padded
         ok = padded is not None and g.graphs.holds(padded) and t <= padded and len(plan.sample_rows) <= g.num_logits(padded)
         return padded if ok else None
 
@@ -107,7 +107,7 @@ class Dispatcher:
         greedy = uniform_step_honours([r.state for r in plan.rows], [r.batch_row for r in plan.rows], self.input_batch)
         if greedy is None:
             return None
-        captured, n = {key.padded for key in g.graphs.stats.keys}, len(plan.rows)
+        captured, n = g.captured_sizes, len(plan.rows)
         # Nothing captured (the CPU): the step runs eagerly at its own size.
         padded = padded_batch_size(n, captured) if captured else (n if n <= g.batch_sizes[-1] else None)
         return None if padded is None else SamplerGraphKey(padded, greedy, False, False, False)
