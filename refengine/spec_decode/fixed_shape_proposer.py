@@ -1,14 +1,12 @@
-"""What EAGLE/EAGLE3/MTP and DFlash share: a padded drafter batch (vLLM's) and, past the step's fed rows,
-a proposal of one row per request whose shapes depend on the batch size alone (`draft`), run eagerly or
-replayed from its CUDA graph once the engine has captured one (draft_graphs.py).
+"""What EAGLE/EAGLE3/MTP and DFlash share: a padded drafter batch (vLLM's), then a proposal of one row
+per request whose shapes depend on the batch size alone (`draft`). It declares the device-drafter
+capability (proposer.py's DeviceDrafter), so the dispatcher may replay its step or its proposal from
+the CUDA graphs of draft_graphs.py; else it runs eagerly.
 
-The drafter takes in every row the step fed (`ingest`: EAGLE's pass 1, DFlash's context), rejected
-drafts included, before the host knows what was accepted. Each request's last committed row is its
-last fed row less its rejected ones (vLLM's token_indices_to_sample), chosen on the device, and the
-proposal starts there, so drafting needs no read-back of the verified ids. The drafts stay on the
-device, where the runner's next step reads them under async scheduling; their host copy lands with the
-verified ids, one frame late, and `commit` gets the committed counts then. A rejected row's KV lies past the committed positions, where nothing reads it before the
-proposal or the next step overwrites it.
+The drafter takes in every row the step fed (`ingest`), rejected drafts included, before the host knows
+what was accepted; each request's last committed row is its last fed row less its rejected ones (vLLM's
+token_indices_to_sample), chosen on the device, so drafting reads nothing back. The drafts stay on the
+device; their host copy lands one frame late, and `commit` gets the committed counts then.
 
 Invariant numbers refer to docs/invariants.md.
 """

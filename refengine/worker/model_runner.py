@@ -1,21 +1,13 @@
-"""ModelRunner: builds the step's inputs from a SchedulerOutput, runs the model and verifies/samples.
+"""ModelRunner: a step's inputs from a SchedulerOutput, the model, verification, sampling and drafting.
 
-State lives in `requests`, keyed by request id (invariant 17), and in the persistent InputBatch,
-whose rows are found by id too and change only as the SchedulerOutputs say (input_batch.py): a step
-with the same requests as the last one writes only the tokens and blocks it adds. A request's token
-history is kept once, in its batch row.
-
-A step is split in two, as in vLLM: `execute_model` runs the forward and keeps the logits;
-`sample_tokens` verifies drafts, samples and drafts. The engine's deferred branch runs other work between
-the two (it applies the previous frame's output and validates drafts against constraints).
-
-Zero-bubble speculative decoding (vLLM's Model Runner V2, SGLang's spec v2): a sampled step's results
-(tokens, accepted counts, the drafts proposed after it) stay on the device as a StepFrame
-(step_frame.py). The next step is launched before they reach the host: its input ids are gathered from
-them and its positions, sequence lengths and slots are moved back on the device by their rejected
-drafts (device_inputs.py), while the host plans with the optimistic count, every draft accepted. The
-host applies a frame one step late, when it lands (in_flight_frames.py). A step whose next one needs
-its results on the host (logprobs, bad words, a grammar, a host drafter) lands at once.
+State lives in `requests`, keyed by request id (invariant 17), and in the persistent InputBatch, whose
+rows change only as the SchedulerOutputs say (input_batch.py). As in vLLM, `execute_model` plans the
+step on the host (`_plan`: a StepPlan), asks the dispatcher once for its way (step_plan.py) and launches
+the target's forward (`_launch`); `sample_tokens` verifies, samples and drafts, the general way or as
+the uniform step's one graph. Zero-bubble speculative decoding (Model Runner V2, SGLang's spec v2): a
+step's results stay on the device as a StepFrame, the next step's inputs are completed from them there
+(device_inputs.py), and the host applies a frame one step late (in_flight_frames.py), unless the next
+step needs it at once (logprobs, bad words, a grammar, a host drafter).
 
 Invariant numbers refer to docs/invariants.md.
 """
