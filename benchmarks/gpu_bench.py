@@ -42,6 +42,7 @@ import traceback
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,6 +51,7 @@ from refengine.engine.llm import LLM  # noqa: E402
 from refengine.model import attention  # noqa: E402
 from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
+from refengine.model.graphs import GraphPool, graph_token_sizes, padded_batch_size  # noqa: E402
 from refengine.model.kv_cache import KVCache  # noqa: E402
 from refengine.model.layers import set_kernels  # noqa: E402
 from refengine.model.roofline import kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
@@ -59,7 +61,8 @@ from refengine.sampling_params import SamplingParams  # noqa: E402
 from refengine.spec_decode.config import SpeculativeConfig  # noqa: E402
 from refengine.tokenizer.chat_template import ChatMessage  # noqa: E402
 from refengine.worker import model_runner  # noqa: E402
-from refengine.worker.cuda_graphs import CudaGraphs  # noqa: E402
+from refengine.worker.device_inputs import DeviceInputIndices  # noqa: E402
+from refengine.worker.target_graphs import TargetGraphs  # noqa: E402
 
 BANDWIDTH = 4.21e12  # bytes/s, the issue's copy bandwidth for this H200 type
 PROMPT_LEN = 1024
@@ -281,6 +284,22 @@ def get_qwen8b():
     return Qwen8b.loaded
 
 
+def target_graphs(model, cache, batches, q: int, blocks_per_seq: int) -> TargetGraphs:
+    """The target's graphs of uniform steps of `batches` requests of q tokens (no mixed-step sizes)."""
+    sizes = graph_token_sizes(batches, (q,), max(batches) * q)
+    return TargetGraphs(model, cache, sizes, list(batches), max_num_seqs=max(batches), max_logits=max(batches) * q,
+                        max_blocks_per_seq=blocks_per_seq)
+
+
+def replay(g: TargetGraphs, ids, positions, meta):
+    """One step through the target's graph that holds it, with nothing in flight to complete."""
+    n = meta.seq_lens.shape[0]
+    seq_of_token = np.repeat(np.arange(n), np.diff(meta.query_start_loc.numpy()))
+    indices = DeviceInputIndices.build([], [], [-1] * n, [0] * n, seq_of_token)
+    size = padded_batch_size(ids.shape[0], g.token_sizes)
+    return g.run(size, ids, positions, meta, torch.arange(ids.shape[0]), indices, None)
+
+
 def model_steps(bench: Bench) -> None:
     loaded = get_qwen8b()
     model = loaded.model
@@ -297,11 +316,10 @@ def model_steps(bench: Bench) -> None:
             set_numerics(model, numerics)
             set_kernels(model, Kernels(fused_ops=fused))
             # A budget of the largest batch's tokens: the uniform sizes alone, no mixed-step graphs.
-            g = CudaGraphs(model, cache, max_num_seqs=max(batches), max_blocks_per_seq=blocks_per_seq, query_lens=(q,),
-                           batch_sizes=list(batches), max_num_batched_tokens=max(batches) * q)
+            g = target_graphs(model, cache, batches, q, blocks_per_seq)
             t0 = time.perf_counter()
             try:
-                g.capture()
+                g.capture(GraphPool(DEV))
             finally:
                 set_kernels(model, Kernels())
             graphs[key] = g
@@ -323,10 +341,10 @@ def model_steps(bench: Bench) -> None:
                 set_kernels(model, Kernels(attention="reference" if backend == "reference" else "auto"))
                 before = dict(attention.ATTENTION_CALLS)
                 g = graphs.get(key)
-                replays = g.num_replays if g else 0
+                replays = g.graphs.stats.num_replays if g else 0
                 with torch.inference_mode():
                     if mode == "graph":
-                        fn = lambda g=g, ids=ids, positions=positions, meta=meta: g.run(ids, positions, meta, torch.arange(ids.shape[0]), None)  # noqa: E731
+                        fn = lambda g=g, ids=ids, positions=positions, meta=meta: replay(g, ids, positions, meta)  # noqa: E731
                     else:
                         dev_ids, dev_pos = ids.to(DEV), positions.to(DEV)
 
@@ -352,7 +370,7 @@ def model_steps(bench: Bench) -> None:
                 bench.row(section="steps", what=f"qwen3-8b {kind} step", c=c, context=MID_CONTEXT,
                           numerics=numerics.value, fused_ops=key != "fast-unfused", attention=ran,
                           cuda_graphs=mode == "graph",
-                          graph_replays=(g.num_replays if g else 0) - replays, ms=round(med, 3), ms_min=round(best, 3),
+                          graph_replays=(g.graphs.stats.num_replays if g else 0) - replays, ms=round(med, 3), ms_min=round(best, 3),
                           gpu_ms=None if gpu_ms is None else round(gpu_ms, 3),
                           floor_ms=round(floor, 3), roofline=round(floor / med, 3))
         del graphs
@@ -375,16 +393,15 @@ def profile_step(bench: Bench) -> None:
     cache = getattr(Qwen8b, "cache", None) or random_cache(loaded, 90)
     blocks_per_seq = -(-(PROMPT_LEN + OUTPUT_LEN + 8) // BLOCK)
     ids, positions, meta = step_inputs(1, 1, MID_CONTEXT, blocks_per_seq, loaded.config.vocab_size)
-    g = CudaGraphs(model, cache, max_num_seqs=1, max_blocks_per_seq=blocks_per_seq, query_lens=(1,), batch_sizes=[1],
-                   max_num_batched_tokens=1)
-    g.capture()
+    g = target_graphs(model, cache, [1], 1, blocks_per_seq)
+    g.capture(GraphPool(DEV))
     with torch.inference_mode():
         for _ in range(3):
-            g.run(ids, positions, meta, torch.arange(1), None)
+            replay(g, ids, positions, meta)
         sync()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
-                g.run(ids, positions, meta, torch.arange(1), None)
+                replay(g, ids, positions, meta)
             sync()
     kinds: dict[str, float] = defaultdict(float)
     names: dict[str, float] = defaultdict(float)
@@ -476,8 +493,8 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     graph_steps, eager_steps = runner.num_graph_steps, runner.num_eager_steps
     drafter = runner.drafter
     drafter_steps = (drafter.num_graph_steps, drafter.num_eager_steps) if spec is not None else (0, 0)
-    uniform = runner.spec_step_graphs
-    uniform_steps = 0 if uniform is None else uniform.num_replays
+    uniform = runner.dispatcher.uniform
+    uniform_steps = 0 if uniform is None else uniform.graphs.stats.num_replays
     timing = timed_generate(llm, prompts, params, batch_queue)
     stats = llm.engine.core.scheduler.spec_decoding_stats
     llm.engine.core.shutdown()
@@ -503,7 +520,7 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
         # Uniform verify steps verify and draft in their own graph (spec_step_graphs.py), not the drafter's.
         row.update(drafter_graph_steps=drafter.num_graph_steps - drafter_steps[0],
                    drafter_eager_steps=drafter.num_eager_steps - drafter_steps[1],
-                   uniform_step_graph_steps=0 if uniform is None else uniform.num_replays - uniform_steps)
+                   uniform_step_graph_steps=0 if uniform is None else uniform.graphs.stats.num_replays - uniform_steps)
         row.update(method=spec.method, k=spec.num_speculative_tokens, synthetic_acceptance=synthetic,
                    acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
                    tokens_per_step=round(tokens_per_step or 1, 3),
@@ -669,34 +686,37 @@ def spec_phases(core) -> Phases:
     phases.wrap(core.scheduler, "update_from_output", "scheduler.update_from_output")
     phases.wrap(runner, "execute_model", "runner.execute_model")
     phases.wrap(runner, "sample_tokens", "runner.sample_tokens")
-    if runner.cuda_graphs is not None:
-        phases.wrap(runner.cuda_graphs, "run", "target verify graph (staging + replay)", stream=True)
-        phases.wrap(runner.cuda_graphs._copied, "synchronize", "wait: target staging copy (event)")
+    graphs = runner.dispatcher
+    if graphs.target is not None:
+        phases.wrap(graphs.target, "run", "target verify graph (staging + replay)", stream=True)
+        phases.wrap(graphs.target.buffers.copied, "synchronize", "wait: target staging copy (event)")
     else:  # the dry run: no graphs on the CPU
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
     phases.wrap(model_runner, "verify_rows", "verify_rows (sampler + rejection)", stream=True)
-    if runner.sampler_graphs is not None:  # a synthetic rule replays inside the sampler's graph
-        phases.wrap(runner.sampler_graphs, "run", "rejection sampler graph (fill + replay)", stream=True)
+    if graphs.sampler is not None:  # a synthetic rule replays inside the sampler's graph
+        phases.wrap(graphs.sampler, "run", "rejection sampler graph (fill + replay)", stream=True)
     elif runner.accept is not None:  # the dry run of a synthetic rule: it runs eagerly
         phases.wrap(runner, "accept", "synthetic accept (device)")
     # The host applies a step's verified ids, accepted counts and drafts when its frame lands: one step
     # late under async scheduling (zero-bubble), at once under sync; its host time holds any wait for
     # the copy.
-    phases.wrap(runner._in_flight, "land", "wait: frames landing (ids, counts, drafts)")
-    phases.wrap(runner._in_flight, "record", "frame record (host rows + device columns)")
-    if runner.spec_step_graphs is not None:
-        phases.wrap(runner.spec_step_graphs, "run", "uniform step graph (verify + drafter + frame)", stream=True)
+    phases.wrap(runner.in_flight, "land", "wait: frames landing (ids, counts, drafts)")
+    phases.wrap(runner.in_flight, "record", "frame record (host rows + device columns)")
+    if graphs.uniform is not None:
+        phases.wrap(graphs.uniform, "run", "uniform step graph (verify + drafter + frame)", stream=True)
     if drafter is None:
         return phases
     phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
     phases.wrap(drafter.network, "forward", "drafter network.forward (eager pass 1; 2..k too when eager)", stream=True)
-    phases.wrap(drafter, "_run_draft", "drafter passes 2..k (graph or eager)", stream=True)
-    if drafter.step_graphs is not None and runner.spec_step_graphs is None:
-        # With the one-graph uniform step, the steps this graph serves (uniform, but with logprobs or a
-        # constraint) do not occur here.
-        phases.wrap(drafter.step_graphs, "run", "drafter step graph (pass 1 + proposal)", stream=True)
-    if drafter.cuda_graphs is not None:
-        phases.wrap(drafter.cuda_graphs._copied, "synchronize", "wait: drafter staging copy (event)")
+    phases.wrap(drafter, "draft", "drafter passes 2..k (eager)", stream=True)
+    draft_graphs = graphs.draft_graphs
+    if draft_graphs is not None:
+        phases.wrap(draft_graphs, "run_proposal", "drafter passes 2..k (graph)", stream=True)
+        if graphs.uniform is None:
+            # With the one-graph uniform step, the steps this graph serves (uniform, but with logprobs or a
+            # constraint) do not occur here.
+            phases.wrap(draft_graphs, "run_step", "drafter step graph (pass 1 + proposal)", stream=True)
+        phases.wrap(draft_graphs.proposal_buffers.copied, "synchronize", "wait: drafter staging copy (event)")
     return phases
 
 
@@ -791,7 +811,7 @@ def spec_profile(bench: Bench) -> None:
         row = dict(section="spec_profile",
                    what="qwen3-8b EAGLE k=4 random head, SYNTHETIC acceptance 0.7, async + batch queue, "
                         "16 in / 64 out",
-                   c=c, cuda_graphs=runner.cuda_graphs is not None, async_scheduling=llm.engine.async_resolution.enabled,
+                   c=c, cuda_graphs=runner.dispatcher.target is not None, async_scheduling=llm.engine.async_resolution.enabled,
                    batch_queue=core.max_concurrent_batches > 1, runner_steps=steps, engine_step_calls=plain["steps"],
                    accepted_tokens_per_step=round(accepted / max(drafts, 1), 3),
                    tokens_per_step=round(plain["tokens"] / steps, 3),
@@ -825,23 +845,24 @@ def graph_replay_us(runner, k: int) -> dict[str, float]:
     """Device microseconds of one replay of each CUDA graph a one-request step runs, replayed alone 200
     times after 20 (the static buffers hold the last step's inputs, so each replay redoes that step):
     the target's forward of 1 and of k + 1 tokens, the greedy rejection sampler and the drafter's step.
-    It reads the graph dicts directly: no engine path replays a graph without filling it. {} on the CPU."""
-    if DEV != "cuda" or runner.cuda_graphs is None:
+    It replays each graph set's captured key alone (GraphSet.run): no engine path replays a graph without
+    filling it. {} on the CPU."""
+    d = runner.dispatcher
+    if DEV != "cuda" or d.target is None:
         return {}
-    graphs = {f"target {t} tokens": g.graph for t, g in runner.cuda_graphs._graphs.items() if t in (1, k + 1)}
-    if runner.sampler_graphs is not None:
-        graphs["rejection sampler (greedy)"] = next(g for key, (g, _) in runner.sampler_graphs._graphs.items()
-                                                    if key.padded == 1 and key.greedy and not key.masked)
-    step_graphs = getattr(runner.drafter, "step_graphs", None)
-    if step_graphs is not None:
-        graphs["drafter step (pass 1 + proposal)"] = step_graphs._graphs[1].graph
+    graphs = {f"target {t} tokens": (d.target.graphs, t) for t in d.target.graphs.stats.keys if t in (1, k + 1)}
+    if d.sampler is not None:
+        graphs["rejection sampler (greedy)"] = (d.sampler.graphs, next(
+            key for key in d.sampler.graphs.stats.keys if key.padded == 1 and key.greedy and not key.masked))
+    if d.draft_graphs is not None:
+        graphs["drafter step (pass 1 + proposal)"] = (d.draft_graphs.steps, 1)
     timings = {}
-    for name, graph in graphs.items():
+    for name, (graph_set, key) in graphs.items():
         for _ in range(20):
-            graph.replay()
+            graph_set.run(key)
         start = mark()
         for _ in range(200):
-            graph.replay()
+            graph_set.run(key)
         end = mark()
         sync()
         timings[name] = round(marks_ms(start, end) * 1e3 / 200, 1)

@@ -43,12 +43,7 @@ MAY_IMPORT = {
 # What ladder, a client of any OpenAI endpoint, may read of refengine: the stdlib-only bottom it shares.
 LADDER_MAY_IMPORT = {"version", "sharegpt_file"}
 # File circles allowed for now, each a set of module names.
-CIRCLE_EXCEPTIONS = (
-    # removed by the graph runtime change
-    {"refengine.spec_decode.draft_step_graphs", "refengine.spec_decode.fixed_shape_proposer"},
-    # removed by the graph runtime change
-    {"refengine.worker.cuda_graphs", "refengine.worker.spec_step_graphs"},
-)
+CIRCLE_EXCEPTIONS: tuple[set[str], ...] = ()
 
 
 def imported_modules(path: Path) -> set[str]:

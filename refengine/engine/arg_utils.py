@@ -44,7 +44,7 @@ class EngineArgs:
     cuda_graphs: bool | None = None  # None: on when the device is a GPU and attention runs in Triton
     # The padded batch sizes captured (vLLM's cuda_graph_sizes); a bigger decode batch runs eagerly. None:
     # 1, 2, 4, 8, then every 8 up to max_num_seqs. Mixed steps (a prefill beside decodes) replay graphs of
-    # up to 512 tokens whatever these are (model/cuda_graph_sizes.py).
+    # up to 512 tokens whatever these are (model/graphs.py).
     cuda_graph_sizes: tuple[int, ...] | None = None
     attention_backend: str = "auto"  # for CUDA tensors: auto (Triton when installed), triton, reference
     fused_ops: bool = True  # for CUDA tensors: the fused Triton token-local ops

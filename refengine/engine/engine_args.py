@@ -20,23 +20,25 @@ from refengine.engine.tp_executor import MultiprocExecutor, TensorParallelRunner
 from refengine.model import attention
 from refengine.model.config import Kernels, Numerics
 from refengine.model.device import move_to_device
+from refengine.model.graphs import GraphPool, default_batch_sizes, graph_token_sizes
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel, load_model
 from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
-from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
+from refengine.spec_decode.draft_graphs import DraftGraphs
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
 from refengine.structured_output.manager import StructuredOutputManager
-from refengine.worker.cuda_graphs import CudaGraphs
 from refengine.worker.fault_injection import FaultInjectingRunner, SkewedLogitsModel
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.model_runner import ModelRunner
 from refengine.worker.runner import Runner
 from refengine.worker.sampler_graphs import RejectionSamplerGraphs
 from refengine.worker.spec_step_graphs import SpecStepGraphs
+from refengine.worker.step_plan import Dispatcher
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
+from refengine.worker.target_graphs import TargetGraphs
 
 logger = logging.getLogger("refengine")
 
@@ -150,36 +152,19 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     _choose_kernels(model, drafter, kernels)
     if drafter is not None and drafter.random_init:
         logger.warning("speculative method %r runs with randomly initialised head weights", args.speculative_config.method)
-    graphs = _cuda_graphs(args, model, kv_cache, config, drafter, device)
     accept = None if args.synthetic_acceptance_rate is None else SyntheticAcceptance(args.synthetic_acceptance_rate)
-    sampler_graphs = None
-    if graphs is not None and args.speculative_config is not None:
-        # The rejection sampler of a verify step, at the target's padded batch sizes, with the runner's rule.
-        spec = args.speculative_config
-        sampler_graphs = RejectionSamplerGraphs(
-            model.config.vocab_size, spec.num_speculative_tokens, graphs.batch_sizes, device, accept
-        )
-        sampler_graphs.capture()
-    spec_step_graphs = None
-    if sampler_graphs is not None and isinstance(drafter, FixedShapeProposer) and tp_group is None:
-        # The rest of a uniform verify step (verification, the drafter's step, the frame) as one graph
-        # on the target's outputs. Tensor parallelism broadcasts the sampled ids in between: it goes the
-        # general way.
-        spec_step_graphs = SpecStepGraphs(sampler_graphs, drafter.step_graphs, device)
-        spec_step_graphs.capture(graphs)
     # A row holds the longest context plus the drafter's lookahead, as its blocks do: under async scheduling
     # the runner's optimistic count (every draft in flight accepted) runs up to k past max_model_len.
     input_batch = InputBatch(
         config.max_num_seqs, config.max_model_len + config.num_lookahead_tokens, _max_blocks_per_req(config), config.block_size
     )
+    dispatcher = _captured_graphs(args, model, kv_cache, config, drafter, input_batch, accept, tp_group, device)
     runner = ModelRunner(
         model if args.skew_logits_on_rank != tp_rank else SkewedLogitsModel(model, tp_rank),
         kv_cache,
         input_batch,
         drafter=drafter,
-        cuda_graphs=graphs,
-        sampler_graphs=sampler_graphs,
-        spec_step_graphs=spec_step_graphs,
+        dispatcher=dispatcher,
         accept=accept,
         tp_group=tp_group,
         num_lookahead_slots=config.num_lookahead_tokens,
@@ -230,10 +215,8 @@ def _choose_kernels(model: nn.Module, drafter: Proposer | None, kernels: Kernels
     """The kernels this engine asked for, in the target and in the drafter's network (a head module,
     or a plain holder of a draft model's modules)."""
     set_kernels(model, kernels)
-    network = getattr(drafter, "network", None)
-    for module in (network, getattr(network, "model", None)):
-        if isinstance(module, nn.Module):
-            set_kernels(module, kernels)
+    for module in () if drafter is None else drafter.modules:
+        set_kernels(module, kernels)
 
 
 def _max_blocks_per_req(config: EngineConfig) -> int:
@@ -241,31 +224,44 @@ def _max_blocks_per_req(config: EngineConfig) -> int:
     return -(-(config.max_model_len + config.num_lookahead_tokens) // config.block_size)
 
 
-def _cuda_graphs(args: EngineArgs, model: nn.Module, kv_cache: KVCache, config: EngineConfig, drafter, device):
-    """Captured decode (and verify) steps, and the drafter's fixed-shape proposal, when the device is a GPU
-    and attention runs in Triton. Under tensor parallelism the captured forward holds the row-parallel
-    all-reduces (NCCL collectives are capturable on the group's stream)."""
+def _captured_graphs(
+    args: EngineArgs, model: nn.Module, kv_cache: KVCache, config: EngineConfig, drafter: Proposer | None,
+    input_batch: InputBatch, accept, tp_group: TPGroup | None, device: torch.device,
+) -> Dispatcher:  # fmt: skip
+    """The step's dispatcher over the graphs captured into the engine's one pool (model/graphs.py), when
+    the device is a GPU and attention runs in Triton: the target's steps, the drafter's, the rejection
+    sampler's and the rest of a uniform verify step. Under tensor parallelism the captured forward holds
+    the row-parallel all-reduces; the uniform step, which would skip the broadcast of the sampled ids
+    between verify and draft, goes the general way."""
+    spec = args.speculative_config
+    k = 0 if spec is None else spec.num_speculative_tokens
+    capture_layers = () if drafter is None else tuple(drafter.capture_layers)
     usable = device.type == "cuda" and attention.attention_implementation(model.kernels, device) == "triton"
     if args.cuda_graphs is False or not usable:
         if args.cuda_graphs:
             raise ValueError("cuda_graphs needs a CUDA device and the Triton attention backend")
-        return None
-    spec = args.speculative_config
-    query_lens = (1,) if spec is None else (1, spec.num_speculative_tokens + 1)
-    graphs = CudaGraphs(
-        model,
-        kv_cache,
-        max_num_seqs=config.max_num_seqs,
-        max_blocks_per_seq=_max_blocks_per_req(config),
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        query_lens=query_lens,
-        capture_layers=() if drafter is None else tuple(drafter.capture_layers),
-        batch_sizes=None if args.cuda_graph_sizes is None else sorted(set(args.cuda_graph_sizes)),
-    )
-    graphs.capture()
-    if isinstance(drafter, FixedShapeProposer):
-        # The drafter's one-row-per-request passes, and its whole step after a verify step (pass 1 and
-        # the proposal), at the same padded batch sizes as the target's steps.
+        return Dispatcher(k, input_batch, None, None, None, None, capture_layers)
+    pool = GraphPool(device)
+    batch_sizes = default_batch_sizes(config.max_num_seqs) if args.cuda_graph_sizes is None else sorted(set(args.cuda_graph_sizes))
+    width = _max_blocks_per_req(config)
+    target = TargetGraphs(
+        model, kv_cache, graph_token_sizes(batch_sizes, (1, k + 1) if k else (1,), config.max_num_batched_tokens),
+        batch_sizes, max_num_seqs=config.max_num_seqs, max_logits=config.max_num_seqs * (k + 1),
+        max_blocks_per_seq=width, capture_layers=capture_layers,
+    )  # fmt: skip
+    target.capture(pool)
+    device_drafter = None if drafter is None else drafter.device_drafter
+    drafts = sampler = uniform = None
+    if device_drafter is not None:
+        # Its whole step after a verify step, and its proposal, at the target's padded batch sizes.
         target_hidden = (model.config.hidden_size, model.embed_tokens.weight.dtype)
-        drafter.capture_cuda_graphs(graphs.batch_sizes, _max_blocks_per_req(config), device, target_hidden)
-    return graphs
+        drafts = DraftGraphs(device_drafter, target_hidden, width, batch_sizes, device)
+        drafts.capture(pool)
+        device_drafter.use_graphs(drafts)
+    if spec is not None:
+        sampler = RejectionSamplerGraphs(model.config.vocab_size, k, batch_sizes, device, accept)
+        sampler.capture(pool)
+    if drafts is not None and tp_group is None:
+        uniform = SpecStepGraphs(sampler, drafts, device)
+        uniform.capture(pool, lambda t: target.graphs.output(t) if target.graphs.holds(t) else None)
+    return Dispatcher(k, input_batch, target, sampler, uniform, drafts, capture_layers)

@@ -17,10 +17,9 @@ from refengine.model.attention_metadata_builder import uniform_query_metadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
-from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
-from refengine.spec_decode.proposer import PaddedDraftBatch
+from refengine.spec_decode.proposer import PaddedDraftBatch, ProposalInputs
 from refengine.spec_decode.target_view import TargetView
 
 

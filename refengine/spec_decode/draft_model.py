@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.attention_metadata_builder import build_attention_metadata
@@ -69,6 +70,10 @@ class DraftModelProposer(NetworkProposer):
     method = "draft_model"
     network: TokenDraftNetwork
     capture_layers: tuple[int, ...] = ()  # it reads tokens, not the target's hidden states
+
+    @property
+    def modules(self) -> tuple[nn.Module, ...]:
+        return (self.network.model,)  # a plain holder of the draft model's layers
 
     def propose(self, batch: PaddedDraftBatch) -> None:
         """Nothing before the host knows what was accepted: each pass reads the previous one's token

@@ -1,14 +1,12 @@
-"""What EAGLE/EAGLE3/MTP and DFlash share: a padded drafter batch (vLLM's) and, past the step's fed rows,
-a proposal of one row per request whose shapes depend on the batch size alone (`draft`), run eagerly or
-replayed from its CUDA graph once the engine has captured one (draft_cuda_graphs.py).
+"""What EAGLE/EAGLE3/MTP and DFlash share: a padded drafter batch (vLLM's), then a proposal of one row
+per request whose shapes depend on the batch size alone (`draft`). It declares the device-drafter
+capability (proposer.py's DeviceDrafter), so the dispatcher may replay its step or its proposal from
+the CUDA graphs of draft_graphs.py; else it runs eagerly.
 
-The drafter takes in every row the step fed (`ingest`: EAGLE's pass 1, DFlash's context), rejected
-drafts included, before the host knows what was accepted. Each request's last committed row is its
-last fed row less its rejected ones (vLLM's token_indices_to_sample), chosen on the device, and the
-proposal starts there, so drafting needs no read-back of the verified ids. The drafts stay on the
-device, where the runner's next step reads them under async scheduling; their host copy lands with the
-verified ids, one frame late, and `commit` gets the committed counts then. A rejected row's KV lies past the committed positions, where nothing reads it before the
-proposal or the next step overwrites it.
+The drafter takes in every row the step fed (`ingest`), rejected drafts included, before the host knows
+what was accepted; each request's last committed row is its last fed row less its rejected ones (vLLM's
+token_indices_to_sample), chosen on the device, so drafting reads nothing back. The drafts stay on the
+device; their host copy lands one frame late, and `commit` gets the committed counts then.
 
 Invariant numbers refer to docs/invariants.md.
 """
@@ -20,23 +18,36 @@ import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.device import to_device
-from refengine.spec_decode.draft_cuda_graphs import DraftCudaGraphs, ProposalInputs
-from refengine.spec_decode.draft_step_graphs import DraftStepGraphs
 from refengine.spec_decode.network_proposer import NetworkProposer
-from refengine.spec_decode.proposer import DraftContextError, DraftInput, PaddedDraftBatch
+from refengine.spec_decode.proposer import (
+    DraftContextError,
+    DraftGraphRunner,
+    DraftInput,
+    PaddedDraftBatch,
+    ProposalInputs,
+)
 
 
 class FixedShapeProposer(NetworkProposer):
     reads_hidden: bool  # whether `draft` reads ProposalInputs.hidden
     # Slots a proposal of n drafts needs past position last_position + n (DFlash's block is two longer).
     extra_slots: int
-    # Set once the engine captures the proposal's graphs; until then every proposal runs eagerly.
-    cuda_graphs: DraftCudaGraphs | None = None
-    # Pass 1 and the proposal of a uniform verify step in one graph per padded batch size, likewise.
-    step_graphs: "DraftStepGraphs | None" = None
+    # Set once the engine captures the drafter's graphs; until then every proposal runs eagerly.
+    graphs: DraftGraphRunner | None = None
     # Proposals replayed from a graph and run eagerly: a test proves which path ran.
     num_graph_steps = 0
     num_eager_steps = 0
+
+    @property
+    def device_drafter(self) -> "FixedShapeProposer":
+        return self  # the DeviceDrafter capability (proposer.py)
+
+    @property
+    def draft_hidden(self) -> tuple[int, torch.dtype] | None:
+        return (self.network.config.hidden_size, next(self.network.parameters()).dtype) if self.reads_hidden else None
+
+    def use_graphs(self, graphs: DraftGraphRunner) -> None:
+        self.graphs = graphs
 
     def ingest(self, batch: PaddedDraftBatch, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         """Take in every fed row of the step (device positions and metadata); return the output rows
@@ -51,8 +62,8 @@ class FixedShapeProposer(NetworkProposer):
     def propose(self, batch: PaddedDraftBatch) -> torch.Tensor:
         """[P, k] drafts on the device, one row per proposing request, -1 past what its blocks can hold,
         without reading anything back: the rows' positions come from the device (exact also while the
-        host's count is still optimistic), so the drafts are what commit cuts them to. A step of k + 1
-        rows per request, every one proposing, replays its captured pass 1 and proposal in one graph."""
+        host's count is still optimistic), so the drafts are what commit cuts them to. The graph the
+        dispatcher chose (`batch.graph`) replays the whole step or the proposal."""
         requests = batch.requests
         device = batch.hidden_states.device
         index = [i for i, d in enumerate(requests) if d.propose]
@@ -69,13 +80,21 @@ class FixedShapeProposer(NetworkProposer):
             dtype=torch.long,
         )
         sequence, last_fed_row, limit = to_device(host, device)
-        if self.step_graphs is not None and self.step_graphs.can_run(batch):
+        graph = batch.graph
+        if graph is not None and graph.whole_step:
             self.num_graph_steps += 1
-            return self.step_graphs.run(batch, limit)
-        out = self.ingest(batch, batch.positions, batch.attn_metadata)
+            return self.graphs.run_step(batch, limit, graph.padded)
         if not index:
+            self.ingest(batch, batch.positions, batch.attn_metadata)
             return torch.zeros(0, self.k, dtype=torch.long, device=device)
-        return self.drafts_from(batch, out, sequence, last_fed_row, limit, lambda inputs: self._run_draft(inputs, device))
+        return self.draft_step(batch, sequence, last_fed_row, limit, lambda inputs: self._run_draft(inputs, graph))
+
+    def draft_step(
+        self, batch: PaddedDraftBatch, sequence: torch.Tensor, last_fed_row: torch.Tensor, limit: torch.Tensor,
+        draft: Callable[[ProposalInputs], torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """Pass 1 over every fed row, then the proposal: the eager way and the step's graph alike."""
+        return self.drafts_from(batch, self.ingest(batch, batch.positions, batch.attn_metadata), sequence, last_fed_row, limit, draft)
 
     def drafts_from(
         self,
@@ -126,28 +145,9 @@ class FixedShapeProposer(NetworkProposer):
         """How far a request's drafts may reach: the slots its blocks hold, within the head's positions."""
         return min(len(block_ids) * self.block_size, self.max_positions)
 
-    def capture_cuda_graphs(
-        self, batch_sizes: list[int], max_blocks_per_seq: int, device: torch.device, target_hidden: tuple[int, torch.dtype]
-    ) -> None:
-        """Capture `draft` for each padded batch size, and pass 1 with the proposal for a verify step of
-        k + 1 rows per request; from now on a proposal or a step that fits one replays it."""
-        dtype = next(self.network.parameters()).dtype
-        graphs = DraftCudaGraphs(
-            self.draft,
-            hidden=(self.network.config.hidden_size, dtype) if self.reads_hidden else None,
-            max_blocks_per_seq=max_blocks_per_seq,
-            batch_sizes=batch_sizes,
-            device=device,
-        )
-        graphs.capture()
-        self.cuda_graphs = graphs
-        step_graphs = DraftStepGraphs(self, target_hidden, max_blocks_per_seq, batch_sizes, device)
-        step_graphs.capture()
-        self.step_graphs = step_graphs
-
-    def _run_draft(self, inputs: ProposalInputs, device: torch.device) -> torch.Tensor:
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
+    def _run_draft(self, inputs: ProposalInputs, graph) -> torch.Tensor:
+        if graph is not None:
             self.num_graph_steps += 1
-            return self.cuda_graphs.run(inputs)
+            return self.graphs.run_proposal(inputs, graph.padded)
         self.num_eager_steps += 1
-        return self.draft(inputs.to(device))
+        return self.draft(inputs)

@@ -12,9 +12,8 @@ import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.attention_metadata_builder import uniform_query_metadata
-from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
-from refengine.spec_decode.proposer import PaddedDraftBatch
+from refengine.spec_decode.proposer import PaddedDraftBatch, ProposalInputs
 
 
 class HiddenDraftNetwork(Protocol):

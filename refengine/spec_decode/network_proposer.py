@@ -3,6 +3,8 @@ layout they draft into, and the per-request context check (invariants 17 and 26 
 
 from collections.abc import Iterable
 
+from torch import nn
+
 from refengine.spec_decode.context import ContextLengths
 
 
@@ -34,3 +36,10 @@ class NetworkProposer:
 
     def remove(self, req_ids: Iterable[str]) -> None:
         self.context.remove(req_ids)
+
+    # The capability the Proposer protocol declares: none here; fixed_shape_proposer.py declares itself.
+    device_drafter = None
+
+    @property
+    def modules(self) -> tuple[nn.Module, ...]:
+        return (self.network,)

@@ -25,6 +25,8 @@ class NgramProposer:
 
     capture_layers: tuple[int, ...] = ()
     random_init = False
+    device_drafter = None  # it drafts on the host
+    modules = ()
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.k = num_speculative_tokens

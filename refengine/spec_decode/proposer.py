@@ -11,11 +11,12 @@ context cannot run ahead of what the target committed (invariant 26).
 Invariant numbers refer to docs/invariants.md.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.attention_metadata_builder import build_attention_metadata
@@ -81,6 +82,70 @@ class PaddedDraftBatch:
     # rejections moved the rows back (invariant 48).
     positions: torch.Tensor
     attn_metadata: AttentionMetadata
+    # The dispatcher's choice for the drafter's CUDA graphs (worker/step_plan.py); None: eager.
+    graph: "DraftGraph | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class DraftGraph:
+    """Which of a device drafter's graphs a step replays, at which padded batch size: its whole step
+    (pass 1 and the proposal, after a uniform verify step) or the proposal alone after an eager pass 1."""
+
+    whole_step: bool
+    padded: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalInputs:
+    """A proposal's inputs, one row per proposing request, on the device."""
+
+    tokens: torch.Tensor  # [B] int64: the last sampled token (DFlash feeds it; EAGLE's pass 1 already did)
+    starts: torch.Tensor  # [B] int64: the position of the first row the proposal feeds
+    num_drafts: torch.Tensor  # [B] int64: drafts the request wants (<= k; 0: a padded row)
+    block_tables: torch.Tensor  # [B, W] int64: the request's blocks, any value past them
+    hidden: torch.Tensor | None  # [B, H]: EAGLE's pass-1 output rows; None for DFlash
+
+    @property
+    def num_seqs(self) -> int:
+        return self.starts.shape[0]
+
+
+class DeviceDrafter(Protocol):
+    """The capability of a drafter whose whole step is device functions of fixed shapes, which a CUDA
+    graph can capture (spec_decode/draft_graphs.py): no host read between them."""
+
+    k: int
+    capture_layers: tuple[int, ...]
+    draft_hidden: tuple[int, torch.dtype] | None  # (size, dtype) of the hidden rows `draft` reads; None: none
+
+    def ingest(self, batch: PaddedDraftBatch, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Pass 1 over every fed row; the output rows `draft` continues from, or None."""
+        ...
+
+    def draft(self, inputs: ProposalInputs) -> torch.Tensor:
+        """[B, k] draft ids from device inputs, tensor ops only."""
+        ...
+
+    def draft_step(
+        self, batch: PaddedDraftBatch, sequence: torch.Tensor, last_fed_row: torch.Tensor, limit: torch.Tensor,
+        draft: Callable[[ProposalInputs], torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """The step: `ingest`, then the proposal (through `draft`) from each request's last committed row."""
+        ...
+
+    def position_limit(self, block_ids: Sequence[int]) -> int:
+        """How far a request's drafts may reach."""
+        ...
+
+    def use_graphs(self, graphs: "DraftGraphRunner") -> None:
+        """From now on the steps and proposals the dispatcher gives a graph replay it."""
+        ...
+
+
+class DraftGraphRunner(Protocol):
+    def run_step(self, batch: PaddedDraftBatch, limit: torch.Tensor, padded: int) -> torch.Tensor: ...
+
+    def run_proposal(self, inputs: ProposalInputs, padded: int) -> torch.Tensor: ...
 
 
 class Proposer(Protocol):
@@ -107,6 +172,16 @@ class Proposer(Protocol):
     def remove(self, req_ids: Iterable[str]) -> None:
         """Drop state of finished or preempted requests (a resumed request starts again from its
         context_start)."""
+        ...
+
+    @property
+    def device_drafter(self) -> DeviceDrafter | None:
+        """Its step as device functions CUDA graphs capture; None: it drafts another way."""
+        ...
+
+    @property
+    def modules(self) -> tuple[nn.Module, ...]:
+        """The networks it runs, whose kernels the engine chooses."""
         ...
 
 

@@ -1,15 +1,11 @@
-"""What the device fills in of a step's host-built inputs (vLLM's _maybe_adjust_inputs_on_gpu; Model Runner
-V2 builds them on the device).
+"""What the device fills in of a step's host-built inputs (vLLM's _maybe_adjust_inputs_on_gpu).
 
-The host builds ids, positions and attention metadata from the counts it has: the scheduler's, which
-under async scheduling assume that every draft in flight was accepted. The latest step's results never
-visit the host on the way: its last valid token and its drafts are gathered into the input ids, and
-each sequence's positions, sequence length and slots move back by what the host over-counted (its
-rejected drafts, read on the device), so the step runs at the exact positions.
-
-The completion has fixed shapes: one op per field over every fed row, whichever rows read the device.
-A CUDA graph of the step captures it with the forward, so the host only stages its indices with the
-step's other inputs (worker/graph_layout.py); the eager path runs the same code.
+The host builds ids, positions and attention metadata from its counts, which under async scheduling
+assume every draft in flight was accepted. The latest step's results never visit the host on the way:
+its last valid token and its drafts are gathered into the input ids, and each sequence's positions,
+sequence length and slots move back by its rejected drafts (read on the device), so the step runs at
+the exact positions. The completion has fixed shapes, so the target's CUDA graph captures it with the
+forward (worker/target_graphs.py); the eager path runs the same code.
 
 Invariant numbers refer to docs/invariants.md.
 """

@@ -7,9 +7,9 @@ Invariant numbers refer to docs/invariants.md.
 import torch
 
 from refengine.model.device import to_device
-from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch
 from refengine.worker.input_batch import InputBatch
+from refengine.worker.step_frame import rejected_drafts
 from refengine.worker.step_rows import ExecutedBatch, ScheduledRow
 
 
@@ -46,9 +46,7 @@ def padded_draft_batch(
     n, m = len(ids), len(at)
     verified_ids = tokens.reshape(-1)[host[n + m : n + 2 * m]].clamp(min=0)
     input_ids = host[:n].index_copy(0, host[n : n + m], verified_ids)
-    # vLLM's num_rejected_tokens: a request's fed drafts less the accepted ones (its valid ids - 1).
-    num_accepted = (tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
-    num_rejected = host[n + 2 * m :] - num_accepted
+    num_rejected = rejected_drafts(tokens, host[n + 2 * m :])
     model_output = executed.model_output
     return PaddedDraftBatch(
         tuple(
@@ -65,4 +63,5 @@ def padded_draft_batch(
         model_output.aux_hidden_states,
         executed.positions,
         executed.attn_metadata,
+        executed.way.drafter,
     )

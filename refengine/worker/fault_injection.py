@@ -2,20 +2,17 @@
 tests can watch the engine die honestly (`--fault-after-steps`, `REFENGINE_FAULT_AFTER_STEPS`). The
 production runner carries none of it: build_engine wraps the runner only when a fault is asked for."""
 
-from collections.abc import Mapping
-
-from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput
-from refengine.worker.async_output import AsyncModelRunnerOutput
-from refengine.worker.runner import Runner
+from refengine.core.outputs import SchedulerOutput
+from refengine.worker.runner import Runner, RunnerWrapper
 
 
 class InjectedFault(RuntimeError):
     """Raised on purpose, so tests can watch the engine die honestly."""
 
 
-class FaultInjectingRunner:
+class FaultInjectingRunner(RunnerWrapper):
     def __init__(self, runner: Runner, after_steps: int) -> None:
-        self.runner = runner
+        super().__init__(runner)
         self.after_steps = after_steps
         self.num_steps = 0
 
@@ -24,16 +21,6 @@ class FaultInjectingRunner:
         if self.num_steps > self.after_steps:
             raise InjectedFault(f"injected fault at runner step {self.num_steps}")
         self.runner.execute_model(so)
-
-    def sample_tokens(
-        self,
-        draft_overrides: Mapping[str, list[int]] | None = None,
-        grammar_output: GrammarOutput | None = None,
-    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        return self.runner.sample_tokens(draft_overrides, grammar_output)
-
-    def take_draft_token_ids(self) -> dict[str, list[int]]:
-        return self.runner.take_draft_token_ids()
 
 
 class SkewedLogitsModel:

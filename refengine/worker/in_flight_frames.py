@@ -15,7 +15,7 @@ from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.spec_step_graphs import SampledStep
-from refengine.worker.step_frame import FrameRow, StepFrame
+from refengine.worker.step_frame import FrameRow, StepFrame, frame_columns
 from refengine.worker.step_rows import ExecutedBatch, ScheduledRow
 from refengine.worker.verify_step import with_fed_drafts
 
@@ -66,39 +66,23 @@ class InFlightFrames:
         if tokens is None:
             return self._push(StepFrame(rows, None, num_proposed=0 if proposed is None else proposed.shape[1]))
         num_verified = len(verified)
+        k = 0 if proposed is None else proposed.shape[1]
         if sampled is not None:
-            k = sampled.proposed.shape[1]
-            return self._push(StepFrame(
-                rows,
-                InFlightTokens.send(sampled.results[:num_verified], tokens.shape[1]),
-                source=sampled.source,
-                num_rejected=sampled.num_rejected,
-                num_sampled=sampled.tokens.shape[0],  # P: the proposed drafts start after every padded row
-                num_fed_draft_columns=k,
-                num_proposed=k,
-            ))
-        counts = np.array([r.first_row for r in verified] + [len(r.draft_ids) for r in verified], dtype=np.int64)
-        padded = padded_draft_ids([r.draft_ids for r in verified])
-        counts, padded = arrays_to_device([counts, padded], self.device)
-        first_rows, num_drafts = counts[:num_verified], counts[num_verified:]
-        fed = with_fed_drafts(padded, executed.fed)
-        valid = (tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1)
-        last_tokens = tokens.gather(1, (valid - 1)[:, None])[:, 0]
-        columns = [tokens, executed.positions[first_rows][:, None], fed]
-        if proposed is not None:
+            columns, num_sampled = sampled.frame, sampled.tokens.shape[0]  # P: drafts start after every padded row
+        else:
+            counts = np.array([r.first_row for r in verified] + [len(r.draft_ids) for r in verified], dtype=np.int64)
+            counts, padded = arrays_to_device([counts, padded_draft_ids([r.draft_ids for r in verified])], self.device)
             # Invariant 30: a padded drafter proposes one row per verified request, in the same order.
-            if proposed.shape[0] != num_verified:
+            if proposed is not None and proposed.shape[0] != num_verified:
                 raise RunnerInvariantError(f"{proposed.shape[0]} rows of drafts for {num_verified} verified requests")
-            columns.append(proposed)
+            fed = with_fed_drafts(padded, executed.fed)
+            first_positions = executed.positions[counts[:num_verified]]
+            columns, num_sampled = frame_columns(tokens, first_positions, fed, proposed, counts[num_verified:]), num_verified
         return self._push(StepFrame(
-            rows,
-            InFlightTokens.send(torch.cat(columns, dim=1), tokens.shape[1]),
-            source=last_tokens if proposed is None else torch.cat([last_tokens, proposed.reshape(-1)]),
-            num_rejected=num_drafts - (valid - 1),
-            num_sampled=num_verified,
-            num_fed_draft_columns=fed.shape[1],
-            num_proposed=0 if proposed is None else proposed.shape[1],
-        ))
+            rows, InFlightTokens.send(columns.results[:num_verified], tokens.shape[1]), source=columns.source,
+            num_rejected=columns.num_rejected, num_sampled=num_sampled,
+            num_fed_draft_columns=columns.results.shape[1] - tokens.shape[1] - 1 - k, num_proposed=k,
+        ))  # fmt: skip
 
     def _push(self, frame: StepFrame) -> StepFrame:
         self.frames.append(frame)

@@ -1,21 +1,13 @@
-"""ModelRunner: builds the step's inputs from a SchedulerOutput, runs the model and verifies/samples.
+"""ModelRunner: a step's inputs from a SchedulerOutput, the model, verification, sampling and drafting.
 
-State lives in `requests`, keyed by request id (invariant 17), and in the persistent InputBatch,
-whose rows are found by id too and change only as the SchedulerOutputs say (input_batch.py): a step
-with the same requests as the last one writes only the tokens and blocks it adds. A request's token
-history is kept once, in its batch row.
-
-A step is split in two, as in vLLM: `execute_model` runs the forward and keeps the logits;
-`sample_tokens` verifies drafts, samples and drafts. The engine's deferred branch runs other work between
-the two (it applies the previous frame's output and validates drafts against constraints).
-
-Zero-bubble speculative decoding (vLLM's Model Runner V2, SGLang's spec v2): a sampled step's results
-(tokens, accepted counts, the drafts proposed after it) stay on the device as a StepFrame
-(step_frame.py). The next step is launched before they reach the host: its input ids are gathered from
-them and its positions, sequence lengths and slots are moved back on the device by their rejected
-drafts (device_inputs.py), while the host plans with the optimistic count, every draft accepted. The
-host applies a frame one step late, when it lands (in_flight_frames.py). A step whose next one needs
-its results on the host (logprobs, bad words, a grammar, a host drafter) lands at once.
+State lives in `requests`, keyed by request id (invariant 17), and in the persistent InputBatch, whose
+rows change only as the SchedulerOutputs say (input_batch.py). As in vLLM, `execute_model` plans the
+step on the host (`_plan`: a StepPlan), asks the dispatcher once for its way (step_plan.py) and launches
+the target's forward (`_launch`); `sample_tokens` verifies, samples and drafts, the general way or as
+the uniform step's one graph. Zero-bubble speculative decoding (Model Runner V2, SGLang's spec v2): a
+step's results stay on the device as a StepFrame, the next step's inputs are completed from them there
+(device_inputs.py), and the host applies a frame one step late (in_flight_frames.py), unless the next
+step needs it at once (logprobs, bad words, a grammar, a host drafter).
 
 Invariant numbers refer to docs/invariants.md.
 """
@@ -33,17 +25,16 @@ from refengine.model.transformer import Transformer
 from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, StepAcceptRule
 from refengine.spec_decode.proposer import Proposer
 from refengine.worker.async_output import AsyncModelRunnerOutput
-from refengine.worker.cuda_graphs import CudaGraphs
-from refengine.worker.device_inputs import DeviceInputIndices
+from refengine.worker.device_inputs import CompletedInputs, DeviceInputIndices
 from refengine.worker.draft_batch import padded_draft_batch
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.in_flight_frames import InFlightFrames
 from refengine.worker.input_batch import InputBatch
 from refengine.worker.request_state import CachedRequestState
-from refengine.worker.sampler_graphs import RejectionSamplerGraphs, SamplerGraphKey
-from refengine.worker.spec_step_graphs import SpecStepGraphs, TargetRows
 from refengine.worker.step_frame import StepFrame
+from refengine.worker.step_plan import Dispatcher, StepPlan
 from refengine.worker.step_rows import ExecutedBatch, FedDrafts, ScheduledRow
+from refengine.worker.target_step import TargetStep, forward
 from refengine.worker.verify_step import token_logprobs, verify_rows
 
 
@@ -55,9 +46,7 @@ class ModelRunner:
         input_batch: InputBatch,
         *,
         drafter: Proposer | None = None,
-        cuda_graphs: CudaGraphs | None = None,
-        sampler_graphs: RejectionSamplerGraphs | None = None,
-        spec_step_graphs: SpecStepGraphs | None = None,
+        dispatcher: Dispatcher | None = None,
         accept: StepAcceptRule | None = None,
         tp_group: TPGroup | None = None,
         num_lookahead_slots: int = 0,
@@ -67,10 +56,8 @@ class ModelRunner:
         self.tp_group = tp_group
         # Inputs are built on the host; on a GPU they travel from pinned memory, non-blocking.
         self.device = kv_cache.layers[0].key.device if kv_cache.layers else torch.device("cpu")
-        self.cuda_graphs = cuda_graphs
-        self.sampler_graphs = sampler_graphs
-        # The rest of a uniform verify step as one graph (eagerly on the CPU); None: never that way.
-        self.spec_step_graphs = spec_step_graphs
+        # The one chooser of a step's way, holding the graphs the engine captured (none: every step eager).
+        self.dispatcher = dispatcher or Dispatcher(0, input_batch, None, None, None, None, ())
         # How drafts are accepted: verification (None), unless a speed study swaps in synthetic_acceptance.py's.
         self.accept = accept
         self.num_graph_steps = 0
@@ -85,7 +72,7 @@ class ModelRunner:
         self.num_steps = 0
         self._executed: ExecutedBatch | None = None
         # Sampled steps the host has not applied yet.
-        self._in_flight = InFlightFrames(self.requests, input_batch, self.device)
+        self.in_flight = InFlightFrames(self.requests, input_batch, self.device)
         self._last_frame: StepFrame | None = None
         # Launches that found the previous step's results not yet landed: the GPU overlap witness.
         self.num_overlapped_launches = 0
@@ -148,145 +135,131 @@ class ModelRunner:
         self.num_steps += 1
         # Land older frames first: their ids go into the rows of requests still held, and a request
         # that left meanwhile gets a fresh row from the scheduler's tokens below.
-        latest = self._in_flight.land(True, self.drafter)
+        latest = self.in_flight.land(True, self.drafter)
         planned = self._update_states(so, latest)
-        width = max((len(d) for d in so.scheduled_spec_decode_tokens.values()), default=0)
-        gather_at: list[int] = []  # flat input rows filled on the device ...
-        gather_from: list[int] = []  # ... from these entries of the latest frame's source
-        fill_slots: list[int] = []  # verify-draft slots filled on the device, and their flat input rows
-        fill_rows: list[int] = []
-        sources: list[int] = []  # per row: its sampled row in the latest frame if that fed drafts, else -1
-        host_starts: list[int] = []
-        host_shift: list[int] = []  # per row: the scheduler's count less the runner's
+        plan = self._plan(so, latest, planned)
+        self._executed = self._launch(plan, latest) if plan.rows else ExecutedBatch((), torch.empty(0), None)
 
+    def _plan(self, so: SchedulerOutput, latest: StepFrame | None, planned: dict[str, int]) -> StepPlan:
+        """The step's rows as the host lays them out, and what the device fills in from `latest`."""
+        width = max((len(d) for d in so.scheduled_spec_decode_tokens.values()), default=0)
+        lists: dict[str, list[int]] = {name: [] for name in StepPlan.__slots__ if name != "rows"}
         rows: list[ScheduledRow] = []
-        sample_rows: list[int] = []
         num_fed = num_verified = 0
         for req_id, num_scheduled in so.num_scheduled_tokens.items():
-            state = self.requests[req_id]
-            batch_row = self.input_batch.req_id_to_index[req_id]
-            scheduled = tuple(so.scheduled_spec_decode_tokens.get(req_id, ()))
-            in_flight = None if latest is None else latest.row_of(state)
-            # Its drafts are still on the device: the latest frame proposed them and the host has none.
-            drafts_on_device = (
-                in_flight is not None
-                and latest.num_proposed > 0
-                and not state.pending_drafts
-                and all(d == PLACEHOLDER_TOKEN_ID for d in scheduled)
-            )
-            drafts = scheduled if drafts_on_device else self._fill_drafts(state, scheduled)
-            start = state.num_computed_tokens
-            num_known = num_scheduled - len(drafts)
-            # Invariant 19: the fed tokens are committed ones, ending at most at the last sampled token.
-            if start + num_known > state.num_tokens or num_known < 1:
-                raise RunnerInvariantError(
-                    f"request {req_id!r}: {num_scheduled} scheduled tokens with {len(drafts)} drafts from position "
-                    f"{start}, but the runner knows only {state.num_tokens} tokens"
-                )
-            first_logits_row = None
-            if start + num_known == state.num_tokens:
-                num_verified += 1
-                first_logits_row = len(sample_rows)
-                offset = num_fed + num_known - 1
-                sample_rows.extend(range(offset, offset + len(drafts) + 1))
-                self._check_lookahead(req_id, state, planned[req_id] + num_scheduled)
-            elif drafts:
-                raise RunnerInvariantError(f"request {req_id!r}: drafts scheduled behind a prefill chunk")
-            last = start + num_known - 1
-            history = self.input_batch.history(batch_row, last + 1)
-            if history[last] == PLACEHOLDER_TOKEN_ID:
-                # Invariant 19: only the last sampled token may still be in flight, from the latest step.
-                if in_flight is None or (history[start:last] == PLACEHOLDER_TOKEN_ID).any():
-                    raise RunnerInvariantError(f"request {req_id!r}: an input token in flight outside the latest step")
-                gather_at.append(num_fed + num_known - 1)
-                gather_from.append(in_flight.sampled_row)
-            if drafts_on_device:
-                # Its drafts' slots in the step's [verified rows, W] matrix: a row with drafts is verified.
-                for j in range(len(drafts)):
-                    fill_slots.append((num_verified - 1) * width + j)
-                    fill_rows.append(num_fed + num_known + j)
-                    gather_at.append(num_fed + num_known + j)
-                    gather_from.append(latest.num_sampled + in_flight.sampled_row * latest.num_proposed + j)
-            elif drafts:
-                # A placeholder the runner has no draft for is fed as token 0 and verified as -1: rejected.
-                self.input_batch.write_tokens(batch_row, start + num_known, [max(d, 0) for d in drafts])
-            sources.append(-1 if in_flight is None or in_flight.num_drafts == 0 else in_flight.sampled_row)
-            host_starts.append(planned[req_id])
-            host_shift.append(planned[req_id] - start)
-            rows.append(ScheduledRow(state, batch_row, start, num_scheduled, num_fed, drafts, first_logits_row))
+            row = self._plan_row(req_id, num_scheduled, so, latest, (num_fed, num_verified, width), lists)
+            num_verified += row.first_logits_row is not None
+            lists["host_starts"].append(planned[req_id])
+            lists["host_shift"].append(planned[req_id] - row.num_computed_tokens)
+            if row.first_logits_row is not None:
+                self._check_lookahead(req_id, row.state, planned[req_id] + num_scheduled)
+            rows.append(row)
             num_fed += num_scheduled
+        return StepPlan(tuple(rows), **{name: tuple(v) for name, v in lists.items()})
 
-        if not rows:
-            self._executed = ExecutedBatch((), torch.empty(0), None)
-            return
-        num_scheduled = [r.num_scheduled_tokens for r in rows]
-        ids_t, positions_t, meta, seq_of_token = self.input_batch.prepare_inputs(
-            [r.batch_row for r in rows], host_starts, num_scheduled, [r.num_computed_tokens for r in rows]
+    def _plan_row(
+        self, req_id: str, num_scheduled: int, so: SchedulerOutput, latest: StepFrame | None,
+        at: tuple[int, int, int], lists: dict[str, list[int]],
+    ) -> ScheduledRow:  # fmt: skip
+        """One request's row of the plan, its fed rows from flat row `at[0]`, after `at[1]` verified
+        requests, drafts `at[2]` wide; what the device fills in goes into `lists`."""
+        num_fed, num_verified, width = at
+        state = self.requests[req_id]
+        batch_row = self.input_batch.req_id_to_index[req_id]
+        scheduled = tuple(so.scheduled_spec_decode_tokens.get(req_id, ()))
+        in_flight = None if latest is None else latest.row_of(state)
+        # Its drafts are still on the device: the latest frame proposed them and the host has none.
+        drafts_on_device = (
+            in_flight is not None
+            and latest.num_proposed > 0
+            and not state.pending_drafts
+            and all(d == PLACEHOLDER_TOKEN_ID for d in scheduled)
         )
-        sample_t = torch.from_numpy(np.asarray(sample_rows, dtype=np.int64))
-        capture_layers = () if self.drafter is None else self.drafter.capture_layers
-        indices = DeviceInputIndices.build(gather_at, gather_from, sources, host_shift, seq_of_token)
-        self.num_gathered_inputs += len(gather_at)
-        self.num_corrected_launches += any(s >= 0 for s in sources)
+        drafts = scheduled if drafts_on_device else self._fill_drafts(state, scheduled)
+        start = state.num_computed_tokens
+        num_known = num_scheduled - len(drafts)
+        # Invariant 19: the fed tokens are committed ones, ending at most at the last sampled token.
+        if start + num_known > state.num_tokens or num_known < 1:
+            raise RunnerInvariantError(
+                f"request {req_id!r}: {num_scheduled} scheduled tokens with {len(drafts)} drafts from position "
+                f"{start}, but the runner knows only {state.num_tokens} tokens"
+            )
+        first_logits_row = None
+        if start + num_known == state.num_tokens:
+            first_logits_row = len(lists["sample_rows"])
+            offset = num_fed + num_known - 1
+            lists["sample_rows"].extend(range(offset, offset + len(drafts) + 1))
+            num_verified += 1
+        elif drafts:
+            raise RunnerInvariantError(f"request {req_id!r}: drafts scheduled behind a prefill chunk")
+        last = start + num_known - 1
+        history = self.input_batch.history(batch_row, last + 1)
+        gather_at, gather_from = lists["gather_at"], lists["gather_from"]
+        if history[last] == PLACEHOLDER_TOKEN_ID:
+            # Invariant 19: only the last sampled token may still be in flight, from the latest step.
+            if in_flight is None or (history[start:last] == PLACEHOLDER_TOKEN_ID).any():
+                raise RunnerInvariantError(f"request {req_id!r}: an input token in flight outside the latest step")
+            gather_at.append(num_fed + num_known - 1)
+            gather_from.append(in_flight.sampled_row)
+        if drafts_on_device:
+            # Its drafts' slots in the step's [verified rows, W] matrix: a row with drafts is verified.
+            for j in range(len(drafts)):
+                lists["fill_slots"].append((num_verified - 1) * width + j)
+                lists["fill_rows"].append(num_fed + num_known + j)
+                gather_at.append(num_fed + num_known + j)
+                gather_from.append(latest.num_sampled + in_flight.sampled_row * latest.num_proposed + j)
+        elif drafts:
+            # A placeholder the runner has no draft for is fed as token 0 and verified as -1: rejected.
+            self.input_batch.write_tokens(batch_row, start + num_known, [max(d, 0) for d in drafts])
+        lists["sources"].append(-1 if in_flight is None or in_flight.num_drafts == 0 else in_flight.sampled_row)
+        return ScheduledRow(state, batch_row, start, num_scheduled, num_fed, drafts, first_logits_row)
+
+    def _launch(self, plan: StepPlan, latest: StepFrame | None) -> ExecutedBatch:
+        """The step's target forward, the way the dispatcher chose, completed on the device from `latest`."""
+        rows = plan.rows
+        ids_t, positions_t, meta, seq_of_token = self.input_batch.prepare_inputs(
+            [r.batch_row for r in rows], list(plan.host_starts), [r.num_scheduled_tokens for r in rows],
+            [r.num_computed_tokens for r in rows],
+        )  # fmt: skip
+        sample_t = torch.from_numpy(np.asarray(plan.sample_rows, dtype=np.int64))
+        indices = DeviceInputIndices.build(
+            list(plan.gather_at), list(plan.gather_from), list(plan.sources), list(plan.host_shift), seq_of_token
+        )
+        self.num_gathered_inputs += len(plan.gather_at)
+        self.num_corrected_launches += any(s >= 0 for s in plan.sources)
         if latest is not None and not latest.copy.is_ready():
             self.num_overlapped_launches += 1
-        uniform = self._uniform_key(rows, len(fill_slots))
-        num_padded = None
-        if uniform is not None and self.cuda_graphs is not None:
+        way = self.dispatcher.decide(plan, meta)
+        if way.target_tokens is not None:
             # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
             # pragma: no mutate block
-            num_padded = uniform.padded * self.spec_step_graphs.q  # the target graph the rest was captured on
-            if not self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers, num_padded):
-                uniform = num_padded = None
-        if self.cuda_graphs is not None and (
-            num_padded is not None
-            or self.cuda_graphs.can_run(num_fed, len(sample_rows), meta, capture_layers)  # pragma: no mutate
-        ):
-            # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
-            # pragma: no mutate block
-            step = self.cuda_graphs.run(ids_t, positions_t, meta, sample_t, indices, latest, num_padded)
-            out, logits, positions_t, meta = step.model_output, step.logits, step.positions, step.attn_metadata
-            sample_t, gathered = step.logits_indices, step.gathered
+            target = self.dispatcher.target.run(way.target_tokens, ids_t, positions_t, meta, sample_t, indices, latest)
             self.num_graph_steps += 1
         else:
-            ids_t, positions_t, sample_t = (to_device(t, self.device) for t in (ids_t, positions_t, sample_t))
-            meta = to_device(meta, self.device)
-            gathered = None
-            if indices.gathers or indices.shifts:
-                done = indices.to_device(latest, self.device).complete(
-                    ids_t, positions_t, meta, self.block_size, gathers=indices.gathers, shifts=indices.shifts
-                )
-                ids_t, positions_t, meta, gathered = done.ids, done.positions, done.attn_metadata, done.gathered
-            out = self.model(ids_t, positions_t, meta, self.kv_cache, capture_layers=capture_layers)
-            logits = self.model.compute_logits(out.hidden_states[sample_t])
+            target = self._eager_target(ids_t, positions_t, meta, sample_t, indices, latest)
             self.num_eager_steps += 1
+        done = target.inputs
         fed = sample_positions = None
-        # A uniform step's graph reads its drafts and positions from the step's outputs itself; the general
-        # way needs them gathered here.
-        if fill_slots and uniform is None:
-            entries = to_device(torch.tensor(fill_slots + fill_rows, dtype=torch.int64), self.device)
-            fed = FedDrafts(entries[: len(fill_slots)], gathered[entries[len(fill_slots) :]])
-        if indices.shifts and uniform is None:
-            sample_positions = positions_t[sample_t] + 1
-        self._executed = ExecutedBatch(
-            tuple(rows), logits, out, positions_t, meta, fed, sample_positions, gathered, uniform
+        # A uniform step reads its drafts and positions from the target's outputs itself; the general way
+        # needs them gathered here.
+        if plan.fill_slots and way.uniform is None:
+            entries = to_device(torch.tensor(plan.fill_slots + plan.fill_rows, dtype=torch.int64), self.device)
+            fed = FedDrafts(entries[: len(plan.fill_slots)], done.gathered[entries[len(plan.fill_slots) :]])
+        if indices.shifts and way.uniform is None:
+            sample_positions = done.positions[target.logits_indices] + 1
+        return ExecutedBatch(
+            rows, target.logits, target.model_output, done.positions, done.attn_metadata, fed, sample_positions, done.gathered, way
         )
 
-    def _uniform_key(self, rows: list[ScheduledRow], num_device_drafts: int) -> SamplerGraphKey | None:
-        """The graph of a uniform verify step (spec_step_graphs.py), else None: every request verifies k
-        drafts that are all on the device, and each request sets only what the step honours
-        (sample/step_support.py: no logprobs, constraint or min_tokens, whose masks, overrides and
-        read-backs the general path serves; top-k and top-p only when greedy). Tensor parallelism broadcasts the sampled ids between verification and
-        drafting, which the graph would skip: it stays general."""
-        graphs = self.spec_step_graphs
-        if graphs is None or self.tp_group is not None or num_device_drafts != len(rows) * graphs.k:
-            return None
-        for row in rows:
-            state = row.state
-            if row.first_logits_row is None or row.num_scheduled_tokens != graphs.q or not state.uniform_step:
-                return None
-        padded = graphs.padded_size(len(rows))
-        return None if padded is None else graphs.key(padded, [r.batch_row for r in rows], self.input_batch)
+    def _eager_target(self, ids_t, positions_t, meta, sample_t, indices: DeviceInputIndices, latest) -> TargetStep:
+        """The target's step without a graph: the same `forward` on the step's own tensors."""
+        ids_t, positions_t, sample_t = (to_device(t, self.device) for t in (ids_t, positions_t, sample_t))
+        inputs = indices.to_device(latest, self.device) if indices.gathers or indices.shifts else None
+        capture_layers = () if self.drafter is None else self.drafter.capture_layers
+        return forward(
+            self.model, self.kv_cache, ids_t, positions_t, to_device(meta, self.device), sample_t, inputs, capture_layers,
+            gathers=indices.gathers, shifts=indices.shifts,
+        )  # fmt: skip
 
     def _check_lookahead(self, req_id: str, state: CachedRequestState, num_planned: int) -> None:
         """Invariant 49: a sampled row's blocks hold every slot the device may write before the host
@@ -338,25 +311,26 @@ class ModelRunner:
             for r in verified
         }
         sampled = None
-        if executed.uniform_key is not None:
+        if executed.way.uniform is not None:
             # A uniform step's requests have no constraint, so the engine sends it no overrides or masks.
             if draft_overrides or grammar_output is not None:
                 raise RunnerInvariantError("draft overrides or grammar masks for a uniform step, whose requests have no constraint")
-            rows = TargetRows(executed.logits, executed.positions, executed.gathered, executed.model_output, executed.attn_metadata)
-            sampled = self.spec_step_graphs.run(executed.uniform_key, verified, self.input_batch, rows)
+            inputs = CompletedInputs(None, executed.positions, executed.attn_metadata, executed.gathered)
+            rows = TargetStep(executed.model_output, executed.logits, inputs, None)
+            sampled = self.dispatcher.uniform.run(executed.way.uniform, verified, self.input_batch, rows)
             tokens, proposed = sampled.tokens[: len(verified)], sampled.proposed[: len(verified)]
         else:
             tokens, proposed = self._verify_and_propose(executed, verified, drafts_by_req, grammar_output)
-        frame = self._last_frame = self._in_flight.record(executed, verified, tokens, proposed, sampled)
+        frame = self._last_frame = self.in_flight.record(executed, verified, tokens, proposed, sampled)
         req_ids = [r.state.req_id for r in executed.rows]
         if frame.copy is None:
-            self._in_flight.land(True, self.drafter)
+            self.in_flight.land(True, self.drafter)
             return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids])
         if not self._needs_host(verified, proposed, draft_overrides, grammar_output):
             self.num_in_flight_steps += 1
             return AsyncModelRunnerOutput(req_ids, [r.sampled_row for r in frame.rows], frame.copy)
         self.num_readback_steps += 1
-        self._in_flight.land(False, self.drafter)
+        self.in_flight.land(False, self.drafter)
         token_rows = frame.copy.rows()
         sampled: list[list[int]] = []
         logprobs: dict[str, list[TokenLogprobs]] = {}
@@ -383,7 +357,8 @@ class ModelRunner:
         if verified:
             tokens = verify_rows(
                 self.input_batch, self.accept, executed.logits, verified, drafts_by_req, grammar_output,
-                fed=executed.fed, positions=executed.sample_positions, sampler_graphs=self.sampler_graphs,
+                fed=executed.fed, positions=executed.sample_positions, sampler_graphs=self.dispatcher.sampler,
+                sampler_key=executed.way.sampler,
             )  # fmt: skip
         if tokens is not None and self.tp_group is not None:
             # Invariant 45: every rank goes on with the same ids (rank 0's), whatever its own logits said.
@@ -425,7 +400,7 @@ class ModelRunner:
     def take_draft_token_ids(self) -> dict[str, list[int]]:
         """The drafts proposed after the steps sampled so far, for the scheduler: under sync scheduling
         to schedule them, in the deferred branch to validate them. Lands every frame in flight."""
-        self.num_readback_steps += sum(f.copy is not None for f in self._in_flight.frames)
+        self.num_readback_steps += sum(f.copy is not None for f in self.in_flight.frames)
         with on_device(self.device), torch.inference_mode():
-            self._in_flight.land(False, self.drafter)
+            self.in_flight.land(False, self.drafter)
         return {req_id: list(s.pending_drafts) for req_id, s in self.requests.items() if s.pending_drafts}

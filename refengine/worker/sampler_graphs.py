@@ -1,18 +1,11 @@
-"""CUDA graphs of the batched rejection sampler for a verify step of k + 1 rows per request, like the
-target's verify graphs (cuda_graphs.py), so that verification launches as one replay instead of some
-fifty small kernels between the target's forward and the drafter's step.
+"""The batched rejection sampler of a verify step of k + 1 rows per request as a CUDA graph per padded
+batch size and variant (model/graphs.py): one replay instead of some fifty small kernels.
 
-One graph per padded batch size and per variant of the step: greedy or seeded, with or without masks
-((row, token) pairs and grammar bitmasks), top-k and top-p each on or off. A variant runs the eager
-sampler's branches for those host facts, so a replay samples what the eager sampler samples, bit for
-bit. Only drafts with probabilities (a drafter that samples its drafts) are left to the eager sampler.
-The accept rule is the runner's: verification's own, or a speed study's synthetic rule.
-
-A step's logits and per-row parameters are copied device to device into static buffers; its masks
-become one dense [rows, vocab] mask there (the pairs scattered, the bitmasks unpacked), which the graph
-applies as the eager sampler applies the masks. Padded requests are greedy rows of zero logits with -1
-drafts, whose tokens are cut off. `fill` and `step` run the same code with or without capture, so a CPU
-test checks them against the eager sampler; capture and replay run only on a GPU.
+A variant (greedy or seeded; masks, top-k, top-p each on or off) runs the eager sampler's branches for
+those host facts, so a replay samples what the eager sampler samples, bit for bit. A step's logits and
+row parameters are copied device to device into the buffers; its masks become one dense [rows, vocab]
+mask there. Padded requests are greedy rows of zero logits with -1 drafts, cut off after the replay.
+`fill` and `step` run the same code with or without capture, so the CPU checks them eagerly.
 """
 
 from __future__ import annotations
@@ -23,8 +16,8 @@ from functools import partial
 
 import torch
 
-from refengine.model.cuda_graph_sizes import padded_batch_size
-from refengine.model.graph_capture import graph_capture
+from refengine.model.graphs import GraphPool, GraphSet
+from refengine.model.static_buffers import BufferSet, Field
 from refengine.sample.metadata import SamplingMetadata
 from refengine.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
@@ -52,132 +45,74 @@ class SamplerGraphKey:
 VARIANTS = [(True, masked, False, False) for masked in (False, True)] + [
     (False, masked, top_k, top_p) for masked, top_k, top_p in itertools.product((False, True), repeat=3)
 ]
+# Per logits row: the sampling parameters, with what a padding row holds (greedy, no top-k or top-p).
+_ROW_FIELDS = (("temperature", torch.float32, 0), ("top_p", torch.float32, 1), ("top_k", torch.int64, 0),
+               ("key_words", torch.int64, 0), ("positions", torch.int64, 0))  # fmt: skip
 
 
 class RejectionSamplerGraphs:
     def __init__(
-        self,
-        vocab_size: int,
-        num_speculative_tokens: int,
-        batch_sizes: list[int],
-        device: torch.device,
+        self, vocab_size: int, num_speculative_tokens: int, batch_sizes: list[int], device: torch.device,
         accept_rule: StepAcceptRule | None = None,
-    ) -> None:
-        self.k = num_speculative_tokens
-        self.q = num_speculative_tokens + 1
+    ) -> None:  # fmt: skip
+        self.k, self.q = num_speculative_tokens, num_speculative_tokens + 1
         self.batch_sizes = sorted(set(batch_sizes))
-        self.device = device
         self.accept_rule = accept_rule
-        b, rows = self.batch_sizes[-1], self.batch_sizes[-1] * self.q
-        self._logits = torch.zeros(rows, vocab_size, dtype=torch.float32, device=device)  # compute_logits's
-        self._masked = torch.zeros(rows, vocab_size, dtype=torch.bool, device=device)
-        self._temperature = torch.zeros(rows, dtype=torch.float32, device=device)
-        self._top_p = torch.ones(rows, dtype=torch.float32, device=device)
-        self._top_k, self._key_words, self._positions = (
-            torch.zeros(rows, dtype=torch.int64, device=device) for _ in range(3)
-        )
-        self._drafts = torch.full((b, self.k), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
+        b = self.batch_sizes[-1]
+        rows = b * self.q
+        fields = {name: Field((rows,), pad, dtype, staged=False) for name, dtype, pad in _ROW_FIELDS}
+        fields["logits"] = Field((rows, vocab_size), dtype=torch.float32, staged=False)  # compute_logits's
+        fields["masked"] = Field((rows, vocab_size), dtype=torch.bool, staged=False)
+        fields["drafts"] = Field((b, self.k), PLACEHOLDER_TOKEN_ID, staged=False)
+        self.buffers = BufferSet(device, fields)
         # Request r's rows are r * q .. r * q + k, in every verify step of this shape.
         self._index = torch.arange(rows, device=device).view(b, self.q)
         self._num_drafts = torch.full((b,), self.k, dtype=torch.int64, device=device)
-        self._graphs: dict[SamplerGraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.num_replays = 0
-
-    def key(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata) -> SamplerGraphKey | None:
-        """The graph of a step the graphs can sample, else None."""
-        num_seqs = spec.draft_token_ids.shape[0]
-        if (
-            spec.draft_probs is not None
-            or spec.draft_token_ids.shape[1] != self.k
-            or logits.shape != (num_seqs * self.q, self._logits.shape[1])
-        ):
-            return None
-        padded = padded_batch_size(num_seqs, self.batch_sizes)
-        if padded is None:
-            return None
-        greedy = md.all_greedy
-        masked = bool(md.num_masked or md.num_bitmask_rows)
-        return SamplerGraphKey(padded, greedy, masked, md.any_top_k and not greedy, md.any_top_p and not greedy)
+        self.graphs: GraphSet[SamplerGraphKey, torch.Tensor] = GraphSet("rejection sampler", self.step)
 
     def fill(
-        self,
-        logits: torch.Tensor,
-        md: SamplingMetadata,
-        draft_token_ids: torch.Tensor,
-        key: SamplerGraphKey,
+        self, logits: torch.Tensor, md: SamplingMetadata, draft_token_ids: torch.Tensor, key: SamplerGraphKey,
         positions: torch.Tensor | None = None,
-    ) -> None:
-        """The step's logits, row parameters, masks and drafts into the static buffers, device to device;
-        rows past them up to `key.padded` requests become greedy padding (whatever an earlier step left).
-        `positions`, when given, are the exact positions the rows decide (computed on the device under
-        async speculative decoding), in place of the metadata's."""
-        num_seqs = draft_token_ids.shape[0]
-        rows, padded_rows = num_seqs * self.q, key.padded * self.q
-        for static, value, pad in (
-            (self._logits, logits, 0),
-            (self._temperature, md.temperature, 0),
-            (self._top_p, md.top_p, 1),
-            (self._top_k, md.top_k, 0),
-            (self._key_words, md.key_words, 0),
-            (self._positions, md.positions if positions is None else positions, 0),
-        ):
-            static[:rows].copy_(value)
-            # An op on an empty slice still costs host time, and a full step has no padding (`>=` would
-            # fill an empty slice).
-            if padded_rows > rows:  # pragma: no mutate
-                static[rows:padded_rows].fill_(pad)
+    ) -> None:  # fmt: skip
+        """The step's logits, row parameters, masks and drafts into the buffers, device to device, padded
+        up to `key.padded` requests. `positions`, when given, are the exact positions the rows decide
+        (computed on the device under async speculative decoding), in place of the metadata's."""
+        b = self.buffers
+        padded_rows = key.padded * self.q
+        values = dict(temperature=md.temperature, top_p=md.top_p, top_k=md.top_k, key_words=md.key_words,
+                      positions=md.positions if positions is None else positions, logits=logits)  # fmt: skip
+        for name, value in values.items():
+            b.put(name, value, padded_rows)
         if key.masked:
-            self._masked[:padded_rows].zero_()
-            mark_forbidden(self._masked, md, True)
-        self._drafts[:num_seqs].copy_(draft_token_ids)
-        if key.padded > num_seqs:  # pragma: no mutate
-            self._drafts[num_seqs : key.padded].fill_(PLACEHOLDER_TOKEN_ID)
+            b["masked"][:padded_rows].zero_()
+            mark_forbidden(b["masked"], md, True)
+        b.put("drafts", draft_token_ids, key.padded)
 
     def step(self, key: SamplerGraphKey) -> torch.Tensor:
-        """[padded, k + 1] tokens from the static buffers: the eager sampler's code, tensor ops only."""
-        rows = key.padded * self.q
-        logits = self._logits[:rows]
+        """[padded, k + 1] tokens from the buffers: the eager sampler's code, tensor ops only."""
+        rows, b = key.padded * self.q, self.buffers
+        logits = b["logits"][:rows]
         if key.masked:  # what apply_masks does to the pairs and the grammar rows, from the dense mask
-            logits = logits.masked_fill(self._masked[:rows], MASKED_LOGIT)
+            logits = logits.masked_fill(b["masked"][:rows], MASKED_LOGIT)
         # The seeds are hashed inside the graph from the exact positions, as the eager path's at_positions.
         md = SamplingMetadata.unmasked(
-            temperature=self._temperature[:rows],
-            top_p=self._top_p[:rows],
-            top_k=self._top_k[:rows],
-            key_words=self._key_words[:rows],
-            positions=self._positions[:rows],
-            all_greedy=key.greedy,
-            any_top_k=key.top_k,
-            any_top_p=key.top_p,
-        )
+            **{name: b[name][:rows] for name, _, _ in _ROW_FIELDS},
+            all_greedy=key.greedy, any_top_k=key.top_k, any_top_p=key.top_p,
+        )  # fmt: skip
         index = self._index[: key.padded]
-        spec = SpecDecodeMetadata(self._drafts[: key.padded], self._num_drafts[: key.padded], index)
+        spec = SpecDecodeMetadata(b["drafts"][: key.padded], self._num_drafts[: key.padded], index)
         accept: AcceptRule = accept_matching_prefix
         if self.accept_rule is not None:
-            first_rows = index[:, 0]
-            accept = partial(
-                self.accept_rule, key_words=self._key_words[first_rows], first_positions=self._positions[first_rows]
-            )
+            first = index[:, 0]
+            accept = partial(self.accept_rule, key_words=md.key_words[first], first_positions=md.positions[first])
         return rejection_sample(logits, md, spec, accept)
 
-    # ---- capture and replay: a GPU only ---------------------------------------------------------
-    # No CPU test can reach them (`pytest -m gpu` checks them on a GPU), so mutation testing on the CPU
-    # skips them, as it skips cuda_graphs.py.
-    def capture(self) -> None:  # pragma: no mutate block
-        with graph_capture(self.device) as capture:
-            for padded in reversed(self.batch_sizes):
-                for variant in VARIANTS:
-                    key = SamplerGraphKey(padded, *variant)
-                    self._graphs[key] = capture(partial(self.step, key))
+    def capture(self, pool: GraphPool) -> None:
+        keys = [SamplerGraphKey(p, *v) for p in reversed(self.batch_sizes) for v in VARIANTS]
+        self.graphs.capture(pool, keys)
 
-    def run(self, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, positions: torch.Tensor | None) -> torch.Tensor | None:  # pragma: no mutate block
-        """[R, k + 1] tokens replayed for a step whose key() a captured graph has, else None (sample it
-        eagerly): a view of the graph's static output, valid until the next replay."""
-        key = self.key(logits, md, spec)
-        if key not in self._graphs:
-            return None
+    def run(self, key: SamplerGraphKey, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, positions: torch.Tensor | None) -> torch.Tensor:
+        """[R, k + 1] tokens of the step the dispatcher gave `key`: a view of the graph's static output,
+        valid until the next replay (or, uncaptured, the same step eagerly on the buffers)."""
         self.fill(logits, md, spec.draft_token_ids, key, positions)
-        graph, tokens = self._graphs[key]
-        graph.replay()
-        self.num_replays += 1
-        return tokens[: spec.draft_token_ids.shape[0]]
+        return self.graphs.run(key)[: spec.draft_token_ids.shape[0]]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from refengine.worker.async_output import InFlightTokens
 from refengine.worker.request_state import CachedRequestState
 
@@ -69,3 +70,30 @@ class StepFrame:
     def proposed_drafts(self, host_row: list[int]) -> list[int]:
         start = self.copy.width + 1 + self.num_fed_draft_columns
         return host_row[start : start + self.num_proposed]
+
+
+@dataclass(frozen=True, slots=True)
+class FrameColumns:
+    """A sampled step's device columns, one row per verified request (the general way and the uniform
+    step's graph build them here alike)."""
+
+    results: torch.Tensor  # the copy's columns: tokens, first fed position, fed drafts, proposed drafts
+    source: torch.Tensor  # each row's last valid token, then the proposed drafts flattened
+    num_rejected: torch.Tensor
+
+
+def rejected_drafts(tokens: torch.Tensor, num_drafts: torch.Tensor | int) -> torch.Tensor:
+    """vLLM's num_rejected_tokens, per verified request from its [k + 1] tokens (-1 after the valid ones).
+    Invariant 48: a request's rejected drafts are its fed drafts less its valid tokens less one."""
+    return num_drafts - ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1)
+
+
+def frame_columns(
+    tokens: torch.Tensor, first_positions: torch.Tensor, fed: torch.Tensor, proposed: torch.Tensor | None,
+    num_drafts: torch.Tensor | int,
+) -> FrameColumns:  # fmt: skip
+    num_rejected = rejected_drafts(tokens, num_drafts)
+    last = tokens.gather(1, (num_drafts - num_rejected)[:, None])[:, 0]
+    columns = [tokens, first_positions[:, None], fed] + ([] if proposed is None else [proposed])
+    source = last if proposed is None else torch.cat([last, proposed.reshape(-1)])
+    return FrameColumns(torch.cat(columns, dim=1), source, num_rejected)

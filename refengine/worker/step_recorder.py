@@ -4,23 +4,23 @@ The production runner carries none of it: build_engine wraps the runner only wit
 
 from collections.abc import Mapping
 
-from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, SchedulerOutput, StepRecord
+from refengine.core.outputs import GrammarOutput, ModelRunnerOutput, StepRecord
 from refengine.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from refengine.worker.async_output import AsyncModelRunnerOutput
 from refengine.worker.model_runner import ModelRunner
+from refengine.worker.runner import RunnerWrapper
 from refengine.worker.step_frame import StepFrame
 
 
-class StepRecorder:
+class StepRecorder(RunnerWrapper):
+    runner: ModelRunner
+
     def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
+        super().__init__(runner)
         self.records: dict[str, list[StepRecord]] = {}
         # Frames sampled but not yet turned into records: their device results are read only when
         # records are taken, so recording adds no wait to the step loop.
         self._pending: list[StepFrame] = []
-
-    def execute_model(self, so: SchedulerOutput) -> None:
-        self.runner.execute_model(so)
 
     def sample_tokens(
         self,
@@ -32,9 +32,6 @@ class StepRecorder:
         if frame is not None and any(r.sampled_row is not None and r.num_drafts for r in frame.rows):
             self._pending.append(frame)
         return out
-
-    def take_draft_token_ids(self) -> dict[str, list[int]]:
-        return self.runner.take_draft_token_ids()
 
     def take_step_records(self, req_id: str) -> list[StepRecord]:
         """A finished request's per-step drafts and acceptance. What was fed, not the validity-padded

@@ -7,8 +7,19 @@ import torch
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.transformer import ModelOutput
+from refengine.spec_decode.proposer import DraftGraph
 from refengine.worker.request_state import CachedRequestState
 from refengine.worker.sampler_graphs import SamplerGraphKey
+
+
+@dataclass(frozen=True, slots=True)
+class StepWay:
+    """The dispatcher's one decision for a step (step_plan.py)."""
+
+    target_tokens: int | None = None  # the target graph's T; None: eager
+    uniform: SamplerGraphKey | None = None  # the rest of a uniform verify step as one graph (eager on the CPU)
+    sampler: SamplerGraphKey | None = None  # the general way's rejection sampler graph; None: eager
+    drafter: DraftGraph | None = None  # the drafter's graph; None: eager
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +56,7 @@ class ExecutedBatch:
     sample_positions: torch.Tensor | None = None
     # Each fed row's id as read from the latest frame (-1: a draft not proposed); None: none was.
     gathered: torch.Tensor | None = None
-    # A uniform verify step's graph (spec_step_graphs.py): its target ran at P * (k + 1) rows, and the
-    # rest of the step runs as one graph. None: any other step.
-    uniform_key: SamplerGraphKey | None = None
+    way: StepWay = StepWay()
 
     @property
     def verified(self) -> list[ScheduledRow]:

@@ -22,7 +22,7 @@ from refengine.sample.rejection_sampler import (
 )
 from refengine.worker.errors import RunnerInvariantError
 from refengine.worker.input_batch import InputBatch
-from refengine.worker.sampler_graphs import RejectionSamplerGraphs
+from refengine.worker.sampler_graphs import RejectionSamplerGraphs, SamplerGraphKey
 from refengine.worker.step_rows import FedDrafts, ScheduledRow
 
 
@@ -55,11 +55,12 @@ def verify_rows(
     fed: FedDrafts | None = None,
     positions: torch.Tensor | None = None,
     sampler_graphs: RejectionSamplerGraphs | None = None,
+    sampler_key: SamplerGraphKey | None = None,
 ) -> torch.Tensor:
     """Verify every sampled request of the step in one pass of the batched rejection sampler on the
     logits' device: the one verify path for greedy and seeded rows, with or without drafts. `fed`
     holds the drafts still on the device, `positions` the exact position each logits row decides
-    when the host's count is optimistic; a step `sampler_graphs` captured replays there.
+    when the host's count is optimistic; a step the dispatcher gave `sampler_key` replays there.
 
     Logits row j of a request decides position num_tokens + j as if drafts[:j] had been accepted
     (constraints see that history)."""
@@ -84,11 +85,9 @@ def verify_rows(
     if fed is not None:
         # The metadata's draft matrix is the host's drafts, -1 padded (padded_draft_ids), as the frame's is.
         spec = dataclasses.replace(spec, draft_token_ids=with_fed_drafts(spec.draft_token_ids, fed))
-    if sampler_graphs is not None:  # they hold the runner's accept rule and hash the seeds of `positions`
+    if sampler_key is not None:  # the graphs hold the runner's accept rule and hash the seeds of `positions`
         # CUDA graphs exist only on a GPU: CPU mutation testing cannot reach this branch.
-        tokens = sampler_graphs.run(logits, metadata, spec, positions)  # pragma: no mutate
-        if tokens is not None:  # pragma: no mutate
-            return tokens
+        return sampler_graphs.run(sampler_key, logits, metadata, spec, positions)  # pragma: no mutate
     if positions is not None:
         metadata = metadata.at_positions(positions)
     accept = accept_matching_prefix

@@ -88,9 +88,9 @@ def _drafted(loaded, method: str, drafter_graphs: bool):
     llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
               speculative_config=SpeculativeConfig(method, 4), cuda_graphs=True, record_steps=True)
     runner = llm.engine.runner
-    runner.spec_step_graphs = None  # the drafter's own graphs (the one-graph step: test_gpu_paths.py)
+    runner.dispatcher.uniform = None  # the drafter's own graphs (the one-graph step: test_gpu_paths.py)
     if not drafter_graphs:
-        runner.drafter.cuda_graphs = runner.drafter.step_graphs = None
+        runner.dispatcher.draft_sizes = []  # the dispatcher gives the drafter no graph
     prompts = [[5, 9, 13, 200, 7] * 3, [100, 3, 3, 4], list(range(20, 60))]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     llm.engine.core.shutdown()
@@ -111,8 +111,8 @@ def test_drafter_graphs_replay_the_eager_drafts(method):
     eager, eager_drafter = _drafted(loaded, method, drafter_graphs=False)
     graphed, drafter = _drafted(loaded, method, drafter_graphs=True)
     assert eager_drafter.num_graph_steps == 0 and eager_drafter.num_eager_steps > 0
-    assert drafter.step_graphs.num_replays > 0
-    assert drafter.num_graph_steps == drafter.cuda_graphs.num_replays + drafter.step_graphs.num_replays
+    assert drafter.graphs.steps.num_replays > 0
+    assert drafter.num_graph_steps == drafter.graphs.proposals.num_replays + drafter.graphs.steps.num_replays
     print(f"{method}: {drafter.num_graph_steps} graph proposals, {drafter.num_eager_steps} eager")
     assert sum(len(steps) for _, steps in graphed) > 0  # drafts were verified, so there is something to compare
     assert graphed == eager

@@ -69,7 +69,7 @@ def generate(loaded, spec_step: bool = True, params=None, **kwargs):
     llm = LLM(loaded, dtype=str(loaded.model.embed_tokens.weight.dtype).removeprefix("torch."), max_num_seqs=4,
               max_model_len=256, block_size=16, num_blocks=64, **kwargs)
     if not spec_step:
-        llm.engine.core.runner.spec_step_graphs = None
+        llm.engine.core.runner.dispatcher.uniform = None
     params = params or SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)
     runner = llm.engine.core.runner
@@ -96,8 +96,8 @@ def test_graphs_captured_at_the_asked_sizes_only_pad_smaller_batches():
     loaded = tiny(Numerics.BATCH_INVARIANT)
     eager, _ = generate(loaded, cuda_graphs=False)
     graphed, runner = generate(loaded, cuda_graph_sizes=(4,))
-    assert runner.cuda_graphs.batch_sizes == [4]
-    assert runner.num_graph_steps > 0 and runner.cuda_graphs.num_replays == runner.num_graph_steps
+    assert runner.dispatcher.target.batch_sizes == [4]
+    assert runner.num_graph_steps > 0 and runner.dispatcher.target.graphs.num_replays == runner.num_graph_steps
     assert graphed == eager
 
 
@@ -107,20 +107,20 @@ def test_cuda_graphs_replay_eager_tokens_bitwise():
     eager, eager_runner = generate(loaded, cuda_graphs=False)
     graphed, runner = generate(loaded, cuda_graphs=True)
     assert eager_runner.num_graph_steps == 0
-    assert runner.num_graph_steps > 0 and runner.cuda_graphs.num_replays == runner.num_graph_steps
+    assert runner.num_graph_steps > 0 and runner.dispatcher.target.graphs.num_replays == runner.num_graph_steps
     assert graphed == eager
 
 
 @pytest.mark.parametrize("method", [None, "eagle3"])
 def test_steps_that_mix_a_prefill_with_decodes_replay_graphs_with_eager_tokens(method):
     """Chunked prefill puts the long prompt's chunks beside the others' decode (or verify) rows: those
-    steps replay the token-count graphs (worker/cuda_graphs.py), counted, with the eager steps' tokens."""
+    steps replay the token-count graphs (worker/target_graphs.py), counted, with the eager steps' tokens."""
     loaded = tiny(Numerics.BATCH_INVARIANT, layers=4)
     spec = None if method is None else SpeculativeConfig(method, 3)
     eager, _ = generate(loaded, cuda_graphs=False, long_prefill_token_threshold=8, speculative_config=spec)
     graphed, runner = generate(loaded, long_prefill_token_threshold=8, speculative_config=spec)
-    assert runner.cuda_graphs.num_mixed_replays > 0
-    assert runner.num_eager_steps == 0 and runner.cuda_graphs.num_replays == runner.num_graph_steps
+    assert runner.dispatcher.target.num_mixed_replays > 0
+    assert runner.num_eager_steps == 0 and runner.dispatcher.target.graphs.num_replays == runner.num_graph_steps
     assert graphed == eager
 
 
@@ -153,7 +153,7 @@ def test_fast_spec_steps_run_the_skinny_products_and_graphs_replay_eager_tokens(
     assert rotations  # the drafter's attention took the fused rotary
     graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
     assert eager_runner.num_graph_steps == 0 and runner.num_graph_steps > 0
-    assert runner.spec_step_graphs.num_replays > 0
+    assert runner.dispatcher.uniform.graphs.num_replays > 0
     assert graphed == eager
 
 
@@ -221,8 +221,8 @@ def test_drafter_step_graphs_replay_the_eager_drafters_tokens(method):
     eager, _ = generate(loaded, speculative_config=spec, cuda_graphs=False)
     graphed, runner = generate(loaded, spec_step=False, speculative_config=spec, cuda_graphs=True)
     assert graphed == eager == base
-    assert runner.drafter.step_graphs.num_replays > 0
-    assert runner.sampler_graphs.num_replays > 0
+    assert runner.drafter.graphs.steps.num_replays > 0
+    assert runner.dispatcher.sampler.graphs.num_replays > 0
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
@@ -237,7 +237,8 @@ def test_uniform_steps_replay_as_one_graph_with_the_eager_tokens(method, tempera
     eager, _ = generate(loaded, params=params, speculative_config=spec, cuda_graphs=False)
     graphed, runner = generate(loaded, params=params, speculative_config=spec, cuda_graphs=True)
     assert graphed == eager
-    assert runner.spec_step_graphs.num_replays > 10 and runner.spec_step_graphs.num_eager_steps == 0
+    uniform = runner.dispatcher.uniform.graphs.stats
+    assert uniform.num_replays > 10 and uniform.num_eager_steps == 0
     assert runner.num_readback_steps == 0 and runner.num_corrected_launches > 10
 
 
@@ -255,7 +256,7 @@ def test_eagle3_with_a_draft_vocabulary_replays_its_own_lm_head(tmp_path):
     graphed, runner = generate(loaded, speculative_config=spec, cuda_graphs=True)
     assert graphed == eager == base
     assert runner.drafter.network.lm_head.weight.shape[0] == len(ids)
-    assert runner.spec_step_graphs.num_replays > 0
+    assert runner.dispatcher.uniform.graphs.num_replays > 0
 
 
 # Steps of every sampler graph variant: seeded rows, top-k and top-p, (row, token) masks (stop tokens
@@ -279,11 +280,11 @@ def test_sampler_graphs_replay_verification_as_eager(step):
         llm = LLM(loaded, dtype="float32", max_num_seqs=4, max_model_len=256, block_size=16, num_blocks=64,
                   speculative_config=SpeculativeConfig("eagle", 3), cuda_graphs=graphs)
         runner = llm.engine.core.runner
-        runner.spec_step_graphs = None  # the sampler's own graphs, for every variant
+        runner.dispatcher.uniform = None  # the sampler's own graphs, for every variant
         outs[graphs] = [o.token_ids for o in llm.generate(PROMPTS, params)]
         llm.engine.core.shutdown()
     assert outs[True] == outs[False]
-    assert runner.sampler_graphs.num_replays > 0
+    assert runner.dispatcher.sampler.graphs.num_replays > 0
 
 
 def test_zero_bubble_synthetic_acceptance_draws_on_the_device_as_on_the_host():

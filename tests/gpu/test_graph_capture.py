@@ -3,7 +3,7 @@
 A graph destroyed while a stream captures invalidates that capture. The oracle's workers build engine
 after engine in one process; the last engine's graphs sit in reference cycles, and the collector freed
 them in the middle of a drafter's capture (CUDA error: operation failed due to a previous error during
-capture). `graph_capture` collects before it captures.
+capture). `GraphPool.capturing` collects before it captures.
 
 Run on a GPU machine with `pytest -m gpu tests/gpu`; skipped elsewhere.
 """
@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from refengine.model.graph_capture import graph_capture
+from refengine.model.graphs import GraphPool
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,8 +35,9 @@ def test_a_collection_inside_a_capture_finds_no_graph_to_destroy():
     was_enabled = gc.isenabled()
     gc.disable()  # only the collections below run, where the test puts them
     try:
-        with graph_capture("cuda") as capture:
-            old, _ = capture(lambda: x * 2)
+        pool = GraphPool("cuda")
+        with pool.capturing():
+            old, _ = pool.capture(lambda: x * 2)
         left = weakref.ref(_Cycle(old))
         del old
         assert left() is not None  # garbage now, but not yet collected
@@ -46,8 +47,8 @@ def test_a_collection_inside_a_capture_finds_no_graph_to_destroy():
                 gc.collect()  # what an allocation anywhere in a captured step may trigger
             return x + 1
 
-        with graph_capture("cuda") as capture:
-            graph, out = capture(step_that_collects)
+        with pool.capturing():
+            graph, out = pool.capture(step_that_collects)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, x + 1)

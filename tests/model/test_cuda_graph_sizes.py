@@ -6,13 +6,11 @@ batch it has now: a batch that grows between steps never replays the smaller gra
 import pytest
 import torch
 
-from refengine.model.cuda_graph_sizes import (
-    MAX_MIXED_TOKENS,
-    default_batch_sizes,
-    graph_token_sizes,
-    padded_batch_size,
-)
-from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
+from refengine.model.graphs import MAX_MIXED_TOKENS, default_batch_sizes, graph_token_sizes, padded_batch_size
+from refengine.spec_decode.config import SpeculativeConfig
+from refengine.spec_decode.draft_graphs import DraftGraphs
+from refengine.spec_decode.proposer import ProposalInputs
+from refengine.spec_decode.registry import KVLayout, build_proposer
 
 
 @pytest.mark.parametrize("captured", [[1, 2, 4, 8], [8, 1, 4, 2], [4], [3, 6, 16]])
@@ -36,21 +34,27 @@ def test_default_batch_sizes():
     assert default_batch_sizes(30) == [1, 2, 4, 8, 16, 24, 30]
 
 
-def test_a_proposal_padded_to_its_bucket_keeps_its_rows_and_pads_with_rows_that_want_no_drafts():
+def test_a_proposal_padded_to_its_bucket_keeps_its_rows_and_pads_with_rows_that_want_no_drafts(tiny4):
+    drafter = build_proposer(SpeculativeConfig("eagle", 3), tiny4, KVLayout(16, 16))
+    size = tiny4.config.hidden_size
+    graphs = DraftGraphs(drafter, (size, torch.float32), 3, [1, 2, 4, 8], torch.device("cpu"))
+    for t in graphs.proposal_buffers.static.values():
+        t.fill_(9)  # whatever an earlier, larger proposal left
     inputs = ProposalInputs(
         tokens=torch.tensor([5, 6, 7]),
         starts=torch.tensor([10, 20, 30]),
         num_drafts=torch.tensor([3, 1, 2]),
         block_tables=torch.tensor([[1, 2], [3, 4], [5, 6]]),
-        hidden=torch.ones(3, 2),
+        hidden=torch.ones(3, size),
     )
-    size = padded_batch_size(inputs.num_seqs, [1, 2, 4, 8])
-    padded = inputs.padded(size, width=3)
-    assert padded.num_seqs == size == 4
-    assert padded.tokens.tolist() == [5, 6, 7, 0] and padded.starts.tolist() == [10, 20, 30, 0]
-    assert padded.num_drafts.tolist() == [3, 1, 2, 0]  # the padded row wants no drafts: no KV, no attention
-    assert padded.block_tables.tolist() == [[1, 2, 0], [3, 4, 0], [5, 6, 0], [0, 0, 0]]
-    assert padded.hidden.tolist() == [[1, 1], [1, 1], [1, 1], [0, 0]]
+    padded = padded_batch_size(inputs.num_seqs, graphs.batch_sizes)
+    with torch.inference_mode():
+        assert graphs.run_proposal(inputs, padded).shape == (3, 3) and padded == 4
+    b = {name: t[:4].tolist() for name, t in graphs.proposal_buffers.static.items()}
+    assert b["tokens"] == [5, 6, 7, 0] and b["starts"] == [10, 20, 30, 0]
+    assert b["num_drafts"] == [3, 1, 2, 0]  # the padded row wants no drafts: no KV, no attention
+    assert b["block_tables"] == [[1, 2, 0], [3, 4, 0], [5, 6, 0], [0, 0, 0]]
+    assert b["hidden"] == [[1.0] * size] * 3 + [[0.0] * size]
 
 
 def test_token_sizes_hold_every_uniform_batch_and_the_mixed_steps_up_to_the_cap():

@@ -6,6 +6,7 @@ real shapes. Shapes stay small so the interpreter takes seconds.
 """
 
 import os
+import types
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from refengine.model.attention_metadata_builder import build_attention_metadata 
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.kv_cache import LayerKVCache  # noqa: E402
 from refengine.worker.device_inputs import DeviceInputIndices  # noqa: E402
-from refengine.worker.graph_layout import GraphLayout  # noqa: E402
+from refengine.worker.target_graphs import TargetGraphs  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -132,19 +133,20 @@ def test_batch_invariant_rows(split_keys, monkeypatch):
 
 @pytest.mark.parametrize("numerics", [Numerics.BATCH_INVARIANT, Numerics.FAST])
 def test_a_mixed_step_in_a_graphs_padded_layout_attends_as_it_does_unpadded(numerics):
-    """worker/graph_layout.py: decode, verify and prefill rows staged into a larger graph's buffers, with
+    """worker/target_graphs.py: decode, verify and prefill rows staged into a larger graph's buffers, with
     a padding sequence behind them and empty sequences past it, give each real row its unpadded result
     (bit for bit under batch-invariant numerics), store the same KV, and give the padding zeros."""
     q, k, v, cache, meta = make_case(*MIXED)
     t, padded = q.shape[0], q.shape[0] + 7
-    layout = GraphLayout(max_tokens=padded, max_seqs=6, max_logits=padded, width=meta.block_tables.shape[1] + 2)
-    buffer = torch.zeros(layout.size, dtype=torch.int64)
+    # Only the buffers are used: no model runs, and the cache stands in for where they live.
+    graphs = TargetGraphs(None, types.SimpleNamespace(device=torch.device("cpu")), [padded], [6], max_num_seqs=6,
+                          max_logits=padded, max_blocks_per_seq=meta.block_tables.shape[1] + 2)  # fmt: skip
     n = meta.seq_lens.shape[0]
     seq_of_token = np.repeat(np.arange(n), np.diff(meta.query_start_loc.numpy()))
     indices = DeviceInputIndices.build([], [], [-1] * n, [0] * n, seq_of_token)  # nothing read from a frame
-    layout.stage(buffer, padded, torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64), meta, None, indices)
-    views = layout.views(buffer, padded)
-    staged = AttentionMetadata(*(x.to(DEVICE) for x in (views.query_start_loc, views.seq_lens, views.block_tables, views.slots)))
+    graphs.stage(padded, torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64), meta, None, indices)
+    views = graphs.static_inputs(padded)[2]
+    staged = AttentionMetadata(*(x.to(DEVICE) for x in (views.query_start_loc, views.seq_lens, views.block_tables, views.slot_mapping)))
     noise = torch.randn(padded - t, *q.shape[1:]).to(DEVICE)
     pad = lambda x: torch.cat([x, noise[:, : x.shape[1]]])  # noqa: E731
     unpadded_cache, padded_cache = clone_cache(cache), clone_cache(cache)

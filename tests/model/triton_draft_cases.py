@@ -10,7 +10,8 @@ from refengine.model import attention, build_tiny_model
 from refengine.model.config import Kernels
 from refengine.model.layers import set_kernels
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
+from refengine.spec_decode.draft_graphs import DraftGraphs
+from refengine.spec_decode.proposer import ProposalInputs
 from refengine.spec_decode.registry import KVLayout, build_proposer
 
 
@@ -28,8 +29,9 @@ def _draft(target, method: str, attention: str):
     inputs = ProposalInputs(
         torch.tensor([42, 7]), torch.tensor([6, 5]), torch.tensor([3, 1]), torch.tensor([[1, 2, 3], [3, 1, -1]]), hidden
     )
+    graphs = DraftGraphs(drafter, (target.config.hidden_size, torch.float32), 5, [4], torch.device("cpu"))
     with torch.inference_mode():
-        drafts = drafter.draft(inputs.padded(4, width=5))
+        drafts = graphs.run_proposal(inputs, 4)  # padded to 4 rows, 5 block columns, as a replay is
     return drafts, drafter.network.kv_cache
 
 

@@ -9,7 +9,7 @@ import torch
 from refengine.model import KVCache
 from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.draft_step_graphs import DraftStepGraphs
+from refengine.spec_decode.draft_graphs import DraftGraphs
 from refengine.spec_decode.proposer import DraftInput, PaddedDraftBatch
 from refengine.spec_decode.registry import KVLayout, build_proposer
 
@@ -49,20 +49,20 @@ def test_the_filled_step_drafts_as_the_eager_proposal_and_pads_with_nothing(tiny
     eager = build_proposer(spec, tiny4, KVLayout(16, BLOCK_SIZE))
     stepped = build_proposer(spec, tiny4, KVLayout(16, BLOCK_SIZE))
     target_hidden = (tiny4.config.hidden_size, torch.float32)
-    graphs = DraftStepGraphs(stepped, target_hidden, max_blocks_per_seq=4, batch_sizes=[2, 4], device=torch.device("cpu"))
+    graphs = DraftGraphs(stepped, target_hidden, max_blocks_per_seq=4, batch_sizes=[2, 4], device=torch.device("cpu"))
     with torch.inference_mode():
         # An earlier, larger step fills every row; then a step of two requests pads up to four.
         wide = _step(tiny4, stepped, 4, [0, 1, 2, 3])
-        graphs.fill(wide, _limit(wide, stepped), padded=4)
+        graphs.fill_step(wide, _limit(wide, stepped), padded=4)
         graphs.step(4)
         batch = _step(tiny4, eager, 2, [1, 3])
-        # Nothing is captured on the CPU, so nothing replays; a step pads to the smallest size that holds it.
-        assert not graphs.can_run(batch) and graphs.padded_size(2) == 2 and graphs.padded_size(3) == 4
+        # Nothing is captured on the CPU, so nothing replays.
+        assert not graphs.steps.holds(4)
         expected = eager.propose(batch)
-        graphs.fill(batch, _limit(batch, stepped), padded=4)
+        graphs.fill_step(batch, _limit(batch, stepped), padded=4)
         drafts = graphs.step(4)
     assert torch.equal(drafts[:2], expected)
     assert (expected >= 0).any()  # the variant drafted something to compare
     # The padded rows want no drafts: -1 throughout, and no KV written for them.
     assert drafts[2:].tolist() == [[-1] * K] * 2
-    assert graphs._slots[2 * (K + 1) : 4 * (K + 1)].tolist() == [-1] * 2 * (K + 1)
+    assert graphs.step_buffers["slots"][2 * (K + 1) : 4 * (K + 1)].tolist() == [-1] * 2 * (K + 1)

@@ -5,6 +5,8 @@ further on. The replay itself is checked on a GPU (tests/gpu/test_device_pipelin
 stand-in takes the graph path, so the proposals' host inputs must survive the graph's padding."""
 
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,8 +14,14 @@ from refengine.model import KVCache
 from refengine.model.attention_metadata_builder import build_attention_metadata, uniform_query_metadata
 from refengine.model.config import Numerics
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.draft_cuda_graphs import ProposalInputs
-from refengine.spec_decode.proposer import DraftBatch, DraftInput, propose_committed
+from refengine.spec_decode.draft_graphs import DraftGraphs
+from refengine.spec_decode.proposer import (
+    DraftBatch,
+    DraftGraph,
+    DraftInput,
+    ProposalInputs,
+    propose_committed,
+)
 from refengine.spec_decode.registry import KVLayout, build_proposer
 
 BLOCK_SIZE = 4
@@ -114,7 +122,7 @@ def test_a_request_that_wants_fewer_drafts_writes_no_kv_for_them(tiny4, method):
 @pytest.mark.parametrize("numerics", [Numerics.BATCH_INVARIANT, Numerics.FAST])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
 def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method, numerics):
-    """The proposal a CUDA graph captures, run on the CPU with the graph's padding (ProposalInputs.padded):
+    """The proposal a CUDA graph captures, run on the CPU on the graph's padded buffers (draft_graphs.py):
     the padded rows' table points at block 0, which must stay empty, and the real row drafts what it
     drafts alone, under both attentions (fast: padded sequences join no SDPA group and come out zero)."""
     drafter = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
@@ -126,32 +134,16 @@ def test_padded_rows_write_no_kv_and_leave_the_real_drafts_alone(tiny4, method, 
         hidden = torch.randn(1, tiny4.config.hidden_size, generator=torch.Generator().manual_seed(0))
     # Positions 6.. of a request holding blocks 1, 2, 3: nothing of it lives in block 0.
     real = ProposalInputs(torch.tensor([42]), torch.tensor([6]), torch.tensor([3]), torch.tensor([[1, 2, 3]]), hidden)
+    graphs = DraftGraphs(drafter, (tiny4.config.hidden_size, torch.float32), 5, [4], torch.device("cpu"))
     with torch.inference_mode():
         alone = drafter.draft(real)
-        padded = drafter.draft(real.padded(4, width=5))
-    assert padded.shape == (4, 3)
-    assert torch.equal(padded[:1], alone)
+        padded = graphs.run_proposal(real, 4)
+    assert graphs.proposals.stats.num_eager_steps == 1  # the graph's step on its 4 padded rows
+    assert torch.equal(padded, alone)
     assert not any(layer.key[0].any() or layer.value[0].any() for layer in drafter.network.kv_cache.layers)
     # The real row did write: positions 6 and 7 sit in its second block, block 2.
     assert all(layer.key[2].any() for layer in drafter.network.kv_cache.layers)
 
-
-
-class _PaddedReplay:
-    """A CPU stand-in for DraftCudaGraphs, whose CUDA graphs cannot run here: a replay stages the
-    proposal padded to the captured batch size and block-table width (ProposalInputs.padded, as
-    DraftCudaGraphs._fill does), then runs the captured function, the proposer's own `draft`."""
-
-    def __init__(self, draft, batch_size: int, width: int) -> None:
-        self.draft, self.batch_size, self.width = draft, batch_size, width
-        self.num_replays = 0
-
-    def can_run(self, inputs: ProposalInputs) -> bool:
-        return inputs.num_seqs <= self.batch_size and inputs.block_tables.shape[1] <= self.width
-
-    def run(self, inputs: ProposalInputs) -> torch.Tensor:
-        self.num_replays += 1
-        return self.draft(inputs.padded(self.batch_size, self.width))[: inputs.num_seqs]
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "dflash"])
@@ -163,7 +155,11 @@ def test_replayed_proposals_draft_as_eager_ones(tiny4, method):
     cache = KVCache.allocate(tiny4.config, 16, BLOCK_SIZE)
     eager = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
     replayed = build_proposer(SpeculativeConfig(method, 3), tiny4, KVLayout(16, BLOCK_SIZE))
-    replayed.cuda_graphs = _PaddedReplay(replayed.draft, batch_size=4, width=5)
+    graphs = DraftGraphs(replayed, (tiny4.config.hidden_size, torch.float32), 5, [4], torch.device("cpu"))
+    replayed.use_graphs(graphs)
+    # The dispatcher's choice, as the runner hands it over: the proposal's graph of 4 rows.
+    propose = replayed.propose
+    replayed.propose = lambda batch: propose(dataclasses.replace(batch, graph=DraftGraph(False, 4)))
     with torch.inference_mode():
         out = tiny4.model(torch.tensor(TOKENS[:7]), torch.arange(7), meta, cache, capture_layers=eager.capture_layers)
         for first, num in [(0, 6), (6, 1)]:
@@ -171,4 +167,4 @@ def test_replayed_proposals_draft_as_eager_ones(tiny4, method):
             batch = DraftBatch((d,), out.hidden_states, out.aux_hidden_states)
             drafts = propose_committed(eager, batch, BLOCK_SIZE)
             assert len(drafts["r"]) == 3 and propose_committed(replayed, batch, BLOCK_SIZE) == drafts
-    assert replayed.cuda_graphs.num_replays == replayed.num_graph_steps == 2 and replayed.num_eager_steps == 0
+    assert graphs.proposals.stats.num_eager_steps == replayed.num_graph_steps == 2 and replayed.num_eager_steps == 0

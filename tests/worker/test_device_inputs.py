@@ -6,10 +6,11 @@ drafts, its slots recomputed there; padding rows keep what they hold."""
 import numpy as np
 import torch
 
+from refengine.model import KVCache
 from refengine.model.attention_metadata_builder import build_attention_metadata
 from refengine.worker.device_inputs import DeviceInputIndices
-from refengine.worker.graph_layout import GraphLayout
 from refengine.worker.step_frame import StepFrame
+from refengine.worker.target_graphs import TargetGraphs
 
 BLOCK = 4
 # The latest frame: two verified rows; its source holds their last tokens (31, 32), then their drafts
@@ -49,17 +50,29 @@ def test_the_eager_completion_gathers_ids_and_moves_sequences_back_by_their_reje
     assert meta.seq_lens.tolist() == [13, 7, 2]
 
 
-def test_a_graphs_padded_buffers_complete_the_steps_rows_as_the_eager_path_and_leave_the_padding():
+def target_graphs(tiny4, max_tokens: int, max_seqs: int, max_logits: int, width: int, fill: int) -> TargetGraphs:
+    cache = KVCache.allocate(tiny4.config, 8, BLOCK)
+    g = TargetGraphs(tiny4.model, cache, [max_tokens], [max_seqs], max_num_seqs=max_seqs, max_logits=max_logits, max_blocks_per_seq=width)
+    for t in g.buffers.static.values():
+        t.fill_(fill)  # whatever an earlier step left
+    return g
+
+
+def completed(g: TargetGraphs, num_tokens: int):
+    ids, positions, meta, _, inputs = g.static_inputs(num_tokens)
+    return inputs.complete(ids, positions, meta, BLOCK)
+
+
+def test_a_graphs_padded_buffers_complete_the_steps_rows_as_the_eager_path_and_leave_the_padding(tiny4):
     ids, positions, meta, indices = step()
-    layout = GraphLayout(max_tokens=10, max_seqs=4, max_logits=12, width=6)
-    buffer = torch.full((layout.size,), 77, dtype=torch.int64)  # whatever an earlier step left
-    layout.stage(buffer, 10, ids, positions, meta, None, indices)
-    v = layout.views(buffer, 10)
+    g = target_graphs(tiny4, 10, 4, 12, 6, fill=77)
+    g.stage(10, ids, positions, meta, None, indices)
     # The graph's static copies of the frame: longer than the frame's, the last rejected entry 0.
-    source, rejected = torch.full((12,), 55), torch.full((5,), 9)
+    source, rejected = g.buffers["source"], g.buffers["rejected"]
+    source[:], rejected[:] = 55, 9
     source[:6], rejected[:2], rejected[-1] = SOURCE, REJECTED, 0
-    graph = v.device_inputs(source, rejected).complete(v.ids, v.positions, v.metadata(), BLOCK)
-    again = v.device_inputs(source, rejected).complete(v.ids, v.positions, v.metadata(), BLOCK)
+    graph = completed(g, 10)
+    again = completed(g, 10)
 
     eager = indices.to_device(FRAME, torch.device("cpu")).complete(ids, positions, meta, BLOCK)
     assert graph.ids[:6].tolist() == eager.ids.tolist() and graph.positions[:6].tolist() == eager.positions.tolist()
@@ -74,16 +87,15 @@ def test_a_graphs_padded_buffers_complete_the_steps_rows_as_the_eager_path_and_l
     assert torch.equal(again.positions, graph.positions) and torch.equal(again.attn_metadata.seq_lens, graph.attn_metadata.seq_lens)
 
 
-def test_a_step_with_nothing_in_flight_reads_no_frame():
+def test_a_step_with_nothing_in_flight_reads_no_frame(tiny4):
     meta = build_attention_metadata([3], [2], [[0, 1]], BLOCK, causal=True)
     indices = DeviceInputIndices.build([], [], [-1], [0], np.array([0, 0]))
     assert not indices.gathers and not indices.shifts
-    layout = GraphLayout(max_tokens=4, max_seqs=2, max_logits=4, width=2)
-    buffer = torch.zeros(layout.size, dtype=torch.int64)
-    layout.stage(buffer, 4, torch.tensor([5, 6]), torch.tensor([3, 4]), meta, None, indices)
-    v = layout.views(buffer, 4)
+    g = target_graphs(tiny4, 4, 2, 4, 2, fill=0)
+    g.stage(4, torch.tensor([5, 6]), torch.tensor([3, 4]), meta, None, indices)
     # A graph completes every step: with stale frame values in its buffers, nothing moves.
-    done = v.device_inputs(torch.full((4,), 99), torch.tensor([7, 7, 0])).complete(v.ids, v.positions, v.metadata(), BLOCK)
+    g.buffers["source"][:], g.buffers["rejected"][:] = 99, torch.tensor([7, 7, 0])
+    done = completed(g, 4)
     assert done.ids.tolist() == [5, 6, 0, 0] and done.positions.tolist() == [3, 4, 0, 0]
     assert done.attn_metadata.slot_mapping.tolist() == meta.slot_mapping.tolist() + [-1, -1]
     assert done.attn_metadata.seq_lens[:1].tolist() == [5]

@@ -46,11 +46,19 @@ def _step(
     return logits, md, spec
 
 
+def _key(graphs: RejectionSamplerGraphs, md: SamplingMetadata, spec: SpecDecodeMetadata) -> SamplerGraphKey:
+    """The variant the dispatcher (worker/step_plan.py) picks from the rows' host facts, as `md` has them."""
+    greedy = md.all_greedy
+    masked = bool(md.num_masked or md.num_bitmask_rows)
+    padded = min(b for b in graphs.batch_sizes if b >= spec.draft_token_ids.shape[0])
+    return SamplerGraphKey(padded, greedy, masked, md.any_top_k and not greedy, md.any_top_p and not greedy)
+
+
 def _filled(graphs: RejectionSamplerGraphs, logits, md, spec) -> torch.Tensor:
     """The step as its graph replays it, after an earlier, larger step left its rows in the buffers."""
     bigger = _step(4, 0.9, seed=1, masked=[(0, 3), (5, 1)], top_k=2, top_p=0.5, bitmask_rows=[1, 2])
-    graphs.fill(bigger[0], bigger[1], bigger[2].draft_token_ids, graphs.key(*bigger))
-    key = graphs.key(logits, md, spec)
+    graphs.fill(bigger[0], bigger[1], bigger[2].draft_token_ids, _key(graphs, bigger[1], bigger[2]))
+    key = _key(graphs, md, spec)
     graphs.fill(logits, md, spec.draft_token_ids, key)
     return graphs.step(key)
 
@@ -59,13 +67,14 @@ def _filled(graphs: RejectionSamplerGraphs, logits, md, spec) -> torch.Tensor:
 def test_the_filled_step_samples_as_the_eager_sampler_and_pads_with_nothing(temperature):
     graphs = RejectionSamplerGraphs(VOCAB, K, [2, 4], torch.device("cpu"))
     logits, md, spec = _step(3, temperature, seed=2)
-    assert graphs.key(logits, md, spec) == SamplerGraphKey(4, temperature == 0.0, False, False, False)
+    assert _key(graphs, md, spec) == SamplerGraphKey(4, temperature == 0.0, False, False, False)
     tokens = _filled(graphs, logits, md, spec)
     assert torch.equal(tokens[:3], rejection_sample(logits, md, spec))
     assert (tokens[:3, 1:] >= 0).any()  # some draft was accepted: the comparison covers acceptance
     assert tokens[3].tolist() == [0] + [-1] * K  # zero logits, greedy, every draft -1: token 0 alone
-    # Nothing is captured on the CPU: a step asks for a replay and samples eagerly.
-    assert graphs.run(logits, md, spec, None) is None
+    # Nothing is captured on the CPU: a step runs the graph's step eagerly on the buffers.
+    assert torch.equal(graphs.run(_key(graphs, md, spec), logits, md, spec, None), tokens[:3])
+    assert graphs.graphs.stats.num_eager_steps == 1 and graphs.graphs.stats.num_replays == 0
 
 
 # Each variant's step: (row, token) masks on draft rows and a bonus row (on their argmax, so that they
@@ -88,7 +97,7 @@ def test_every_variant_samples_as_the_eager_sampler(variant, temperature):
     argmax = _step(3, temperature, seed=5)[0].argmax(dim=1)
     step["masked"] = [(r, int(argmax[r])) for r in step.get("masked", ())]
     logits, md, spec = _step(3, temperature, seed=5, **step)
-    key = graphs.key(logits, md, spec)
+    key = _key(graphs, md, spec)
     assert (key.greedy, key.masked) == (temperature == 0.0, bool(md.num_masked or md.num_bitmask_rows))
     assert (key.top_k, key.top_p) == ((md.any_top_k, md.any_top_p) if temperature else (False, False))
     assert (key.greedy, key.masked, key.top_k, key.top_p) in VARIANTS  # a captured variant
@@ -125,16 +134,8 @@ def test_exact_device_positions_hash_the_seeds_the_eager_path_hashes():
     graphs = RejectionSamplerGraphs(VOCAB, K, [4], torch.device("cpu"))
     logits, md, spec = _step(3, 1.0, seed=9)
     exact = md.positions - 2  # two drafts of the previous step were rejected
-    key = graphs.key(logits, md, spec)
+    key = _key(graphs, md, spec)
     graphs.fill(logits, md, spec.draft_token_ids, key, positions=exact)
     moved = rejection_sample(logits, md.at_positions(exact), spec)
     assert torch.equal(graphs.step(key)[:3], moved)
     assert not torch.equal(moved, rejection_sample(logits, md, spec))  # the positions decide the draws
-
-
-def test_drafts_with_probabilities_are_left_to_the_eager_sampler():
-    graphs = RejectionSamplerGraphs(VOCAB, K, [4], torch.device("cpu"))
-    logits, md, spec = _step(2, 0.9, seed=3)
-    assert graphs.key(logits, md, spec) is not None
-    assert graphs.key(logits, md, dataclasses.replace(spec, draft_probs=torch.rand(2, K, VOCAB))) is None
-    assert graphs.key(logits[:4], md, spec) is None  # not k + 1 rows per request

@@ -14,9 +14,10 @@ from refengine.engine.llm import LLM
 from refengine.sample.step_support import UNIFORM_STEP_HONOURS, Honours, uniform_step_supports
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
-from refengine.spec_decode.draft_step_graphs import DraftStepGraphs
+from refengine.spec_decode.draft_graphs import DraftGraphs
 from refengine.worker.sampler_graphs import RejectionSamplerGraphs
 from refengine.worker.spec_step_graphs import SpecStepGraphs
+from refengine.worker.step_plan import Dispatcher
 from tests.property_budget import property_tests
 
 CPU = torch.device("cpu")
@@ -32,12 +33,13 @@ def _llm(tiny4, method: str, k: int, async_scheduling: bool, uniform: bool) -> L
     if uniform:
         # What a GPU captures, run eagerly: the CPU's way (tests/worker/test_spec_step_graphs.py).
         runner, target = llm.engine.runner, llm.engine.runner.model
-        drafter = DraftStepGraphs(
-            runner.drafter, (target.config.hidden_size, target.embed_tokens.weight.dtype),
+        drafter = DraftGraphs(
+            runner.drafter.device_drafter, (target.config.hidden_size, target.embed_tokens.weight.dtype),
             runner.input_batch.block_table.table.shape[1], BATCH_SIZES, CPU,
         )  # fmt: skip
         sampler = RejectionSamplerGraphs(target.config.vocab_size, k, BATCH_SIZES, CPU, runner.accept)
-        runner.spec_step_graphs = SpecStepGraphs(sampler, drafter, CPU)
+        uniform = SpecStepGraphs(sampler, drafter, CPU)
+        runner.dispatcher = Dispatcher(k, runner.input_batch, None, None, uniform, None, runner.drafter.capture_layers)
     return llm
 
 
@@ -80,7 +82,7 @@ def check_every_step_path_emits_the_same_tokens_and_drafts(counts, tiny4, method
         "async": _llm(tiny4, method, k, async_scheduling=True, uniform=False),
         "uniform": _llm(tiny4, method, k, async_scheduling=True, uniform=True),
     }
-    graphs = arms["uniform"].engine.runner.spec_step_graphs
+    graphs = arms["uniform"].engine.runner.dispatcher.uniform
     run, taken_by = graphs.run, []
 
     def run_and_note(key, verified, input_batch, rows):
@@ -95,7 +97,7 @@ def check_every_step_path_emits_the_same_tokens_and_drafts(counts, tiny4, method
     assert steps["uniform"] == steps["async"] == steps["sync"]
     # The eligibility, against the declaration: no request the step cannot honour took it.
     assert all(uniform_step_supports(params[i]) for i in taken_by), [params[i] for i in taken_by]
-    counts["uniform steps"] += graphs.num_eager_steps
+    counts["uniform steps"] += graphs.graphs.num_eager_steps
     counts["batches with a request it refuses"] += not all(map(uniform_step_supports, params))
 
 
