@@ -37,7 +37,7 @@ def test_a_collection_inside_a_capture_finds_no_graph_to_destroy():
     try:
         pool = GraphPool("cuda")
         with pool.capturing():
-            old, _ = pool.capture(lambda: x * 2)
+            old, _ = pool.capture(lambda: x * 2, persist=False)
         left = weakref.ref(_Cycle(old))
         del old
         assert left() is not None  # garbage now, but not yet collected
@@ -47,8 +47,9 @@ def test_a_collection_inside_a_capture_finds_no_graph_to_destroy():
                 gc.collect()  # what an allocation anywhere in a captured step may trigger
             return x + 1
 
-        with pool.capturing():
-            graph, out = pool.capture(step_that_collects)
+        engine = GraphPool("cuda")  # the next engine's pool (the oracle's workers build engine after engine)
+        with engine.capturing():
+            graph, out = engine.capture(step_that_collects, persist=True)  # out lives outside the pool
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, x + 1)
