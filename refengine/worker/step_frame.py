@@ -84,7 +84,8 @@ class FrameColumns:
 
 def rejected_drafts(tokens: torch.Tensor, num_drafts: torch.Tensor | int) -> torch.Tensor:
     """vLLM's num_rejected_tokens, per verified request from its [k + 1] tokens (-1 after the valid ones).
-    Invariant 48: a request's rejected drafts are its fed drafts less its valid tokens less one."""
+    Invariant 48 (docs/invariants.md): a request's rejected drafts are its fed drafts less its valid tokens
+    less one."""
     return num_drafts - ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1)
 
 
