@@ -66,9 +66,10 @@ gpu-report: install
 	PYTHONPATH=. $(PY) benchmarks/gpu_bench.py --out reports/gpu-h200 --budget-s 470 --commit $$(git rev-parse --short HEAD) \
 		--only engine,gpu_idle,async_ab,spec_profile
 
-# The main job: the embedded SmolLM2 laddered on ShareGPT prompts on refengine (spec off, ngram, eagle) and llama.cpp,
-# then `ladder compare` into runs/demo/report.md and runs/demo/plots/*.png (gitignored: the tree stays clean).
-## demo | the main job: SmolLM2 laddered on ShareGPT prompts (spec off, ngram, eagle3, llama.cpp) into runs/demo/ | about 8 min on 2 cores
+# The main job: the embedded SmolLM2 laddered on a chat + code + math mix on refengine (spec off, ngram, eagle3) and
+# llama.cpp, each rung 3 times (scripts/demo.sh: DEMO_REPEATS, DEMO_DATASET), then `ladder compare` and the speed-ups
+# with their spread into runs/demo/ (gitignored: the tree stays clean).
+## demo | the main job: SmolLM2 laddered on a chat + code + math mix (spec off, ngram, eagle3, llama.cpp), 3 repeats a rung, into runs/demo/ | not timed since the repeats; a single run (DEMO_REPEATS=1) took about 8 min on 2 cores
 demo: install
 	$(VENV)/bin/refengine generate --model smollm2 --chat --max-tokens 48 --fast \
 		--prompt "In two sentences, what is speculative decoding?"
@@ -82,7 +83,7 @@ demo: install
 reports-index:
 	$(PYTHON) -m benchmarks.reports_index
 
-## cpu-report | make demo's ladders, rewriting reports/demo.md and its plots | about 8 min on 2 cores
+## cpu-report | make demo's ladders, rewriting reports/demo.md and its plots | not timed since the repeats; a single run about 8 min on 2 cores
 demo-report: install
 	DEMO_REPORT=reports/demo.md DEMO_PLOTS=reports/demo DEMO_TARGET=demo-report bash scripts/demo.sh
 
