@@ -3,6 +3,7 @@
 It checks that the index is current, never that the reports are: a GPU report needs a GPU to rerun."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 REPO = Path(os.environ.get("MUTATIONS_ORIGIN", ROOT))
 
 
+# The index counts commits from the ones the reports name: a shallow clone does not hold them.
+_SHALLOW = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True, text=True)
+needs_history = pytest.mark.skipif(_SHALLOW.stdout.strip() == "true", reason="a shallow clone: clone in full")
+
+
+@needs_history
 def test_the_committed_index_equals_a_fresh_generation():
     fresh = reports_index.generate(ROOT, REPO)
     committed = (ROOT / "reports/README.md").read_text()
@@ -57,6 +64,7 @@ def test_a_file_no_report_declares_is_refused(tmp_path):
         reports_index.check_coverage(tmp_path, [Declared("reports/x.md", "q?", "x", ("refengine/",), ())])
 
 
+@needs_history
 def test_staleness_counts_only_the_code_a_report_measures():
     """A report's commits since are those touching its declared paths: the client's history is not the engine's."""
     demo = next(d for d in reports_index.load_declarations() if d.path == "reports/demo.md")
