@@ -59,9 +59,9 @@ def main() -> None:
     timings: list[float] = []  # seconds per bitmask row
     bitmask = manager.grammar_bitmask
 
-    def timed_bitmask(requests, scheduled, drafts):
+    def timed_bitmask(structured_requests, spec_decode_tokens):
         start = time.perf_counter()
-        out = bitmask(requests, scheduled, drafts)
+        out = bitmask(structured_requests, spec_decode_tokens)
         if out is not None:
             timings.extend([(time.perf_counter() - start) / len(out.grammar_bitmask)] * len(out.grammar_bitmask))
         return out
