@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ladder import guard
+from ladder import guard, speedup
 from ladder.config import ENGINE_KEYS, SetupError
 from ladder.metrics import DEFINITIONS
 from ladder.own_version import Build, build
@@ -213,6 +213,16 @@ def _server_table(cmp: Comparison) -> list[str]:
     return out + [""]
 
 
+def _speedup_section(cmp: Comparison) -> list[str]:
+    """--baseline: every other run's speed-up in TPOT (the baseline's over the run's) at each c, with the
+    interval of the repeats, whether the load moved between the runs, and per content type on a mix."""
+    arms = [r for r in cmp.runs if r is not cmp.baseline]
+    if cmp.baseline is None or not arms:
+        return []
+    return [f"## Speed-up against {cmp.baseline.label}", "",
+            speedup.table(cmp.baseline, arms, f"tpot_ms.{cmp.percentile}"), ""]
+
+
 def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragraphs: Sequence[str] = ()) -> str:
     """The markdown report; plot_links are (caption, path relative to the report), paragraphs go on top."""
     notes = Footnotes()
@@ -240,6 +250,7 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
         lines += _group_table(cmp, group, notes)
     lines += _turn_table(cmp, notes)
     lines += _server_table(cmp)
+    lines += _speedup_section(cmp)
     if plot_links:
         lines += ["## Plots", "", f"Workload: {workload_caption(cmp.reference)}.", ""]
         lines += [f"![{caption}]({path})" for caption, path in plot_links] + [""]

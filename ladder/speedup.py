@@ -29,8 +29,9 @@ class Speedup:
 
 
 def values(row: RungRow | None, metric: str) -> list[float]:
-    """The metric over the rung's repeats (one value without --repeats); empty for a rung without numbers."""
-    if row is None or row.status != "OK":
+    """The metric over the rung's repeats (one value without --repeats); empty for a rung without numbers or
+    with part of them (PARTIAL: an interrupt cut it short, so its requests are not the baseline's)."""
+    if row is None or row.status != "OK" or "PARTIAL" in row.flags:
         return []
     if row.repeats and metric in row.repeats.get("metrics", {}):
         return list(row.repeats["metrics"][metric]["values"])
