@@ -87,29 +87,40 @@ def table(base: Run, arms: Sequence[Run], metric: str = "tpot_ms.p50") -> str:
     return "\n".join(lines + ([""] + [moved] if moved else []) + by_content(base, arms))
 
 
+def content_values(row: RungRow | None, kind: str) -> list[float]:
+    """One content type's mean TPOT in each repeat (ladder.repeats keeps them); the pooled mean of a rung run
+    once; empty for a rung without numbers."""
+    if not values(row, "tpot_ms.p50"):  # VOID, NOT_RUN, PARTIAL or missing: no number, as for the whole rung
+        return []
+    kept = ((row.repeats or {}).get("by_content") or {}).get(kind)
+    if kept:
+        return list(kept["tpot_ms.mean"]["values"])
+    mean = (((row.by_content or {}).get(kind) or {}).get("tpot_ms") or {}).get("mean")
+    return [] if mean is None else [mean]
+
+
 def by_content(base: Run, arms: Sequence[Run]) -> list[str]:
     """--dataset mix: each arm's mean TPOT and acceptance per content type at each c, and its speed-up over the
-    baseline's for the same type (pooled over the repeats: no interval)."""
+    baseline's for the same type with the interval of the repeats."""
     kinds = list(dict.fromkeys(k for run in (base, *arms) for row in run.rungs.values() for k in row.by_content or {}))
     if not kinds:
         return []
-    lines = ["", f"Per content type (mean TPOT in ms, acceptance length over the requests, speed-up over "
-             f"{base.label}'s TPOT for the same type; pooled over the repeats):", "",
+    lines = ["", f"Per content type (mean TPOT in ms over the requests, acceptance length, speed-up over "
+             f"{base.label}'s TPOT for the same type with the interval of the repeats' per-type means):", "",
              "| arm | c | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
     for arm in (base, *arms):
         for c, row in arm.rungs.items():
-            mine, theirs = row.by_content or {}, (base.rungs.get(c) and base.rungs[c].by_content) or {}
             cells = []
             for kind in kinds:
-                stats = mine.get(kind)
+                stats = (row.by_content or {}).get(kind) if values(row, "tpot_ms.p50") else None
                 tpot = ((stats or {}).get("tpot_ms") or {}).get("mean")
                 if tpot is None:
                     cells.append("n/a")
                     continue
                 spec = stats.get("spec")
                 accept = f", accept {spec['weighted_acceptance_length']:.2f}" if spec else ""
-                ref = ((theirs.get(kind) or {}).get("tpot_ms") or {}).get("mean")
-                ratio = f", {ref / tpot:.2f}x" if ref and arm is not base else ""
+                ratio = (f", {cell(speedup(content_values(base.rungs.get(c), kind), content_values(row, kind)))}"
+                         if arm is not base else "")
                 cells.append(f"{tpot:.1f} ms{accept}{ratio}")
             lines.append(f"| {arm.label} | {c:g} | " + " | ".join(cells) + " |")
     return lines

@@ -2,11 +2,14 @@
 interval of the runs' repeats (ladder.speedup, the one implementation); a VOID or PARTIAL rung gets no number."""
 
 import json
+from dataclasses import replace
 
 import pytest
-from run_fixtures import ok, void, write_run
+from run_fixtures import ok, summary, void, write_run
 
+from ladder import repeats
 from ladder.cli import main
+from ladder.content_types import ContentStats
 
 
 @pytest.fixture
@@ -59,3 +62,23 @@ def test_an_unknown_baseline_is_one_line_and_non_zero(tmp_path, compare):
     off = write_run(tmp_path, "off", [ok(1, 100.0)])
     code, out, err = compare(off, "--baseline", "spec-off")
     assert code == 2 and err.count("\n") == 1 and "names no run" in err and "Traceback" not in err
+
+
+def test_per_content_type_speedups_carry_the_spread_of_the_repeats(tmp_path, compare):
+    """--dataset mix with --repeats: each repeat's TPOT per content type is kept (ladder.repeats.combine), so
+    the per-type speed-up has an interval too, not only a pooled point."""
+    def mixed(tpot: float, chat: float, code: float) -> object:
+        return replace(ok(1, 100.0, tpot=tpot), by_content={"chat": ContentStats(2, summary(chat), None),
+                                                             "code": ContentStats(2, summary(code), None)})
+    off_rows = [mixed(20.0, 20.0, 19.0), mixed(22.0, 22.0, 21.0)]
+    spec_rows = [mixed(10.0, 11.0, 5.0), mixed(12.0, 13.0, 7.0)]
+    off_kept = repeats.combine(off_rows).repeats["by_content"]
+    assert off_kept["chat"]["tpot_ms.mean"]["values"] == [20.0, 22.0]
+    pooled = {"chat": ContentStats(4, summary(21.0), None), "code": ContentStats(4, summary(20.0), None)}
+    off = write_run(tmp_path, "off", [replace(repeats.combine(off_rows), by_content=pooled)])
+    pooled = {"chat": ContentStats(4, summary(12.0), None), "code": ContentStats(4, summary(6.0), None)}
+    spec = write_run(tmp_path, "spec", [replace(repeats.combine(spec_rows), by_content=pooled)])
+    code, out, err = compare(off, spec, "--baseline", "off")
+    assert (code, err) == (0, ""), err
+    # code: 20/6 = 3.33x, min 19/7 = 2.71x, max 21/5 = 4.20x
+    assert "| spec | 1 | 12.0 ms, 1.75x (1.54-2.00, 2 runs) | 6.0 ms, 3.33x (2.71-4.20, 2 runs) |" in out, out
