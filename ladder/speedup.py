@@ -4,7 +4,7 @@ A ratio of two arms means something only if both saw the same machine. Each arm 
 each carries its own spread; the speed-up's interval is the widest its repeats allow,
 [min(base) / max(arm), max(base) / min(arm)], and its point is mean(base) / mean(arm). A rung of one run has
 no interval and says so. The arms' load averages (their manifests' start and end) are compared too: when they
-differ by more than LOAD_MOVED, the table says the load moved between arms, naming the figures.
+differ by more than LOAD_MOVED, the table says the load moved between arms, else that it held, naming the figures.
 
     python -m ladder.speedup BASELINE_DIR ARM_DIR... [--metric tpot_ms.p50]   (a markdown table on stdout)
 """
@@ -59,19 +59,23 @@ def cell(s: Speedup | None) -> str:
 
 
 def load_moved(runs: Sequence[Run]) -> str | None:
-    """Which load averages the arms saw, when they differ by more than LOAD_MOVED; None otherwise."""
+    """The load averages the arms saw, and whether they moved between the arms by more than LOAD_MOVED (so a
+    reader knows it was checked); None when fewer than two arms recorded them."""
     seen = {}
     for run in runs:
         avg = (run.host or {}).get("load_average") or {}
         ones = [v["1m"] for v in (avg.get("start"), avg.get("end")) if v]
         if ones:
             seen[run.label] = ones
-    flat = [v for ones in seen.values() for v in ones]
-    if len(seen) < 2 or max(flat) - min(flat) <= LOAD_MOVED:
+    if len(seen) < 2:
         return None
-    return ("The load moved between arms (1-minute load average at each arm's start and end: "
-            + ", ".join(f"{label} {' -> '.join(f'{v:.1f}' for v in ones)}" for label, ones in seen.items())
-            + "): compare the ratios with their spread, not their points.")
+    flat = [v for ones in seen.values() for v in ones]
+    figures = ", ".join(f"{label} {' -> '.join(f'{v:.1f}' for v in ones)}" for label, ones in seen.items())
+    if max(flat) - min(flat) <= LOAD_MOVED:
+        return (f"The load held between arms (1-minute load average at each arm's start and end, all within "
+                f"{LOAD_MOVED:g}: {figures}).")
+    return (f"The load moved between arms (1-minute load average at each arm's start and end: {figures}): "
+            "compare the ratios with their spread, not their points.")
 
 
 def table(base: Run, arms: Sequence[Run], metric: str = "tpot_ms.p50") -> str:
