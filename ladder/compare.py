@@ -242,6 +242,7 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
     lines += _engine_table(runs) + [""]
     pct_note = (f"Latencies are the {cmp.percentile} over the measured requests of each rung; throughput is over "
                 f"the rung's measured window.")
+    lines += _speedup_section(cmp)
     lines += ["## Results", "", pct_note + (f" Δ% is against {cmp.baseline.label}." if cmp.baseline else ""),
               "VOID (a request failed: no numbers), NOT_RUN (the engine died earlier), CLIENT_BOUND (the client "
               "may have limited the rung) and HOST_CONTENTION (another process delayed the client) are footnoted "
@@ -250,7 +251,6 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
         lines += _group_table(cmp, group, notes)
     lines += _turn_table(cmp, notes)
     lines += _server_table(cmp)
-    lines += _speedup_section(cmp)
     if plot_links:
         lines += ["## Plots", "", f"Workload: {workload_caption(cmp.reference)}.", ""]
         lines += [f"![{caption}]({path})" for caption, path in plot_links] + [""]
