@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ladder import guard
+from ladder import guard, speedup
 from ladder.config import ENGINE_KEYS, SetupError
 from ladder.metrics import DEFINITIONS
 from ladder.own_version import Build, build
@@ -213,6 +213,16 @@ def _server_table(cmp: Comparison) -> list[str]:
     return out + [""]
 
 
+def _speedup_section(cmp: Comparison) -> list[str]:
+    """--baseline: every other run's speed-up in TPOT (the baseline's over the run's) at each c, with the
+    interval of the repeats, whether the load moved between the runs, and per content type on a mix."""
+    arms = [r for r in cmp.runs if r is not cmp.baseline]
+    if cmp.baseline is None or not arms:
+        return []
+    return [f"## Speed-up against {cmp.baseline.label}", "",
+            speedup.table(cmp.baseline, arms, f"tpot_ms.{cmp.percentile}"), ""]
+
+
 def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragraphs: Sequence[str] = ()) -> str:
     """The markdown report; plot_links are (caption, path relative to the report), paragraphs go on top."""
     notes = Footnotes()
@@ -232,6 +242,7 @@ def render(cmp: Comparison, plot_links: Sequence[tuple[str, str]] = (), paragrap
     lines += _engine_table(runs) + [""]
     pct_note = (f"Latencies are the {cmp.percentile} over the measured requests of each rung; throughput is over "
                 f"the rung's measured window.")
+    lines += _speedup_section(cmp)
     lines += ["## Results", "", pct_note + (f" Δ% is against {cmp.baseline.label}." if cmp.baseline else ""),
               "VOID (a request failed: no numbers), NOT_RUN (the engine died earlier), CLIENT_BOUND (the client "
               "may have limited the rung) and HOST_CONTENTION (another process delayed the client) are footnoted "

@@ -79,6 +79,17 @@ def _server_metrics(summaries: list[dict | None]) -> dict | None:
     return out
 
 
+def _by_content(repeats: list[RungOk]) -> dict[str, dict]:
+    """--dataset mix: each content type's mean TPOT in every repeat, so a per-type speed-up keeps the spread
+    of the repeats (the row's by_content pools their requests, which has none)."""
+    out = {}
+    for kind in (repeats[0].by_content or {}):
+        tpots = [((r.by_content or {}).get(kind) or None) for r in repeats]
+        if all(t is not None and t.tpot_ms is not None for t in tpots):
+            out[kind] = {"tpot_ms.mean": interval([t.tpot_ms.mean for t in tpots])}
+    return out
+
+
 def combine(repeats: list[RungOk]) -> RungOk:
     """One row for N OK repeats of a rung, with the confidence interval of every metric."""
     first = repeats[0]
@@ -96,4 +107,5 @@ def combine(repeats: list[RungOk]) -> RungOk:
         lateness=max((r.lateness for r in repeats if r.lateness is not None), key=lambda x: x.num_late, default=None),
         server_metrics=_server_metrics([r.server_metrics for r in repeats]),
         turns=_combine([r.turns for r in repeats], "turns"),
-        repeats={"n": len(repeats), "metrics": {p: interval([leaves[p] for leaves in per_metric]) for p in paths}})
+        repeats={"n": len(repeats), "metrics": {p: interval([leaves[p] for leaves in per_metric]) for p in paths},
+                 "by_content": _by_content(repeats)})

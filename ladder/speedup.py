@@ -4,7 +4,7 @@ A ratio of two arms means something only if both saw the same machine. Each arm 
 each carries its own spread; the speed-up's interval is the widest its repeats allow,
 [min(base) / max(arm), max(base) / min(arm)], and its point is mean(base) / mean(arm). A rung of one run has
 no interval and says so. The arms' load averages (their manifests' start and end) are compared too: when they
-differ by more than LOAD_MOVED, the table says the load moved between arms, naming the figures.
+differ by more than LOAD_MOVED, the table says the load moved between arms, else that it held, naming the figures.
 
     python -m ladder.speedup BASELINE_DIR ARM_DIR... [--metric tpot_ms.p50]   (a markdown table on stdout)
 """
@@ -29,8 +29,9 @@ class Speedup:
 
 
 def values(row: RungRow | None, metric: str) -> list[float]:
-    """The metric over the rung's repeats (one value without --repeats); empty for a rung without numbers."""
-    if row is None or row.status != "OK":
+    """The metric over the rung's repeats (one value without --repeats); empty for a rung without numbers or
+    with part of them (PARTIAL: an interrupt cut it short, so its requests are not the baseline's)."""
+    if row is None or row.status != "OK" or "PARTIAL" in row.flags:
         return []
     if row.repeats and metric in row.repeats.get("metrics", {}):
         return list(row.repeats["metrics"][metric]["values"])
@@ -58,19 +59,23 @@ def cell(s: Speedup | None) -> str:
 
 
 def load_moved(runs: Sequence[Run]) -> str | None:
-    """Which load averages the arms saw, when they differ by more than LOAD_MOVED; None otherwise."""
+    """The load averages the arms saw, and whether they moved between the arms by more than LOAD_MOVED (so a
+    reader knows it was checked); None when fewer than two arms recorded them."""
     seen = {}
     for run in runs:
         avg = (run.host or {}).get("load_average") or {}
         ones = [v["1m"] for v in (avg.get("start"), avg.get("end")) if v]
         if ones:
             seen[run.label] = ones
-    flat = [v for ones in seen.values() for v in ones]
-    if len(seen) < 2 or max(flat) - min(flat) <= LOAD_MOVED:
+    if len(seen) < 2:
         return None
-    return ("The load moved between arms (1-minute load average at each arm's start and end: "
-            + ", ".join(f"{label} {' -> '.join(f'{v:.1f}' for v in ones)}" for label, ones in seen.items())
-            + "): compare the ratios with their spread, not their points.")
+    flat = [v for ones in seen.values() for v in ones]
+    figures = ", ".join(f"{label} {' -> '.join(f'{v:.1f}' for v in ones)}" for label, ones in seen.items())
+    if max(flat) - min(flat) <= LOAD_MOVED:
+        return (f"The load held between arms (1-minute load average at each arm's start and end, all within "
+                f"{LOAD_MOVED:g}: {figures}).")
+    return (f"The load moved between arms (1-minute load average at each arm's start and end: {figures}): "
+            "compare the ratios with their spread, not their points.")
 
 
 def table(base: Run, arms: Sequence[Run], metric: str = "tpot_ms.p50") -> str:
@@ -86,29 +91,40 @@ def table(base: Run, arms: Sequence[Run], metric: str = "tpot_ms.p50") -> str:
     return "\n".join(lines + ([""] + [moved] if moved else []) + by_content(base, arms))
 
 
+def content_values(row: RungRow | None, kind: str) -> list[float]:
+    """One content type's mean TPOT in each repeat (ladder.repeats keeps them); the pooled mean of a rung run
+    once; empty for a rung without numbers."""
+    if not values(row, "tpot_ms.p50"):  # VOID, NOT_RUN, PARTIAL or missing: no number, as for the whole rung
+        return []
+    kept = ((row.repeats or {}).get("by_content") or {}).get(kind)
+    if kept:
+        return list(kept["tpot_ms.mean"]["values"])
+    mean = (((row.by_content or {}).get(kind) or {}).get("tpot_ms") or {}).get("mean")
+    return [] if mean is None else [mean]
+
+
 def by_content(base: Run, arms: Sequence[Run]) -> list[str]:
     """--dataset mix: each arm's mean TPOT and acceptance per content type at each c, and its speed-up over the
-    baseline's for the same type (pooled over the repeats: no interval)."""
+    baseline's for the same type with the interval of the repeats."""
     kinds = list(dict.fromkeys(k for run in (base, *arms) for row in run.rungs.values() for k in row.by_content or {}))
     if not kinds:
         return []
-    lines = ["", f"Per content type (mean TPOT in ms, acceptance length over the requests, speed-up over "
-             f"{base.label}'s TPOT for the same type; pooled over the repeats):", "",
+    lines = ["", f"Per content type (mean TPOT in ms over the requests, acceptance length, speed-up over "
+             f"{base.label}'s TPOT for the same type with the interval of the repeats' per-type means):", "",
              "| arm | c | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
     for arm in (base, *arms):
         for c, row in arm.rungs.items():
-            mine, theirs = row.by_content or {}, (base.rungs.get(c) and base.rungs[c].by_content) or {}
             cells = []
             for kind in kinds:
-                stats = mine.get(kind)
+                stats = (row.by_content or {}).get(kind) if values(row, "tpot_ms.p50") else None
                 tpot = ((stats or {}).get("tpot_ms") or {}).get("mean")
                 if tpot is None:
                     cells.append("n/a")
                     continue
                 spec = stats.get("spec")
                 accept = f", accept {spec['weighted_acceptance_length']:.2f}" if spec else ""
-                ref = ((theirs.get(kind) or {}).get("tpot_ms") or {}).get("mean")
-                ratio = f", {ref / tpot:.2f}x" if ref and arm is not base else ""
+                ratio = (f", {cell(speedup(content_values(base.rungs.get(c), kind), content_values(row, kind)))}"
+                         if arm is not base else "")
                 cells.append(f"{tpot:.1f} ms{accept}{ratio}")
             lines.append(f"| {arm.label} | {c:g} | " + " | ".join(cells) + " |")
     return lines

@@ -18,9 +18,12 @@
 # The self-draft arm (draft_model, first 8 layers) was dropped to keep the demo within 15 minutes on 2 cores.
 # Arms run one after another, so each rung runs DEMO_REPEATS times (3; the server's prefix cache reset before
 # each; with 5·c prompts instead of 4·c, about 3.75x the ladders' time of a single run: DEMO_REPEATS=1 for a quick
-# look) and every speed-up the report prints carries the interval of its arms' repeats (python -m ladder.speedup),
-# with a line when the load moved between arms. The mix (chat from ShareGPT, code from HumanEval, math from CHAMP)
-# gives each arm's TPOT and acceptance per content type; DEMO_DATASET=sharegpt runs chat alone.
+# look) and every speed-up the report prints carries the interval of its arms' repeats (`ladder compare
+# --baseline`, through ladder.speedup), with a line saying whether the load moved between arms. The mix (chat
+# from ShareGPT, code from HumanEval, math from CHAMP) gives each arm's TPOT and acceptance per content type;
+# DEMO_DATASET=sharegpt runs chat alone.
+# Two clones may run it at once on one machine: every server takes a free port ({port}), and the runs, the
+# tokenizer and the report stay under the clone's own runs/demo/ (or DEMO_RUNS).
 # DEMO_PARETO=ISL:OSL,... (the default of `make demo-report`: 64:32,128:64) adds `ladder sweep --pareto` of spec off
 # at c = 1 .. DEMO_PARETO_MAX_C (4), whose front the report links.
 #
@@ -146,14 +149,6 @@ ${LENGTHS}. Acceptance per spec arm over the whole ladder: ${ACCEPTANCE:-no spec
 $( [ "$DEVICE" = cpu ] && echo " On a CPU each draft pass of a 135M-parameter target costs a large share of a \
 target step, so a drafter pays for itself only when enough of its drafts are accepted.")")
 
-# Every arm's speed-up over spec off at each c with its spread (and per content type on the mix).
-BASE="$RUNS/refengine-off"
-OTHERS=()
-for dir in "${DIRS[@]}"; do [ "$dir" = "$BASE" ] || OTHERS+=("$dir"); done
-if [[ " $ARMS " == *" refengine-off "* ]] && [ ${#OTHERS[@]} -gt 0 ]; then
-    NOTES+=(--note "$($PY -m ladder.speedup "$BASE" "${OTHERS[@]}")")
-fi
-
 if [ -n "$PARETO" ]; then
     echo "== pareto $PARETO"
     "$LADDER" sweep --pareto "$PARETO" --max-c "${DEMO_PARETO_MAX_C:-4}" --out "$RUNS/pareto" --seed 0 \
@@ -172,6 +167,8 @@ $(tail -n +3 "$RUNS/pareto/pareto.md")")
     fi
 fi
 
+# --baseline refengine-off: the report's "Speed-up against refengine-off" section, every arm's TPOT speed-up at
+# each c with the interval of the repeats, per content type on the mix, and whether the load moved between arms.
 "$LADDER" compare "${DIRS[@]}" --out "$REPORT" --plots "$PLOTS" \
     $( [[ " $ARMS " == *" refengine-off "* ]] && echo --baseline refengine-off ) "${NOTES[@]}" || exit 2
 echo "demo: ${wall} s of ladders; report in $REPORT"

@@ -34,7 +34,8 @@ def test_every_speedup_carries_the_interval_of_its_repeats(fake_server, ladder):
     # the load at each arm's start and end, as the manifests recorded it
     def at(run, one):
         return replace(run, host={**run.host, "load_average": {"start": {"1m": one}, "end": {"1m": one}}})
-    assert "load moved" not in speedup.table(at(base, 1.0), [at(arm, 1.2)])
+    held = speedup.table(at(base, 1.0), [at(arm, 1.2)])
+    assert "load moved" not in held and "The load held between arms" in held and "gap0.004 1.2 -> 1.2" in held, held
     moved = speedup.table(at(base, 1.0), [at(arm, 3.5)])
     assert "The load moved between arms" in moved and "gap0.004 3.5 -> 3.5" in moved, moved
 
