@@ -106,7 +106,6 @@ class RejectionSamplerGraphs:
         self.graphs.capture(pool, keys)
 
     def run(self, key: SamplerGraphKey, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, positions: torch.Tensor | None) -> torch.Tensor:
-        """[R, k + 1] tokens of the step the dispatcher gave `key`: a view of the graph's static output,
-        valid until the next replay (or, uncaptured, the same step eagerly on the buffers)."""
+        """[R, k + 1] tokens of the step the dispatcher gave `key`: a view, valid until the next replay."""
         self.fill(logits, md, spec.draft_token_ids, key, positions)
         return self.graphs.run(key)[: spec.draft_token_ids.shape[0]]

@@ -87,8 +87,7 @@ class SpecStepGraphs:
         self.captured_sizes = sorted({key.padded for key in self._captured})
 
     def run(self, key: SamplerGraphKey, verified: Sequence[ScheduledRow], input_batch: InputBatch, rows: TargetStep) -> SampledStep:
-        """The step of the `verified` requests, replayed right after its target's graph of P = `key.padded`
-        requests, or run eagerly on `rows`."""
+        """The `verified` requests' step, right after the target's graph of P = `key.padded` requests."""
         # The rows' parameters, and greedy padding without drafts behind them, into the buffers.
         batch_rows = np.repeat(np.asarray([r.batch_row for r in verified], dtype=np.int64), self.q)
         limits = [self.drafter.drafter.position_limit(r.state.block_ids) for r in verified]
