@@ -4,7 +4,7 @@
 so importing the package (and the `refengine` command) does not import torch.
 """
 
-import importlib
+from refengine.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "LLM": "refengine.engine.llm",
@@ -12,10 +12,4 @@ _EXPORTS = {
     "StructuredOutputsParams": "refengine.sampling_params",
     "EngineConfig": "refengine.config",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'refengine' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -44,14 +44,8 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Refuse a configuration that cannot serve, naming the numbers that do not fit."""
-        positive = {
-            "max_num_seqs": self.max_num_seqs,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "max_model_len": self.max_model_len,
-            "block_size": self.block_size,
-            "num_blocks": self.num_blocks,
-        }
-        for name, value in positive.items():
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks"):
+            value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
         threshold = self.long_prefill_token_threshold

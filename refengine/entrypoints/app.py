@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import hmac
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -143,27 +143,23 @@ class OpenAIServer:
             prompt_ids = await asyncio.to_thread(self.engine.tokenizer.encode, req.prompt)
         else:
             prompt_ids = list(req.prompt)
-        prepared = self._prepare(req, "cmpl", prompt_ids, req.logprobs)
-        await self._check_structured_outputs(req, prepared)
-        builder = CompletionBuilder(
-            prepared.generation.request_id,
-            self.config.served_model_name,
-            self.engine.tokenizer,
-            prepared.options,
-        )
-        return await self.generate(request, prepared, builder, req.timeout)
+        return await self._respond(request, req, "cmpl", prompt_ids, req.logprobs, CompletionBuilder)
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self.read_request(request, ChatCompletionRequest)
         logprobs = chat_logprobs_wanted(req)
         prompt_ids = await asyncio.to_thread(self._tokenize_chat, req)
-        prepared = self._prepare(req, "chatcmpl", prompt_ids, logprobs)
+        return await self._respond(request, req, "chatcmpl", prompt_ids, logprobs, ChatBuilder)
+
+    async def _respond(
+        self, request: Request, req: SamplingRequest, prefix: str, prompt_ids: list[int], logprobs: int | None,
+        builder_class: Callable[..., ResponseBuilder],
+    ) -> Response:  # fmt: skip
+        """A completion or chat request: prepared, its structured outputs checked, driven through its builder."""
+        prepared = self._prepare(req, prefix, prompt_ids, logprobs)
         await self._check_structured_outputs(req, prepared)
-        builder = ChatBuilder(
-            prepared.generation.request_id,
-            self.config.served_model_name,
-            self.engine.tokenizer,
-            prepared.options,
+        builder = builder_class(
+            prepared.generation.request_id, self.config.served_model_name, self.engine.tokenizer, prepared.options
         )
         return await self.generate(request, prepared, builder, req.timeout)
 

@@ -2,7 +2,7 @@
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from refengine.entrypoints.engine_client import RequestDelta, SpecDecodingStats, Tokenizer, TokenLogprobs
 from refengine.entrypoints.responses import (
@@ -64,6 +64,10 @@ class ResponseBuilder(ABC):
         self.tokenizer = tokenizer
         self.options = options
         self.created = int(time.time())
+
+    def _object(self, cls: Callable[..., ResponseModel], choices: list, usage: Usage | None) -> ResponseModel:
+        """An OpenAI object of this request (its id, creation time and model) with `choices` and `usage`."""
+        return cls(id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage)
 
     def token_text(self, token_id: int) -> str:
         if self.options.tokens_as_ids:
@@ -135,18 +139,10 @@ class CompletionBuilder(ResponseBuilder):
         if not self.wants_chunk(delta):
             return None
         choice = self._choice(delta.text, delta.token_ids, delta.logprobs, delta.finish_reason)
-        return CompletionResponse(
-            id=self.request_id,
-            created=self.created,
-            model=self.model,
-            choices=[choice],
-            usage=self.chunk_usage(delta),
-        )
+        return self._object(CompletionResponse, [choice], self.chunk_usage(delta))
 
     def usage_chunk(self, last: RequestDelta) -> ResponseModel:
-        return CompletionResponse(
-            id=self.request_id, created=self.created, model=self.model, choices=[], usage=usage_of(last)
-        )
+        return self._object(CompletionResponse, [], usage_of(last))
 
     def response(self, deltas: Sequence[RequestDelta]) -> ResponseModel:
         entries = _joined_logprobs(deltas)
@@ -156,13 +152,7 @@ class CompletionBuilder(ResponseBuilder):
             entries,
             deltas[-1].finish_reason,
         )
-        return CompletionResponse(
-            id=self.request_id,
-            created=self.created,
-            model=self.model,
-            choices=[choice],
-            usage=usage_of(deltas[-1]),
-        )
+        return self._object(CompletionResponse, [choice], usage_of(deltas[-1]))
 
 
 class ChatBuilder(ResponseBuilder):
@@ -187,10 +177,8 @@ class ChatBuilder(ResponseBuilder):
         token = self.token_text(token_id)
         return TopLogprob(token=token, logprob=max(logprob, LOGPROB_FLOOR), bytes=list(token.encode()))
 
-    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage
-        )
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None) -> ResponseModel:
+        return self._object(ChatCompletionChunk, choices, usage)
 
     def prelude(self, num_prompt_tokens: int) -> list[ResponseModel]:
         # The role arrives alone first, as OpenAI does; benchmark clients skip it when timing TTFT.
@@ -219,13 +207,7 @@ class ChatBuilder(ResponseBuilder):
             finish_reason=deltas[-1].finish_reason,
             token_ids=self.token_ids([t for d in deltas for t in d.token_ids]),
         )
-        return ChatCompletionResponse(
-            id=self.request_id,
-            created=self.created,
-            model=self.model,
-            choices=[choice],
-            usage=usage_of(deltas[-1]),
-        )
+        return self._object(ChatCompletionResponse, [choice], usage_of(deltas[-1]))
 
 
 def _joined_logprobs(deltas: Sequence[RequestDelta]) -> list[TokenLogprobs] | None:

@@ -4,7 +4,7 @@ The names load on first use, so a torch-free submodule (`refengine.model.config`
 `refengine serve --help` lists) can be imported without importing torch.
 """
 
-import importlib
+from refengine.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "EMBEDDED_NAME": "refengine.model.loader",
@@ -28,11 +28,4 @@ _EXPORTS = {
     "save_hf_folder": "refengine.model.tiny",
     "tiny_config": "refengine.model.tiny",
 }
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'refengine.model' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

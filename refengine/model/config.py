@@ -78,17 +78,12 @@ class ModelConfig:
     rope_scaling: Llama3RopeScaling | None = None
 
     def __post_init__(self) -> None:
-        positive = {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "max_position_embeddings": self.max_position_embeddings,
-        }
-        for name, value in positive.items():
+        positive = (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings",
+        )  # fmt: skip
+        for name in positive:
+            value = getattr(self, name)
             if value <= 0:
                 raise ModelLoadError(f"model config: {name} must be positive, got {value}")
         if self.num_attention_heads % self.num_key_value_heads:

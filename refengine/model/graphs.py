@@ -1,11 +1,5 @@
-"""The CUDA-graph runtime, the one place graphs are captured and replayed (docs/design/cuda-graphs.md),
-on the static buffers each kind of step declares (static_buffers.py):
-
-- sizes: the padded batch (or token count) a step replays, chosen afresh for every step;
-- GraphSet: a step function captured per key into the engine's one GraphPool and replayed, or run
-  eagerly on the same buffers where no graph was captured (the CPU, an uncaptured key, the tests);
-- GraphStats: what was captured and replayed, read-only, for the profiler.
-"""
+"""The CUDA-graph runtime (docs/design/cuda-graphs.md): the sizes a step replays at, GraphSet (a step
+function captured per key into the engine's one GraphPool, else run eagerly) and GraphStats."""
 
 from __future__ import annotations
 
@@ -41,9 +35,8 @@ def padded_batch_size(num_seqs: int, captured: Iterable[int]) -> int | None:
 
 
 def graph_token_sizes(batch_sizes: Iterable[int], query_lens: Iterable[int], max_num_batched_tokens: int) -> list[int]:
-    """The target's token counts: every batch size times every query length (uniform decode and verify
-    steps pad no further than to their batch), every MIXED_TOKEN_STEP up to MAX_MIXED_TOKENS for mixed
-    steps, and the step budget itself when it is below that; none above the budget."""
+    """The target's token counts: every batch size times every query length, every MIXED_TOKEN_STEP up to
+    MAX_MIXED_TOKENS for mixed steps, and the step budget when below that; none above the budget."""
     lens = list(query_lens)
     sizes = {b * q for b in batch_sizes for q in lens}
     sizes |= set(range(MIXED_TOKEN_STEP, MAX_MIXED_TOKENS + 1, MIXED_TOKEN_STEP))
@@ -60,9 +53,8 @@ class GraphPool:
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
-        # A graph destroyed while a stream captures invalidates that capture. A process that builds engine
-        # after engine (the oracle's workers) leaves the last engine's graphs in reference cycles, which
-        # the collector frees at whatever allocation triggers it, mid-capture too: collect them first.
+        # An earlier engine's graphs, left in reference cycles, must not be freed mid-capture (that
+        # invalidates the capture): collect them first.
         gc.collect()
         with torch.inference_mode(), on_device(self.device):
             if self._handle is None:
@@ -71,10 +63,9 @@ class GraphPool:
         torch.cuda.synchronize(self.device)
 
     def capture(self, fn: Callable[[], _Out], persist: bool) -> tuple[torch.cuda.CUDAGraph, _Out]:
-        """Run `fn` twice on a side stream (compiling kernels, creating handles), then record one call
-        into the pool; inside `capturing()`. With `persist`, the graph copies its outputs into the
-        warm-up's, which live outside the pool: memory one graph leaves as scratch may hold another
-        graph's outputs, so an output read after another graph's replay must not be in the pool."""
+        """Warm `fn` up twice on a side stream, then record it into the pool, inside `capturing()`. With
+        `persist`, its outputs are copied into the warm-up's, outside the pool, where no other graph's
+        scratch can overwrite them before they are read."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,23 +86,24 @@ def _load_gguf(path: Path, dtype: torch.dtype, numerics: Numerics) -> LoadedMode
     from refengine.model.gguf_loader import read_gguf
 
     checkpoint = read_gguf(path)
-    try:
-        tokenizer = Tokenizer.from_gguf_vocab(checkpoint.vocab)
-    except TokenizerError as err:
-        raise ModelLoadError(f"{path}: {err}") from err
-    model = Transformer(checkpoint.config, numerics, dtype)
-    load_weights(model, checkpoint.tensors(), str(path))
-    source = ModelSource(str(path), "gguf", checkpoint.weight_type, checkpoint.config.arch.value)
-    return LoadedModel(model.eval(), tokenizer, checkpoint.config, source)
+    return _build(path, "gguf", checkpoint, partial(Tokenizer.from_gguf_vocab, checkpoint.vocab), dtype, numerics)
 
 
 def _load_hf(folder: Path, dtype: torch.dtype, numerics: Numerics) -> LoadedModel:
     checkpoint = read_hf_folder(folder)
+    tokenizer = partial(Tokenizer.from_hf_folder, folder, checkpoint.eos_token_ids)
+    return _build(folder, "hf", checkpoint, tokenizer, dtype, numerics)
+
+
+def _build(
+    path: Path, kind: str, checkpoint: Any, tokenizer: Callable[[], Tokenizer], dtype: torch.dtype, numerics: Numerics
+) -> LoadedModel:
+    """A read checkpoint (GGUF or HF) and its tokenizer as a LoadedModel; a bad tokenizer is a ModelLoadError."""
     try:
-        tokenizer = Tokenizer.from_hf_folder(folder, checkpoint.eos_token_ids)
+        tok = tokenizer()
     except TokenizerError as err:
-        raise ModelLoadError(f"{folder}: {err}") from err
+        raise ModelLoadError(f"{path}: {err}") from err
     model = Transformer(checkpoint.config, numerics, dtype)
-    load_weights(model, checkpoint.tensors(), str(folder))
-    source = ModelSource(str(folder), "hf", checkpoint.weight_type, checkpoint.config.arch.value)
-    return LoadedModel(model.eval(), tokenizer, checkpoint.config, source)
+    load_weights(model, checkpoint.tensors(), str(path))
+    source = ModelSource(str(path), kind, checkpoint.weight_type, checkpoint.config.arch.value)
+    return LoadedModel(model.eval(), tok, checkpoint.config, source)

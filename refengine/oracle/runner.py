@@ -27,10 +27,16 @@ def resolve_model(name: str, device: str = "cpu") -> LoadedModel:
 
 
 @dataclass(frozen=True)
-class InProcessRunner:
-    model: LoadedModel
+class _ArmSettings:
+    """What every runner gives each arm's engine, wherever the arm runs."""
+
     block_size: int
-    tensor_parallel: TensorParallel | None = None
+    tensor_parallel: TensorParallel | None
+
+
+@dataclass(frozen=True)
+class InProcessRunner(_ArmSettings):
+    model: LoadedModel
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
         results = []
@@ -41,10 +47,8 @@ class InProcessRunner:
 
 
 @dataclass(frozen=True)
-class PoolRunner:
+class PoolRunner(_ArmSettings):
     pool: ProcessPoolExecutor
-    block_size: int
-    tensor_parallel: TensorParallel | None = None
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
         futures: dict[Future[ArmResult], Workload] = {
@@ -57,14 +61,12 @@ class PoolRunner:
 
 
 @dataclass(frozen=True)
-class RayRunner:
+class RayRunner(_ArmSettings):
     """Each arm a Ray task on the cluster `ray.init` joined (one GPU each on a CUDA device); a Ray worker
     process loads the model once, on its first arm, and keeps it for the next."""
 
     model_name: str
     device: str
-    block_size: int
-    tensor_parallel: TensorParallel | None = None
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> list[ArmResult]:
         import ray
@@ -127,7 +129,7 @@ def arm_runner(
         ray.init(address=ray_address, runtime_env={"env_vars": {"PYTHONPATH": root, "OMP_NUM_THREADS": "1"}},
                  log_to_driver=False)
         try:
-            yield RayRunner(model_name, device, block_size, tensor_parallel)
+            yield RayRunner(block_size, tensor_parallel, model_name, device)
         finally:
             ray.shutdown()
         return
@@ -135,7 +137,7 @@ def arm_runner(
         once = _Once()
         ENGINE_LOGGER.addFilter(once)
         try:
-            yield InProcessRunner(model, block_size, tensor_parallel)
+            yield InProcessRunner(block_size, tensor_parallel, model)
         finally:
             ENGINE_LOGGER.removeFilter(once)
         return
@@ -147,7 +149,7 @@ def arm_runner(
         initargs=(model_name, device),
     )
     try:
-        yield PoolRunner(pool, block_size, tensor_parallel)
+        yield PoolRunner(block_size, tensor_parallel, pool)
     finally:
         # After an error or Ctrl-C, the arms not yet started are dropped instead of run to the end.
         pool.shutdown(cancel_futures=True)

@@ -17,6 +17,7 @@ from refengine.model.attention_metadata_builder import uniform_query_metadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
+from refengine.spec_decode.draft_head import DraftHead
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
 from refengine.spec_decode.fixed_shape_proposer import FixedShapeProposer
 from refengine.spec_decode.proposer import PaddedDraftBatch, ProposalInputs
@@ -60,7 +61,7 @@ class BlockDraftNetwork(Protocol):
     def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
 
 
-class DFlashNetwork(nn.Module):
+class DFlashNetwork(DraftHead):
     """Qwen3-style layers (q/k norms), as the DFlash checkpoints are; embedding and lm_head are the
     target's."""
 
@@ -74,7 +75,7 @@ class DFlashNetwork(nn.Module):
         numerics: Numerics = Numerics.BATCH_INVARIANT,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__()
+        super().__init__(target, config, kv_cache, numerics, dtype)
         hidden = config.hidden_size
         rotary = RotaryEmbedding.from_config(config)
         self.capture_layers = target_layer_ids
@@ -88,9 +89,6 @@ class DFlashNetwork(nn.Module):
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
-        self.config = config
-        self.target = target
-        self.kv_cache = kv_cache
 
     def combine(self, features: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(features))
@@ -108,17 +106,10 @@ class DFlashNetwork(nn.Module):
             h = layer(positions, layer.pre_norm(h), h, meta, cache)
         return h
 
-    def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor:
-        return self.target.compute_logits(self.norm(out)).argmax(dim=-1)
-
     @staticmethod
     def parameter_name(checkpoint_name: str) -> str | None:
         name = checkpoint_name.removeprefix("model.")
         return None if name in ("embed_tokens.weight", "lm_head.weight") else name
-
-    @staticmethod
-    def checkpoint_name(parameter_name: str) -> str:
-        return parameter_name
 
 
 class DFlashProposer(FixedShapeProposer):

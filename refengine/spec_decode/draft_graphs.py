@@ -1,12 +1,7 @@
-"""A device drafter's CUDA graphs (model/graphs.py), one per padded batch size of each kind:
-
-- the whole step after a uniform verify step (k + 1 fed rows per request): pass 1 and the proposal;
-- the proposal alone after an eager pass 1 (one row per proposing request).
-
-Both run the drafter's own functions (`draft_step`, `draft`) on buffers filled device to device. Padded
-rows feed rows that write no KV (slot -1), attend over nothing (seq_len 0) and want no drafts (limit 0);
-they are cut off. `fill_step` and `step` run with or without capture, so the CPU checks them eagerly.
-"""
+"""A device drafter's graphs per padded batch size (docs/design/cuda-graphs.md): its whole step after a
+uniform verify step (k + 1 fed rows a request), and its proposal alone after an eager pass 1. Both run
+the drafter's own `draft_step` and `draft`; padded rows write no KV (slot -1), attend over nothing
+(seq_len 0) and want no drafts (limit 0)."""
 
 from __future__ import annotations
 
@@ -25,12 +20,11 @@ class DraftGraphs:
         self, drafter: DeviceDrafter, target_hidden: tuple[int, torch.dtype], max_blocks_per_seq: int,
         batch_sizes: list[int], device: torch.device,
     ) -> None:  # fmt: skip
-        """`target_hidden`: (size, dtype) of the target's hidden rows the step reads."""
         self.drafter = drafter
         self.q = drafter.k + 1  # rows a request feeds in a verify step: its last token and k drafts
         self.batch_sizes = sorted(set(batch_sizes))
         b, w = self.batch_sizes[-1], max_blocks_per_seq
-        t, (size, dtype) = b * self.q, target_hidden
+        t, (size, dtype) = b * self.q, target_hidden  # of the target's hidden rows the step reads
         fields = {name: Field((t,), pad, staged=False) for name, pad in (("ids", 0), ("positions", 0), ("slots", -1))}
         fields |= {name: Field((b,), staged=False) for name in _PER_SEQ}
         fields["block_tables"] = Field((b, w), staged=False)
@@ -52,7 +46,6 @@ class DraftGraphs:
         of (its tensors hold the rest)."""
         return tuple(DraftInput("", (), 0, self.q, slice(i * self.q, (i + 1) * self.q), (), True) for i in range(padded))
 
-    # ---- the whole step ----------------------------------------------------------------------------
     def fill_step(self, batch: PaddedDraftBatch, limit: torch.Tensor, padded: int) -> None:
         """The step's device tensors into the buffers, device to device; every row past them up to
         `padded` is padding (whatever an earlier, larger step left there)."""
@@ -78,7 +71,6 @@ class DraftGraphs:
         self.fill_step(batch, limit, padded)
         return self.steps.run(padded)[: len(batch.requests)]
 
-    # ---- the proposal alone ------------------------------------------------------------------------
     def _proposal(self, padded: int) -> torch.Tensor:
         b = self.proposal_buffers
         hidden = b["hidden"][:padded] if "hidden" in b.static else None

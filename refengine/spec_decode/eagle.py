@@ -15,23 +15,14 @@ from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
+from refengine.spec_decode.draft_head import DraftHead
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
 from refengine.spec_decode.head_checkpoint import HeadLoadError
 from refengine.spec_decode.target_view import TargetView
 
 
-class EagleNetwork(nn.Module):
-    capture_layers: tuple[int, ...] = ()  # the target's final hidden state
-
-    def __init__(
-        self,
-        target: TargetView,
-        config: ModelConfig,
-        kv_cache: KVCache,
-        numerics: Numerics = Numerics.BATCH_INVARIANT,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__()
+class EagleNetwork(DraftHead):
+    def build(self, config: ModelConfig, numerics: Numerics, dtype: torch.dtype) -> None:
         hidden = config.hidden_size
         rotary = RotaryEmbedding.from_config(config)
         self.fc = Linear(2 * hidden, hidden, numerics, dtype)
@@ -42,12 +33,6 @@ class EagleNetwork(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
-        self.config = config
-        self.target = target
-        self.kv_cache = kv_cache
-
-    def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
-        return target_hidden
 
     def forward(
         self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -57,19 +42,12 @@ class EagleNetwork(nn.Module):
             h = layer(positions, layer.pre_norm(h), h, meta, cache)
         return h
 
-    def greedy_tokens(self, out: torch.Tensor) -> torch.Tensor:
-        return self.target.compute_logits(self.norm(out)).argmax(dim=-1)
-
     @staticmethod
     def parameter_name(checkpoint_name: str) -> str | None:
         """vLLM's EAGLE checkpoints name tensors fc.*, layers.N.*, norm.*, sometimes under "model."; a
         copy of the target's embedding, if present, is not used (the head shares the target's)."""
         name = checkpoint_name.removeprefix("model.")
         return None if name == "embed_tokens.weight" else name
-
-    @staticmethod
-    def checkpoint_name(parameter_name: str) -> str:
-        return parameter_name
 
 
 class Eagle3MidLayer(DraftDecoderLayer):
@@ -106,7 +84,7 @@ def default_eagle3_aux_layer_ids(num_target_layers: int) -> tuple[int, int, int]
     return (2, num_target_layers // 2, num_target_layers - 3)
 
 
-class Eagle3Network(nn.Module):
+class Eagle3Network(DraftHead):
     def __init__(
         self,
         target: TargetView,
@@ -121,7 +99,7 @@ class Eagle3Network(nn.Module):
     ) -> None:
         """`draft_vocab_size` None: drafts come from the target's lm_head; otherwise the head has its
         own lm_head over that many tokens and a d2t map (identity until loaded)."""
-        super().__init__()
+        super().__init__(target, config, kv_cache, numerics, dtype)
         hidden = config.hidden_size
         if config.num_hidden_layers != 1:
             raise HeadLoadError(
@@ -136,9 +114,6 @@ class Eagle3Network(nn.Module):
         if draft_vocab_size is not None:
             self.lm_head = Linear(hidden, draft_vocab_size, numerics, dtype)
             self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
-        self.config = config
-        self.target = target
-        self.kv_cache = kv_cache
 
     def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.fc(target_hidden)

@@ -14,10 +14,9 @@ from torch import nn
 
 from refengine.model.attention_metadata import AttentionMetadata
 from refengine.model.config import ModelConfig, Numerics
-from refengine.model.kv_cache import KVCache
 from refengine.model.layers import Linear, RMSNorm, RotaryEmbedding
+from refengine.spec_decode.draft_head import DraftHead
 from refengine.spec_decode.draft_layer import DraftDecoderLayer
-from refengine.spec_decode.target_view import TargetView
 
 # Names of the MTP module's own tensors; everything else under its prefix is its decoder layer.
 _OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.norm.")
@@ -26,18 +25,8 @@ _SHARED = ("embed_tokens.weight", "shared_head.head.weight")
 _DEEPSEEK_PREFIX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-class MtpNetwork(nn.Module):
-    capture_layers: tuple[int, ...] = ()  # the target's final hidden state
-
-    def __init__(
-        self,
-        target: TargetView,
-        config: ModelConfig,
-        kv_cache: KVCache,
-        numerics: Numerics = Numerics.BATCH_INVARIANT,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__()
+class MtpNetwork(DraftHead):
+    def build(self, config: ModelConfig, numerics: Numerics, dtype: torch.dtype) -> None:
         hidden = config.hidden_size
         rotary = RotaryEmbedding.from_config(config)
         self.enorm = RMSNorm(hidden, config.rms_norm_eps, dtype)
@@ -47,12 +36,6 @@ class MtpNetwork(nn.Module):
             config, rotary, numerics, dtype, attn_in_features=hidden, input_norm=True, qk_norm=False
         )
         self.shared_head = nn.ModuleDict({"norm": RMSNorm(hidden, config.rms_norm_eps, dtype)})
-        self.config = config
-        self.target = target
-        self.kv_cache = kv_cache
-
-    def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
-        return target_hidden
 
     def forward(
         self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata

@@ -1,12 +1,7 @@
-"""The batched rejection sampler of a verify step of k + 1 rows per request as a CUDA graph per padded
-batch size and variant (model/graphs.py): one replay instead of some fifty small kernels.
-
-A variant (greedy or seeded; masks, top-k, top-p each on or off) runs the eager sampler's branches for
-those host facts, so a replay samples what the eager sampler samples, bit for bit. A step's logits and
-row parameters are copied device to device into the buffers; its masks become one dense [rows, vocab]
-mask there. Padded requests are greedy rows of zero logits with -1 drafts, cut off after the replay.
-`fill` and `step` run the same code with or without capture, so the CPU checks them eagerly.
-"""
+"""The rejection sampler of a verify step (k + 1 rows a request) as a graph per padded batch size and
+variant (docs/design/cuda-graphs.md). A variant runs the eager sampler's branches for its host facts, so
+a replay samples what the eager sampler samples, bit for bit; masks become one dense [rows, vocab] mask.
+Padded requests are greedy rows of zero logits with -1 drafts, cut off after the replay."""
 
 from __future__ import annotations
 
@@ -74,9 +69,8 @@ class RejectionSamplerGraphs:
         self, logits: torch.Tensor, md: SamplingMetadata, draft_token_ids: torch.Tensor, key: SamplerGraphKey,
         positions: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """The step's logits, row parameters, masks and drafts into the buffers, device to device, padded
-        up to `key.padded` requests. `positions`, when given, are the exact positions the rows decide
-        (computed on the device under async speculative decoding), in place of the metadata's."""
+        """The step's logits, row parameters, masks and drafts into the buffers, padded to `key.padded`
+        requests; `positions`: the exact positions the rows decide (async spec), else the metadata's."""
         b = self.buffers
         padded_rows = key.padded * self.q
         values = dict(temperature=md.temperature, top_p=md.top_p, top_k=md.top_k, key_words=md.key_words,
@@ -112,7 +106,6 @@ class RejectionSamplerGraphs:
         self.graphs.capture(pool, keys)
 
     def run(self, key: SamplerGraphKey, logits: torch.Tensor, md: SamplingMetadata, spec: SpecDecodeMetadata, positions: torch.Tensor | None) -> torch.Tensor:
-        """[R, k + 1] tokens of the step the dispatcher gave `key`: a view of the graph's static output,
-        valid until the next replay (or, uncaptured, the same step eagerly on the buffers)."""
+        """[R, k + 1] tokens of the step the dispatcher gave `key`: a view, valid until the next replay."""
         self.fill(logits, md, spec.draft_token_ids, key, positions)
         return self.graphs.run(key)[: spec.draft_token_ids.shape[0]]

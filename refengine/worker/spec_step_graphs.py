@@ -1,13 +1,7 @@
-"""A uniform verify step after the target's forward, as one CUDA graph per padded batch size P and
-variant (model/graphs.py): verification (the sampler's step), the drafter's whole step and the frame's
-columns (step_frame.py), the general way's own functions, replayed on the outputs of the target's graph
-of P * (k + 1) tokens. SGLang's spec v2 keeps its draft, verify and draft-extend free of the host alike.
-
-A uniform step (the dispatcher's word, step_plan.py): every request verifies k drafts the latest frame
-left on the device, without masks, logprobs or a grammar, greedy or seeded without top-k and top-p. The
-host stages the rows' sampling parameters and drafting limits (one copy) and launches two replays. The
-CPU runs the same step eagerly (P = the batch), where tests check it against the general way.
-"""
+"""A uniform verify step (step_plan.py's word) after the target's forward, as a graph per padded batch
+size P and variant (docs/design/cuda-graphs.md): the sampler's step, the drafter's whole step and the
+frame's columns, the general way's own functions, on the outputs of the target's graph of P * (k + 1)
+tokens. The host stages the rows' sampling parameters and drafting limits in one copy."""
 
 from __future__ import annotations
 
@@ -93,19 +87,15 @@ class SpecStepGraphs:
         self.captured_sizes = sorted({key.padded for key in self._captured})
 
     def run(self, key: SamplerGraphKey, verified: Sequence[ScheduledRow], input_batch: InputBatch, rows: TargetStep) -> SampledStep:
-        """The step of the `verified` requests, replayed right after its target's graph of P = `key.padded`
-        requests, or run eagerly on `rows`."""
+        """The `verified` requests' step, right after the target's graph of P = `key.padded` requests."""
+        # The rows' parameters, and greedy padding without drafts behind them, into the buffers.
         batch_rows = np.repeat(np.asarray([r.batch_row for r in verified], dtype=np.int64), self.q)
         limits = [self.drafter.drafter.position_limit(r.state.block_ids) for r in verified]
-        self._stage(key.padded, batch_rows, limits, input_batch)
-        self._rows = rows
-        return self.graphs.run(key)
-
-    def _stage(self, padded: int, rows_a: np.ndarray, limits: list[int], input_batch: InputBatch) -> None:
-        """The rows' parameters, and greedy padding without drafts behind them, into the buffers."""
         b = self.buffers
         b.begin()
         for name in _PARAMS:
-            b.put(name, getattr(input_batch, name)[rows_a], padded * self.q)
-        b.put("limit", np.asarray(limits, dtype=np.int64), padded)
+            b.put(name, getattr(input_batch, name)[batch_rows], key.padded * self.q)
+        b.put("limit", np.asarray(limits, dtype=np.int64), key.padded)
         b.send()
+        self._rows = rows
+        return self.graphs.run(key)

@@ -1,9 +1,6 @@
-"""The target's step (target_step.py) as a CUDA graph per token count T (model/graphs.py). A graph of
-T holds any step of at most T tokens and max_seqs sequences, mixed as the scheduler mixes them (the
-kernels find each token's sequence from query_start_loc). The step's rows come first, as the host built
-them; behind them one padding sequence of seq_len 0 and slot -1 (no KV write, no keys), empty
-sequences, logits rows reading row 0: all cut off after the replay. Capture needs Triton attention.
-"""
+"""The target's step (target_step.py) as a graph per token count T (docs/design/cuda-graphs.md): any
+step of at most T tokens and max_seqs sequences, its rows first, then one padding sequence of seq_len 0
+and slot -1 (no KV write, no keys), cut off after the replay. Capture needs Triton attention."""
 
 from __future__ import annotations
 
@@ -65,10 +62,7 @@ class TargetGraphs:
     def capture(self, pool: GraphPool) -> None:
         if attention.attention_implementation(self.model.kernels, self.kv_cache.device) != "triton":
             raise RuntimeError("CUDA graphs need the Triton attention backend (the reference reads metadata on the host)")
-        self.graphs.capture(pool, sorted(self.token_sizes, reverse=True), self._pad_only)
-
-    def _pad_only(self, num_tokens: int) -> None:
-        self.stage(num_tokens)
+        self.graphs.capture(pool, sorted(self.token_sizes, reverse=True), self.stage)  # pure padding
 
     def stage(self, num_tokens: int, ids=None, positions=None, meta=None, logits_indices=None, indices=None) -> None:
         """A step (or, without one, pure padding) into the buffers of a T = `num_tokens` graph, sent in
@@ -118,8 +112,7 @@ class TargetGraphs:
         out = self.graphs.run(num_tokens)
         self.num_mixed_replays += s < t
         done, m = out.inputs, out.inputs.attn_metadata
-        # The step's own rows of the metadata: an eager drafter after this replay attends over the real
-        # sequences only (the padding has no input rows).
+        # The step's own rows of the metadata: an eager drafter after this replay attends over them only.
         meta = AttentionMetadata(m.query_start_loc[: n + 1], m.seq_lens[:n], m.block_tables[:n], m.slot_mapping[:t], causal=True)
         hidden = ModelOutput(out.model_output.hidden_states[:t], {i: a[:t] for i, a in out.model_output.aux_hidden_states.items()})
         inputs = CompletedInputs(done.ids[:t], done.positions[:t], meta, done.gathered[:t])
