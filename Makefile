@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml
 CLEAN_RUN := .mutations/clean-run.xml
 # pytest runs on both cores (pytest-xdist, -n 2): a test file per worker, so a file's module fixtures (servers,
 # the two-node Ray cluster) start once. The tests marked alone run after it, on cores no other test takes.
-## test | the CI suite: mutations check-apply, pytest (not slow, not gpu) on 2 workers, the alone tests, then every named mutant (what .ci/run calls) | estimated 22 min on an idle 2-core machine from a fresh clone, install included, from its parts measured on a loaded one (not timed whole since xdist and forked mutants; 41 min before)
+## test | the CI suite: mutations check-apply, pytest (not slow, not gpu) on 2 workers, the alone tests, then every named mutant (what .ci/run calls) | estimated 23 min (19-26) on an idle 2-core machine from a fresh clone, install included, from its parts measured on a loaded one (not timed whole since xdist and forked mutants; 41 min before)
 test: install
 	$(VENV)/bin/mutations check-apply
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not gpu and not alone" --junitxml=$(CLEAN_RUN)
