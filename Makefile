@@ -42,10 +42,13 @@ $(STAMP): pyproject.toml
 # tests all passed there skips that clean-tree run (one pytest start instead of two). A mutant with a test
 # the suite did not run (slow, deselected) or did not pass still gets its own clean-tree run.
 CLEAN_RUN := .mutations/clean-run.xml
-## test | the CI suite: mutations check-apply, pytest (not slow, not gpu), then every named mutant (what .ci/run calls) | 16 min on an idle 2-core machine from a fresh clone, install included
+# pytest runs on both cores (pytest-xdist, -n 2): a test file per worker, so a file's module fixtures (servers,
+# the two-node Ray cluster) start once. The tests marked alone run after it, on cores no other test takes.
+## test | the CI suite: mutations check-apply, pytest (not slow, not gpu) on 2 workers, the alone tests, then every named mutant (what .ci/run calls) | estimated 23 min (19-26) on an idle 2-core machine from a fresh clone, install included, from its parts measured on a loaded one (not timed whole since xdist and forked mutants; 41 min before)
 test: install
 	$(VENV)/bin/mutations check-apply
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not gpu" --junitxml=$(CLEAN_RUN)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not gpu and not alone" --junitxml=$(CLEAN_RUN)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "alone and not slow and not gpu"
 	OMP_NUM_THREADS=1 $(VENV)/bin/mutations run --jobs 2 --clean-run $(CLEAN_RUN)
 
 ## test | the tests marked slow (the pinned SmolLM2 oracle subset among them) | not timed as a whole; its oracle subset 213 s on 2 cores

@@ -4,6 +4,7 @@ Format, one table per mutant:
 
     [defaults]
     timeout_s = 300
+    preload = ["torch"]     # optional: third-party modules imported once, before each focused run is forked
 
     [[mutant]]
     id = "M2"
@@ -47,13 +48,16 @@ def load_catalogue(path: Path) -> Catalogue:
     if unknown:
         raise CatalogueError(f"{path}: unknown top-level keys {sorted(unknown)}")
     default_timeout = float(data.get("defaults", {}).get("timeout_s", DEFAULT_TIMEOUT_S))
+    preload = data.get("defaults", {}).get("preload")
+    if preload is not None and not (isinstance(preload, list) and all(isinstance(m, str) and m for m in preload)):
+        raise CatalogueError(f"{path}: [defaults] preload must be a list of module names")
     mutants = tuple(_parse_mutant(entry, default_timeout) for entry in data.get("mutant", []))
     seen: set[str] = set()
     for mutant in mutants:
         if mutant.id in seen:
             raise CatalogueError(f"{path}: duplicate mutant id {mutant.id!r}")
         seen.add(mutant.id)
-    return Catalogue(path=path, mutants=mutants)
+    return Catalogue(path=path, mutants=mutants, preload=None if preload is None else tuple(preload))
 
 
 def _parse_mutant(entry: dict[str, Any], default_timeout: float) -> Mutant:

@@ -259,7 +259,8 @@ def run(
         results = run_parallel(ctx.root, catalogue.path, mutants, jobs, clean_run_path)
     else:
         runner = Runner(
-            ctx.root, ctx.state_dir, budget_s=budget_seconds, on_result=_print_progress, clean_run=clean_run
+            ctx.root, ctx.state_dir, budget_s=budget_seconds, on_result=_print_progress, clean_run=clean_run,
+            preload=catalogue.preload,
         )
         try:
             with _sigterm_unwinds():

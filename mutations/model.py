@@ -48,6 +48,9 @@ class Mutant:
 class Catalogue:
     path: Path
     mutants: tuple[Mutant, ...]
+    # [defaults] preload: the third-party modules focused runs are forked after importing (mutations/preloaded.py);
+    # None (no key): each focused run starts an interpreter of its own.
+    preload: tuple[str, ...] | None = None
 
     def get(self, mutant_id: str) -> Mutant | None:
         return next((m for m in self.mutants if m.id == mutant_id), None)

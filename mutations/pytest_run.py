@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mutations.preloaded import PreloadedPytest
 from mutations.procs import run_group
 
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
@@ -68,17 +69,21 @@ def run_pytest(
     tests: tuple[str, ...],
     timeout_s: float,
     on_start: Callable[[int], None] | None = None,
+    preloaded: PreloadedPytest | None = None,
 ) -> PytestRun:
     """Run `tests` from `root`; kill the whole process group at the deadline.
 
     No -x: a kill must be attributed to a named test, so every focused test has to report.
+    `preloaded`: fork the run from that server (same environment) instead of starting an interpreter.
     """
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
+    args = ["-q", "-rA", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
     started = time.monotonic()
-    with tempfile.TemporaryFile() as sink:
-        rc = run_group(
-            cmd, cwd=root, env=focused_env(root), timeout_s=timeout_s, stdout=sink, on_start=on_start
-        )
+    with tempfile.NamedTemporaryFile() as sink:
+        if preloaded is None:
+            rc = run_group([sys.executable, "-m", "pytest", *args], cwd=root, env=focused_env(root),
+                           timeout_s=timeout_s, stdout=sink, on_start=on_start)
+        else:
+            rc = preloaded.run(args, Path(sink.name), timeout_s, on_start=on_start)
         sink.seek(0)
         output = sink.read().decode("utf-8", errors="replace")
     passed, failed = parse_summary(output)

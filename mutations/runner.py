@@ -18,7 +18,8 @@ from mutations.files import RestoreWriter, purge_bytecode, restore_snapshot, tak
 from mutations.journal import Journal
 from mutations.model import Mutant, MutantResult, Status
 from mutations.mutate import MutantRejected, mutate_source
-from mutations.pytest_run import PytestRun, run_pytest
+from mutations.preloaded import PreloadedPytest
+from mutations.pytest_run import PytestRun, focused_env, run_pytest
 
 
 class JournalPending(RuntimeError):
@@ -69,9 +70,13 @@ class Runner:
         restore_writer: RestoreWriter = write_in_place,
         on_result: Callable[[MutantResult], None] | None = None,
         clean_run: CleanRun | None = None,
+        preload: tuple[str, ...] | None = None,
     ) -> None:
         self.root = root
         self.clean_run = clean_run
+        # None: each focused run starts an interpreter; a tuple: each is forked from a server that imported it.
+        self.preload = preload
+        self._preloaded: PreloadedPytest | None = None
         self.journal = Journal(state_dir)
         self.budget_s = budget_s
         self.restore_writer = restore_writer
@@ -85,21 +90,28 @@ class Runner:
                 f"{self.journal.path} exists: a previous run was interrupted mid-mutation; run `mutations restore`"
             )
         self._deadline = None if self.budget_s is None else time.monotonic() + self.budget_s
+        if self.preload is not None:
+            self._preloaded = PreloadedPytest(self.root, focused_env(self.root), self.preload)
         results: list[MutantResult] = []
         aborted = False
-        for mutant in mutants:
-            if aborted:
-                result = _result(mutant, Status.INCOMPLETE, "not run: an earlier restore failed")
-            elif self._remaining() == 0.0:
-                result = _result(mutant, Status.INCOMPLETE, "not run: the run's time budget is spent")
-            else:
-                started = time.monotonic()
-                result = self._run_one(mutant)
-                result.duration_s = round(time.monotonic() - started, 3)
-            aborted = aborted or result.status is Status.RESTORE_FAILED
-            results.append(result)
-            if self.on_result is not None:
-                self.on_result(result)
+        try:
+            for mutant in mutants:
+                if aborted:
+                    result = _result(mutant, Status.INCOMPLETE, "not run: an earlier restore failed")
+                elif self._remaining() == 0.0:
+                    result = _result(mutant, Status.INCOMPLETE, "not run: the run's time budget is spent")
+                else:
+                    started = time.monotonic()
+                    result = self._run_one(mutant)
+                    result.duration_s = round(time.monotonic() - started, 3)
+                aborted = aborted or result.status is Status.RESTORE_FAILED
+                results.append(result)
+                if self.on_result is not None:
+                    self.on_result(result)
+        finally:
+            if self._preloaded is not None:
+                self._preloaded.close()
+                self._preloaded = None
         return results
 
     def _remaining(self) -> float | None:
@@ -139,7 +151,7 @@ class Runner:
         baseline = self._baselines.get(key)
         if baseline is None:
             timeout, by_budget = self._timeout_for(mutant)
-            baseline = run_pytest(self.root, mutant.tests, timeout)
+            baseline = run_pytest(self.root, mutant.tests, timeout, preloaded=self._preloaded)
             if baseline.timed_out and by_budget:
                 return _result(mutant, Status.INCOMPLETE, "budget spent during the clean-tree run")
             self._baselines[key] = baseline
@@ -176,7 +188,9 @@ class Runner:
         try:
             write_in_place(target, mutated)
             purge_bytecode(target)
-            run = run_pytest(self.root, mutant.tests, timeout, on_start=self.journal.note_test_group)
+            run = run_pytest(
+                self.root, mutant.tests, timeout, on_start=self.journal.note_test_group, preloaded=self._preloaded
+            )
         finally:
             # Runs on interrupts too; the journal stays whenever the pre-image is not verifiably back.
             with _signals_deferred():

@@ -15,6 +15,7 @@ from mutations.cli import EXIT_RESTORE_FAILED
 from mutations.files import sha256_hex
 from mutations.journal import Journal, recover
 from mutations.model import Status
+from mutations.preloaded import PreloadedPytest, PreloadError
 from mutations.report import NO_COMMIT, tree_commit
 from mutations.runner import JournalPending, Runner
 
@@ -315,3 +316,20 @@ def test_the_report_names_the_commit_of_the_tree_and_whether_it_was_dirty(tmp_pa
     (tmp_path / "f.py").write_text("x = 2\n")
     assert tree_commit(tmp_path) == f"{head}-dirty"
     assert tree_commit(tmp_path / "f.py") == NO_COMMIT
+
+
+def test_runs_forked_from_a_preloaded_server_give_every_status_the_plain_runs_give(full_run, tmp_path):
+    """[defaults] preload: each focused run is forked from one server; the verdicts (the mutant's code imported
+    fresh, TIMEOUT's process group killed, ERROR, PRE_RED) are those of one interpreter a run."""
+    root = copy_fixture(tmp_path / "project")
+    catalogue = root / "catalogue.toml"
+    catalogue.write_text(catalogue.read_text().replace("[defaults]\n", '[defaults]\npreload = ["json"]\n', 1))
+    before = {p: p.read_bytes() for p in root.rglob("*.py")}
+    invoke(root, "run")
+    assert statuses(root / ".mutations" / "report.json") == statuses(full_run[0] / ".mutations" / "report.json")
+    assert {p: p.read_bytes() for p in root.rglob("*.py")} == before
+
+
+def test_a_preload_of_the_trees_own_module_is_refused(project):
+    with pytest.raises(PreloadError, match=r"modules of the tree: \['toyledger'\]"):
+        PreloadedPytest(project, dict(os.environ), ("json", "toyledger"))
