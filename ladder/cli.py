@@ -380,8 +380,9 @@ def compare(run_dirs: tuple[Path, ...], out: Path | None, plots: Path | None, ba
 
     \b
     Refused (exit 2) when the workloads differ: prompt texts, seed, sampling, ignore_eos, endpoint kind,
-    or the realised lengths (input within ±2 tokens, output exactly). Runs that differ in engine keys
-    get a "not like-for-like" banner listing each difference."""
+    or the realised lengths (input within ±2 tokens; output exactly with ignore_eos, and without it a
+    banner lists the lengths each engine stopped at). Runs that differ in engine keys get a "not
+    like-for-like" banner listing each difference."""
     from ladder import compare as cmp
     from ladder.runs import load_runs
 

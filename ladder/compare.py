@@ -25,6 +25,7 @@ class Comparison:
     percentile: str  # "p50"
     engine_differences: list[guard.Difference]
     workload_differences: list[guard.Difference]  # non-empty only when the mismatch was allowed
+    stop_differences: list[guard.Difference]  # output lengths the engines chose (no ignore_eos)
 
     @property
     def reference(self) -> Run:
@@ -51,7 +52,8 @@ def prepare(runs: list[Run], baseline: str | None, percentile: float, allow_mism
     if workload and not allow_mismatch:
         raise SetupError("the workloads differ, so these runs are not comparable (--allow-mismatch shows them "
                          "anyway): " + "; ".join(d.line() for d in workload))
-    return Comparison(runs, base, pct, guard.engine_differences(runs, same_build), workload)
+    return Comparison(runs, base, pct, guard.engine_differences(runs, same_build), workload,
+                      guard.stop_differences(runs))
 
 
 def workload_caption(run: Run) -> str:
@@ -94,6 +96,12 @@ def _banner(cmp: Comparison) -> list[str]:
         out += ["> **different workloads (shown only because of --allow-mismatch):** the runs did not "
                 "measure the same requests:", ">"]
         out += [f"> - {d.line()}" for d in cmp.workload_differences]
+        out.append("")
+    if cmp.stop_differences:
+        out += ["> **replies of different lengths:** the requests were free to stop at EOS and the engines "
+                "stopped at different tokens, so per-token figures (TPOT, ITL) compare and per-request ones "
+                "(E2E, output throughput) carry the difference too:", ">"]
+        out += [f"> - {d.line()}" for d in cmp.stop_differences]
         out.append("")
     interrupted = [r.label for r in cmp.runs if r.interrupted]
     if interrupted:

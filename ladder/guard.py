@@ -4,8 +4,10 @@ Workload keys decide whether the runs measured the same thing at all: the prompt
 seed, the sampling parameters and ignore_eos, the endpoint kind, --multi-turn's sessions, a trace's schedule
 (its due times and speedup), and the realised lengths from the servers'
 usage. Input lengths may differ by INPUT_TOLERANCE tokens, because chat templates and BOS handling differ
-between servers even for identical prompt texts; output lengths must be equal. Runs whose workloads differ
-are refused unless the caller allows the mismatch.
+between servers even for identical prompt texts; with ignore_eos the output lengths must be equal. Runs whose
+workloads differ are refused unless the caller allows the mismatch. Without ignore_eos each engine chooses
+where its replies stop (two engines of different numerics stop at different tokens on the same greedy
+prompt), so output lengths that differ are listed by `stop_differences`, not refused.
 
 Engine keys (ladder.config.ENGINE_KEYS) say what was measured: runs that differ in any of them are put side
 by side only under a "not like-for-like" banner that lists each difference.
@@ -115,8 +117,25 @@ def workload_differences(runs: Sequence[Run]) -> list[Difference]:
                         lambda r, c=c: _rung_hash(r, c), "sha256 of the measured requests, nonce excluded; random "
                         f"prompts sized by probing differ between servers{sizing}")
         out += _length_differences(runs, c, rung, "input_tokens", "input tokens", INPUT_TOLERANCE)
-        out += _length_differences(runs, c, rung, "output_tokens", "output tokens", 0)
+        if _ignore_eos(runs[0]):  # the sampling key above already refused runs that disagree on it
+            out += _length_differences(runs, c, rung, "output_tokens", "output tokens", 0)
     return out
+
+
+def _ignore_eos(run: Run) -> bool:
+    return bool((run.workload.get("sampling") or {}).get("ignore_eos"))
+
+
+def stop_differences(runs: Sequence[Run]) -> list[Difference]:
+    """Output lengths that differ between runs whose requests were free to stop at EOS: the engines' own
+    choice, shown beside the tables rather than refused."""
+    if any(_ignore_eos(r) for r in runs):
+        return []
+    out: list[Difference] = []
+    for c in sorted(set.intersection(*(set(r.rungs) for r in runs))):
+        rung = f"rate={c:g}" if _open_loop(runs[0]) else f"c={c:g}"
+        out += _length_differences(runs, c, rung, "output_tokens", "output tokens", 0)
+    return [Difference(d.key, d.values, "each engine stopped at its own EOS") for d in out]
 
 
 def _open_loop(run: Run) -> bool:

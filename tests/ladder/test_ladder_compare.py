@@ -169,6 +169,25 @@ def test_realised_lengths_input_within_two_tokens_output_exact(tmp_path, compare
         assert code == 2 and refused in err
 
 
+def test_without_ignore_eos_the_engines_own_stops_are_shown_not_refused(tmp_path, compare):
+    """Free to stop at EOS, two engines of different numerics stop at different tokens on the same greedy
+    prompts (make demo's llama.cpp arm replied up to 255 tokens where refengine stopped at 224): the guard
+    lists the lengths beside the tables instead of refusing the runs, and still refuses other differences."""
+    free = {**WORKLOAD, "sampling": {**WORKLOAD["sampling"], "ignore_eos": False}}
+    a = write_run(tmp_path, "a", [ok(1, 100.0, output_tokens=8, output_max=224)], workload=free)
+    b = write_run(tmp_path, "b", [ok(1, 90.0, output_tokens=8, output_max=255)], workload=free)
+    code, out, err = compare(a, b)
+    assert code == 0, err
+    assert "> **replies of different lengths:**" in out
+    assert "> - output tokens at c=1: a = 8–224, b = 8–255 (each engine stopped at its own EOS)" in out
+    c = write_run(tmp_path, "c", [ok(1, 90.0, input_tokens=140, output_tokens=8, output_max=255)], workload=free)
+    code, _, err = compare(a, c)
+    assert code == 2 and "input tokens at c=1: a = 128, c = 140 (must match within ±2)" in err
+    same = write_run(tmp_path, "same", [ok(1, 90.0, output_tokens=8, output_max=224)], workload=free)
+    code, out, _ = compare(a, same)
+    assert code == 0 and "replies of different lengths" not in out
+
+
 @pytest.mark.parametrize("b_span, refused", [
     ((57, 158), None),  # a dataset's prompts, one token shorter at both ends on another server: within ±2
     ((58, 162), "input tokens at c=1: a = 58–159, b = 58–162 (must match within ±2)"),
