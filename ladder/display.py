@@ -115,7 +115,9 @@ class Display:
         self.console.print(escape(text), highlight=False)
 
     def start(self, num_rungs: int) -> None:
+        """A ladder begins: `ladder sweep --pareto` runs one per ISL:OSL pair through one display."""
         self._num_rungs = num_rungs
+        self._rungs = []
 
     def phase_start(self, rung: str, phase: str, total: int) -> None:
         """rung: how the rung is named, e.g. "c=4" or "rate=2"."""

@@ -3,6 +3,7 @@ over c = 1, 2, then the front, the table and the plot. No figure here depends on
 test checks which points exist and that the front is exactly the undominated ones."""
 
 import csv
+import re
 import socket
 import subprocess
 import sys
@@ -57,6 +58,11 @@ def test_pareto_sweep_writes_its_front_table_and_plot(tiny_server, tmp_path, cap
     assert any(r["on_front"] == "True" for r in rows)
     assert "on the front" in printed.out and (out / "pareto.md").read_text().count("| yes |") == sum(
         r["on_front"] == "True" for r in rows)
+    # Each pair's ladder counts and tables its own rungs: `make demo-report` printed "rung 5/3" and a second
+    # table that repeated the first pair's rows.
+    assert printed.out.count("latency per rung") == 2
+    assert len(re.findall(r"^\| c=1 +\| OK", printed.out, re.M)) == 2, printed.out
+    assert not re.search(r"rung [3-9]/2", printed.out)
 
 
 def test_pareto_pairs_are_checked(capsys):
