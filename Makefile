@@ -72,7 +72,7 @@ gpu-report: install
 # The main job: the embedded SmolLM2 laddered on a chat + code + math mix on refengine (spec off, ngram, eagle3) and
 # llama.cpp, each rung 3 times (scripts/demo.sh: DEMO_REPEATS, DEMO_DATASET), then `ladder compare` and the speed-ups
 # with their spread into runs/demo/ (gitignored: the tree stays clean).
-## demo | the main job: SmolLM2 laddered on a chat + code + math mix (spec off, ngram, eagle3, llama.cpp), 3 repeats a rung, into runs/demo/ | not timed since the repeats; a single run (DEMO_REPEATS=1) took about 8 min on 2 cores
+## demo | the main job: SmolLM2 laddered on a chat + code + math mix (spec off, ngram, eagle3, llama.cpp), 3 repeats a rung, into runs/demo/ | 36 min of ladders on a quiet 2-core machine (35 min beside a second make demo), plus the install; DEMO_REPEATS=1 about 8 min
 demo: install
 	$(VENV)/bin/refengine generate --model smollm2 --chat --max-tokens 48 --fast \
 		--prompt "In two sentences, what is speculative decoding?"
@@ -86,7 +86,7 @@ demo: install
 reports-index:
 	$(PYTHON) -m benchmarks.reports_index
 
-## cpu-report | make demo's ladders, rewriting reports/demo.md and its plots | not timed since the repeats; a single run about 8 min on 2 cores
+## cpu-report | make demo's ladders, rewriting reports/demo.md and its plots | 46 min on a quiet 2-core machine, its Pareto sweep included
 demo-report: install
 	DEMO_REPORT=reports/demo.md DEMO_PLOTS=reports/demo DEMO_TARGET=demo-report bash scripts/demo.sh
 
