@@ -30,7 +30,8 @@ COMMIT_PATTERNS = [
 ]
 DATE = re.compile(r"\b(20\d\d-\d\d-\d\d)\b")
 GPU = [re.compile(p) for p in (r'"device": "([^"]+)"', r"\b(NVIDIA [A-Z]\d+\w*)")]
-CPU_CORES = [re.compile(p) for p in (r"Processor x(\d+)\b", r"\b(\d+) CPUs\b", r"\b(\d+) cores\b", r"\b(\d+) CPU cores\b")]
+# "{cpu_model()} x{cores}" (ladder.host): any model name, it varies by host ("AMD EPYC Processor x2", "AMD EPYC x2")
+CPU_CORES = [re.compile(p) for p in (r"\S x(\d+)\b", r"\b(\d+) CPUs\b", r"\b(\d+) cores\b", r"\b(\d+) CPU cores\b")]
 CPU_BUILD = re.compile(r"torch [\d.]+\+cpu\b")  # a CPU build of torch: the run was on the CPU
 
 

@@ -74,3 +74,14 @@ def test_staleness_counts_only_the_code_a_report_measures():
     engine_count = reports_index.git(REPO, "rev-list", "--count", f"{commit}..HEAD", "--", "refengine/")
     assert reports_index.row(ROOT, REPO, nowhere).commits_since == 0
     assert reports_index.row(ROOT, REPO, engine_only).commits_since == int(engine_count)
+
+
+@pytest.mark.parametrize("head, device", [
+    ("on AMD EPYC Processor x2 (1-minute load average 1.1)", "CPU, 2 cores"),
+    ("on AMD EPYC x2 (1-minute load average 1.1)", "CPU, 2 cores"),
+    ("on Intel(R) Xeon(R) Platinum 8480+ x16, torch 2.13.0+cpu", "CPU, 16 cores"),
+    ("with one NVIDIA H200 and AMD EPYC x16", "NVIDIA H200"),
+    ("eagle3 at 0.37x spec off's TPOT", "not stated"),
+])
+def test_the_device_is_read_from_the_header_whatever_the_cpu_is_called(head, device):
+    assert reports_index.device_of(head) == device
