@@ -60,6 +60,7 @@ from mutations.shards import (
     write_durations,
 )
 from mutations.survivors import load_survivors
+from mutations.tree import tree_digest
 
 STATE_DIR = ".mutations"
 MARKDOWN_REPORT = Path("reports") / "mutations.md"
@@ -366,6 +367,7 @@ def gate(
     if scope and stats_path is not None:
         raise ConfigError(f"--scope writes its own stats to {STATS_PATH}: drop --stats")
     if run_first:
+        tree = tree_digest(ctx.root)  # before the run: its verdicts are on the tree as it started
         failure = run_mutmut(ctx.root, max_children, timeout_seconds, scope)
         if failure is not None:
             click.echo(f"mutmut-gate: FAIL ({failure})")
@@ -374,7 +376,7 @@ def gate(
             # The full run's raw records: `mutations merge` ratchets on them and writes the per-file table
             # and the per-mutant durations that balance the next run's shards.
             try:
-                write_records(read_all(ctx.root / "mutants"), ctx.root / FULL_RUN_RECORDS)
+                write_records(read_all(ctx.root / "mutants", tree), ctx.root / FULL_RUN_RECORDS)
             except GateError as exc:
                 raise ConfigError(str(exc)) from exc
     if scope:
@@ -493,8 +495,16 @@ def merge_cmd(ctx: Context, parts: tuple[Path, ...], threshold_file: Path | None
         records = merge_records([load_records(part) for part in parts])
         planned = plan_scope(ctx.root, load_config_scope(ctx.root))
         recorded = load_scores(ctx.root / SCORES)
+        here = tree_digest(ctx.root)
     except (GateError, DiffError) as exc:
         raise ConfigError(str(exc)) from exc
+    # Invariant: the gate and the per-file table score this checkout, so its records must be this tree's.
+    stale = sorted({r.tree for r in records} - {here})
+    if stale:
+        raise ConfigError(
+            f"the records are of tree {', '.join(stale)}, this checkout is {here} (its sources, tests or "
+            "[tool.mutmut] changed since): rerun the shards here"
+        )
     stats = stats_of(records)
     verdict = evaluate(stats, threshold)
     scores = file_scores(records)

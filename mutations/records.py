@@ -25,10 +25,12 @@ class MutantRecord:
     path: str  # repo-relative source file
     status: str
     duration_s: float
+    tree: str  # mutations.tree.tree_digest of the checkout that decided it
 
 
-def read_meta(mutants: Path, path: str, names: set[str] | None = None) -> list[MutantRecord]:
-    """The records of one source file from mutmut's `mutants/<path>.meta` (all, or those in `names`)."""
+def read_meta(mutants: Path, path: str, tree: str, names: set[str] | None = None) -> list[MutantRecord]:
+    """The records of one source file from mutmut's `mutants/<path>.meta` (all, or those in `names`), decided
+    on the tree whose digest is `tree`."""
     meta_path = mutants / f"{path}.meta"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -37,16 +39,16 @@ def read_meta(mutants: Path, path: str, names: set[str] | None = None) -> list[M
     except (OSError, ValueError, KeyError) as exc:
         raise GateError(f"cannot read mutmut's results {meta_path}: {exc}") from exc
     return [
-        MutantRecord(name, path, status_by_exit_code[code], round(float(durations.get(name, 0.0)), 3))
+        MutantRecord(name, path, status_by_exit_code[code], round(float(durations.get(name, 0.0)), 3), tree)
         for name, code in exit_codes.items()
         if names is None or name in names
     ]
 
 
-def read_all(mutants: Path) -> list[MutantRecord]:
+def read_all(mutants: Path, tree: str) -> list[MutantRecord]:
     """Every record of a `mutants/` directory, file by file."""
     metas = sorted(mutants.rglob("*.py.meta"))
-    return [r for meta in metas for r in read_meta(mutants, meta.relative_to(mutants).as_posix().removesuffix(".meta"))]
+    return [r for meta in metas for r in read_meta(mutants, meta.relative_to(mutants).as_posix().removesuffix(".meta"), tree)]
 
 
 def write_records(records: list[MutantRecord], path: Path) -> None:
@@ -63,7 +65,12 @@ def load_records(path: Path) -> list[MutantRecord]:
 
 
 def merge(parts: list[list[MutantRecord]]) -> list[MutantRecord]:
-    """The union of disjoint record sets. A mutant in two parts means the partition is broken: refused."""
+    """The union of disjoint record sets of one tree. A mutant in two parts means the partition is broken, and
+    parts of two trees are verdicts on different code: both refused."""
+    trees = sorted({record.tree for part in parts for record in part})
+    # Invariant: a merged run is one tree's verdicts (records of another checkout are not this code's).
+    if len(trees) > 1:
+        raise GateError(f"the records come from {len(trees)} trees ({', '.join(trees)}): rerun the shards on one checkout")
     seen: dict[str, MutantRecord] = {}
     for part in parts:
         for record in part:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tomllib
 from pathlib import Path
 
 from mutations.gate import mutmut_env
 from mutations.plan import PlannedMutant
 from mutations.procs import run_group
 from mutations.records import MutantRecord, read_meta
+from mutations.tree import copied_entries, mutmut_sections, tree_digest
 
 
 def _toml_value(value: object) -> str:
@@ -28,21 +28,21 @@ def _toml_value(value: object) -> str:
 
 def write_scratch(root: Path, scratch: Path, paths: set[str], tests: list[str]) -> None:
     """A copy of what mutmut copies, with a pyproject whose [tool.mutmut] mutates `paths` under `tests`."""
-    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-    config = dict(pyproject["tool"]["mutmut"])
+    sections = mutmut_sections(root)
+    config = dict(sections["tool.mutmut"])
     config.update(only_mutate=sorted(paths), pytest_add_cli_args_test_selection=tests)
     config.pop("do_not_mutate", None)  # the changed paths are in scope already
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for entry in {*config.get("source_paths", []), "tests", *config.get("also_copy", [])}:
+    for entry in copied_entries(config):
         source = root / entry
         if source.is_dir():
             shutil.copytree(source, scratch / entry, ignore=ignore)
         elif source.is_file():
             (scratch / entry).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, scratch / entry)
-    sections = {"tool.mutmut": config, "tool.pytest.ini_options": pyproject["tool"].get("pytest", {}).get("ini_options", {})}
+    sections["tool.mutmut"] = config
     text = "".join(
         f"[{name}]\n" + "".join(f"{key} = {_toml_value(value)}\n" for key, value in body.items()) + "\n"
         for name, body in sections.items()
@@ -64,6 +64,7 @@ def run_mutants(
     `every_mutant`: `chosen` is every mutant of its files, so mutmut runs unfiltered (no name list).
     """
     paths = {m.path for m in chosen}
+    tree = tree_digest(root)
     write_scratch(root, scratch, paths, tests)
     # `*NAME`: mutmut takes a pattern with a star as a glob (a plain name must have covering tests, or
     # mutmut stops with a KeyError); the leading star matches the empty prefix, so it selects NAME alone.
@@ -79,7 +80,7 @@ def run_mutants(
     if rc != 0:
         return [], f"mutmut run exited {rc} (red baseline, or tests not importing mutants/)"
     names = {m.name for m in chosen}
-    records = [r for path in sorted(paths) for r in read_meta(scratch / "mutants", path, names)]
+    records = [r for path in sorted(paths) for r in read_meta(scratch / "mutants", path, tree, names)]
     missing = names - {r.name for r in records}
-    records += [MutantRecord(n, next(m.path for m in chosen if m.name == n), "not checked", 0.0) for n in sorted(missing)]
+    records += [MutantRecord(n, next(m.path for m in chosen if m.name == n), "not checked", 0.0, tree) for n in sorted(missing)]
     return sorted(records), None

@@ -104,7 +104,7 @@ def planned(name: str, digest: str = "d1") -> PlannedMutant:
 
 def test_a_survivor_passes_only_with_its_own_digest_and_a_killed_entry_is_stale():
     chosen = [planned("m.x_f__mutmut_1"), planned("m.x_f__mutmut_2")]
-    records = [MutantRecord("m.x_f__mutmut_1", "toy/floor.py", "survived", 0.1), MutantRecord("m.x_f__mutmut_2", "toy/floor.py", "killed", 0.1)]
+    records = [MutantRecord("m.x_f__mutmut_1", "toy/floor.py", "survived", 0.1, "t"), MutantRecord("m.x_f__mutmut_2", "toy/floor.py", "killed", 0.1, "t")]
     entry = RecordedSurvivor("m.x_f__mutmut_1", "equivalent", "d1", "same output")
     assert judge(chosen, records, {entry.name: entry}) == ([], ["survived, recorded equivalent: m.x_f__mutmut_1 [d1] (a -> b): same output"])
     moved = RecordedSurvivor("m.x_f__mutmut_1", "equivalent", "old", "same output")
@@ -113,7 +113,7 @@ def test_a_survivor_passes_only_with_its_own_digest_and_a_killed_entry_is_stale(
     stale = RecordedSurvivor("m.x_f__mutmut_2", "gpu-only", "d1", "cuda")
     failures, _ = judge(chosen, records, {entry.name: entry, stale.name: stale})
     assert failures == ["stale survivor entry: m.x_f__mutmut_2 is now killed; delete it from the file"]
-    failures, _ = judge(chosen, [MutantRecord("m.x_f__mutmut_1", "toy/floor.py", "no tests", 0.0), records[1]], {})
+    failures, _ = judge(chosen, [MutantRecord("m.x_f__mutmut_1", "toy/floor.py", "no tests", 0.0, "t"), records[1]], {})
     assert failures == ["no tests: m.x_f__mutmut_1 [d1] (a -> b)"]
 
 

@@ -69,8 +69,11 @@ def test_shards_merge_to_the_single_run_and_the_ratchet_bites_when_a_test_goes(r
     # One shard alone drops mutants: refused, not scored as a smaller run.
     alone = merge_cli(root, str(parts[0]))
     assert alone.exit_code == 1 and "have no record (a shard dropped them)" in alone.output
-    # Remove the test that kills perimeter's mutants: shapes.py falls below its recorded score.
+    # Remove the test that kills perimeter's mutants: the shards of the old tree no longer score this checkout,
+    # and the fresh run's shapes.py falls below its recorded score.
     (root / "tests" / "test_shapes.py").write_text(SHAPES_TEST.split("\n\n\ndef test_perimeter")[0] + "\n")
+    stale = merge_cli(root, *map(str, parts))
+    assert stale.exit_code == 2 and "the records are of tree" in stale.output, stale.output
     assert cli(root, "shard", "--shard", "1/1").exit_code == 0
     red = merge_cli(root, str(single))
     assert red.exit_code == 1, red.output
@@ -91,9 +94,12 @@ def test_the_partition_is_balanced_deterministic_and_complete():
 
 
 def test_merge_refuses_overlap_and_the_ratchet_compares_the_right_way():
-    a = MutantRecord("m.x_f__mutmut_1", "f.py", "killed", 0.1)
+    a = MutantRecord("m.x_f__mutmut_1", "f.py", "killed", 0.1, "tree-a")
     with pytest.raises(GateError, match="in two shards"):
         merge([[a], [a]])
+    # Two shards of one partition, each run on its own checkout: verdicts on different code.
+    with pytest.raises(GateError, match=r"from 2 trees \(tree-a, tree-b\)"):
+        merge([[a], [MutantRecord("m.x_f__mutmut_2", "f.py", "killed", 0.1, "tree-b")]])
     plan = [PlannedMutant("m.x_f__mutmut_1", "f.py", "x_f", "d", "c"), PlannedMutant("m.x_f__mutmut_2", "f.py", "x_f", "d", "c")]
     assert "1 planned mutants have no record" in coverage_failures(plan, [a])[0]
     scores = {"f.py": FileScore("f.py", 9, 10), "g.py": FileScore("g.py", 5, 10)}
