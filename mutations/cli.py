@@ -367,7 +367,7 @@ def gate(
     if scope and stats_path is not None:
         raise ConfigError(f"--scope writes its own stats to {STATS_PATH}: drop --stats")
     if run_first:
-        tree = tree_digest(ctx.root)  # before the run: its verdicts are on the tree as it started
+        tree = None if scope else tree_digest(ctx.root)  # before the run: its verdicts are on the tree as it started
         failure = run_mutmut(ctx.root, max_children, timeout_seconds, scope)
         if failure is not None:
             click.echo(f"mutmut-gate: FAIL ({failure})")

@@ -17,7 +17,7 @@ from mutations.gate import mutmut_env
 from mutations.plan import PlannedMutant
 from mutations.procs import run_group
 from mutations.records import MutantRecord, read_meta
-from mutations.tree import copied_entries, mutmut_sections, tree_digest
+from mutations.tree import IGNORED, copied_entries, mutmut_sections, tree_digest
 
 
 def _toml_value(value: object) -> str:
@@ -34,7 +34,7 @@ def write_scratch(root: Path, scratch: Path, paths: set[str], tests: list[str]) 
     config.pop("do_not_mutate", None)  # the changed paths are in scope already
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    ignore = shutil.ignore_patterns(*IGNORED)
     for entry in copied_entries(config):
         source = root / entry
         if source.is_dir():

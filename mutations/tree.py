@@ -6,13 +6,15 @@ digest of the tree that decided it, and `mutations merge` takes records only fro
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
-SKIPPED_PARTS = {"__pycache__"}
+# What a scratch copy leaves out (shutil.ignore_patterns there), and so what the digest leaves out.
+IGNORED = ("__pycache__", "*.pyc")
 
 
 def mutmut_sections(root: Path) -> dict[str, dict]:
@@ -26,16 +28,17 @@ def copied_entries(config: dict) -> list[str]:
     return sorted({*config.get("source_paths", []), "tests", *config.get("also_copy", [])})
 
 
+def _ignored(relative: Path) -> bool:
+    return any(fnmatch.fnmatch(part, pattern) for part in relative.parts for pattern in IGNORED)
+
+
 def _files(root: Path, entries: list[str]) -> Iterator[Path]:
     for entry in entries:
         source = root / entry
         if source.is_file():
             yield source
         elif source.is_dir():
-            yield from sorted(
-                p for p in source.rglob("*")
-                if p.is_file() and p.suffix != ".pyc" and not SKIPPED_PARTS & set(p.relative_to(root).parts)
-            )
+            yield from sorted(p for p in source.rglob("*") if p.is_file() and not _ignored(p.relative_to(root)))
 
 
 def tree_digest(root: Path) -> str:
