@@ -248,6 +248,13 @@ soak: install
 loaded-test-report: install
 	$(PY) scripts/loaded_make_test.py --out reports/loaded-make-test.md
 
+# reports/ray-cluster.md: a sharded mutmut run and an oracle slice on a local Ray cluster of one node, then of
+# two (one CPU each), on this machine: the wall times, the speed-up, and that both clusters give the same records.
+## cpu-report | what a second Ray node buys the mutmut shards and the oracle, into reports/ray-cluster.md | about 15 min on 2 cores
+ray-report: install
+	$(PY) -m benchmarks.ray_speedup --out reports/ray-cluster.md
+.PHONY: ray-report
+
 # Named invariant mutations, in two copies of the tree at once (the tree itself is not mutated).
 ## cpu-report | every named mutant in two copies of the tree, into reports/mutations.md | about 17 min on 2 cores
 mutations: install

@@ -2,111 +2,30 @@
 `ray start --address`): mutmut shards of refengine/sample/ and a tiny-qwen3 oracle slice as Ray tasks
 give the records and the report the local run gives."""
 
-import contextlib
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.ray_cluster import REPO, local_cluster, mutmut_project
 from mutations.cli import main
-
-REPO = Path(__file__).parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
-# Two small files of sample/ (a few functions) under the one test file that imports them.
-PYPROJECT = """[tool.mutmut]
-source_paths = ["refengine/"]
-only_mutate = ["refengine/sample/splitmix.py", "refengine/sample/rng.py"]
-pytest_add_cli_args_test_selection = ["tests/sample/test_rng.py"]
-pytest_add_cli_args = ["-p", "no:cacheprovider"]
-
-[tool.pytest.ini_options]
-addopts = "-p no:hypothesispytest -p no:anyio"
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args: list[str], temp_dir: Path) -> subprocess.Popen:
-    # --block keeps `ray start` in the foreground: the node's processes are its children, in a session of
-    # their own, and end with it.
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
-    return subprocess.Popen(
-        [RAY, "start", "--block", "--num-cpus", "2", "--disable-usage-stats", *args],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=(temp_dir / f"{len(list(temp_dir.iterdir()))}.log").open("w"),
-    )
-
-
-def _alive_nodes(address: str) -> int:
-    probe = subprocess.run(
-        [sys.executable, "-c", f"import ray; ray.init(address='{address}', log_to_driver=False); "
-         "print(sum(n['Alive'] for n in ray.nodes()))"], capture_output=True, text=True, timeout=120,
-    )
-    return int(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else 0
-
-
-def _stop(node: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(node.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            node.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("ray-logs")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    nodes = [_start(["--head", "--port", str(port), "--include-dashboard", "false",
-                     "--ray-client-server-port", str(_free_port())], logs)]
-    try:
-        deadline = time.monotonic() + 240
-        while _alive_nodes(address) < 1 and time.monotonic() < deadline:
-            time.sleep(2)
-        nodes.append(_start(["--address", address], logs))
-        while _alive_nodes(address) < 2 and time.monotonic() < deadline:
-            time.sleep(2)
-        assert _alive_nodes(address) == 2, "the two-node Ray cluster did not come up: " + "".join(
-            p.read_text()[-2000:] for p in logs.iterdir())
-        yield address
-    finally:
-        for node in reversed(nodes):
-            _stop(node)
-        # Ray's worker processes run in sessions of their own: those of this cluster (its GCS port on their
-        # command line) are ended by pid, once their nodes are gone.
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            if any(arg.endswith(f":{port}") and arg.startswith("--gcs-address") for arg in proc.info["cmdline"] or ()):
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
+    with local_cluster(nodes=2, cpus_per_node=2, logs=tmp_path_factory.mktemp("ray-logs")) as cluster:
+        yield cluster.address
 
 
 @pytest.fixture
 def sample_project(tmp_path: Path) -> Path:
-    root = tmp_path / "project"
-    shutil.copytree(REPO / "refengine", root / "refengine", ignore=shutil.ignore_patterns("__pycache__", "heads"))
-    (root / "tests" / "sample").mkdir(parents=True)
-    shutil.copy2(REPO / "tests" / "conftest.py", root / "tests" / "conftest.py")
-    shutil.copy2(REPO / "tests" / "sample" / "test_rng.py", root / "tests" / "sample" / "test_rng.py")
-    (root / "pyproject.toml").write_text(PYPROJECT)
-    return root
+    # Two small files of sample/ (a few functions) under the one test file that imports them.
+    return mutmut_project(tmp_path / "project", ["refengine/sample/splitmix.py", "refengine/sample/rng.py"],
+                          ["tests/sample/test_rng.py"])
 
 
 def statuses(*parts: Path) -> dict[str, str]:
