@@ -23,10 +23,11 @@ from benchmarks.ray_cluster import REPO, LocalCluster, local_cluster, mutmut_pro
 from ladder.host import describe, finish, provenance
 
 # A part of sample/ whose mutants take a few minutes on one CPU: the counter-based RNG, the per-row
-# sampler and its step support, under the tests that import them.
-MUTATE = ["refengine/sample/splitmix.py", "refengine/sample/rng.py", "refengine/sample/step_support.py",
-          "refengine/sample/bad_words.py"]
-MUTATE_TESTS = ["tests/sample/test_rng.py", "tests/sample/test_sampler_rows.py"]
+# sampler and its metadata, under the tests that import them.
+MUTATE = ["refengine/sample/splitmix.py", "refengine/sample/rng.py", "refengine/sample/sampler.py",
+          "refengine/sample/metadata.py"]
+MUTATE_TESTS = ["tests/sample/test_rng.py", "tests/sample/test_sampler_rows.py", "tests/sample/test_metadata.py",
+                "tests/sample/test_lossless_sampling.py"]
 SHARDS = 2
 ORACLE = ["--model", "tiny-qwen3", "--methods", "none,eagle", "--c", "1,4", "--prompts", "8", "--max-tokens", "16",
           "--no-structured", "--no-seeded", "--prefix-cache", "off"]
@@ -60,7 +61,7 @@ def _run(cmd: list[str], cwd: Path) -> tuple[float, str]:
 
 def mutmut_shards(address: str, work: Path) -> tuple[float, list[str]]:
     root = mutmut_project(work / "project", MUTATE, MUTATE_TESTS)
-    wall, _ = _run([sys.executable, "-m", "mutations.cli", "--root", str(root), "shard", "--executor", "ray",
+    wall, _ = _run([str(Path(sys.executable).with_name("mutations")), "--root", str(root), "shard", "--executor", "ray",
                     "--address", address, "--count", str(SHARDS), "--max-children", "1"], root)
     records = sorted(
         f"{r['name']} {r['status']}" for p in sorted((root / ".mutations" / "shards").glob("*-of-*.jsonl"))
