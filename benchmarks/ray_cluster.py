@@ -71,15 +71,17 @@ class LocalCluster:
     nodes: list[subprocess.Popen]  # each `ray start --block`, its raylet and workers among its descendants
 
     def worker_cpu_s(self) -> list[float]:
-        """Per node, the CPU seconds its live Ray worker processes (named `ray::...`) have used so far."""
+        """Per node, the CPU seconds its live Ray worker processes (named `ray::...`) and their ended children have
+        used so far."""
         used = []
         for node in self.nodes:
             total = 0.0
             for proc in psutil.Process(node.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     if proc.name().startswith("ray::") or " ".join(proc.cmdline()).startswith("ray::"):
+                        # A task's own subprocesses (mutmut's run) count once they have ended.
                         times = proc.cpu_times()
-                        total += times.user + times.system
+                        total += times.user + times.system + times.children_user + times.children_system
             used.append(total)
         return used
 
