@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 UP_WITHIN_S = 240
+# Ray worker titles that are not a running task.
+NOT_TASKS = frozenset({"ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent"})
 
 
 class ClusterError(RuntimeError):
@@ -70,20 +73,36 @@ class LocalCluster:
     address: str
     nodes: list[subprocess.Popen]  # each `ray start --block`, its raylet and workers among its descendants
 
-    def worker_cpu_s(self) -> list[float]:
-        """Per node, the CPU seconds its live Ray worker processes (named `ray::...`) and their ended children have
-        used so far."""
-        used = []
-        for node in self.nodes:
-            total = 0.0
-            for proc in psutil.Process(node.pid).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    if proc.name().startswith("ray::") or " ".join(proc.cmdline()).startswith("ray::"):
-                        # A task's own subprocesses (mutmut's run) count once they have ended.
-                        times = proc.cpu_times()
-                        total += times.user + times.system + times.children_user + times.children_system
-            used.append(total)
-        return used
+    def busy_nodes(self) -> set[int]:
+        """The nodes (by index) one of whose processes is running a task now: Ray titles a worker
+        `ray::<task function>` while it runs one, and `ray::IDLE` or an agent's name otherwise."""
+        busy = set()
+        for index, node in enumerate(self.nodes):
+            with contextlib.suppress(psutil.Error):
+                for proc in psutil.Process(node.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        title = " ".join(proc.cmdline())
+                        if title.startswith("ray::") and title.split()[0] not in NOT_TASKS:
+                            busy.add(index)
+        return busy
+
+    @contextlib.contextmanager
+    def nodes_that_ran_tasks(self, every_s: float = 0.5) -> Iterator[set[int]]:
+        """The set fills, while the block runs, with the nodes seen running a task."""
+        seen: set[int] = set()
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(every_s):
+                seen.update(self.busy_nodes())
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield seen
+        finally:
+            done.set()
+            watcher.join()
 
 
 @contextlib.contextmanager

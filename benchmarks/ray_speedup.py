@@ -38,10 +38,6 @@ class SpeedupError(RuntimeError):
     """A workload failed, or the two clusters disagreed: no speed-up is reported for it."""
 
 
-# A node counts as having run the workload when its Ray workers used at least this much CPU during it.
-BUSY_CPU_S = 1.0
-
-
 @dataclass(frozen=True)
 class Timed:
     wall_s: float
@@ -83,12 +79,11 @@ def oracle_slice(address: str, work: Path) -> tuple[float, list[str]]:
 
 
 def timed(cluster: LocalCluster, workload, work: Path) -> Timed:
-    before = cluster.worker_cpu_s()
-    wall, result = workload(cluster.address, work)
-    used = sum(after - start >= BUSY_CPU_S for start, after in zip(before, cluster.worker_cpu_s(), strict=True))
-    if used == 0:
-        raise SpeedupError(f"{workload.__name__}: no node's Ray workers did the work")
-    return Timed(wall, used, result)
+    with cluster.nodes_that_ran_tasks() as seen:
+        wall, result = workload(cluster.address, work)
+    if not seen:
+        raise SpeedupError(f"{workload.__name__}: no node was seen running its tasks")
+    return Timed(wall, len(seen), result)
 
 
 WORKLOADS = {
