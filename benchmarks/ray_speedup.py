@@ -72,7 +72,7 @@ def oracle_slice(address: str, work: Path) -> tuple[float, list[str]]:
     report = work / "oracle.md"
     wall, out = _run([sys.executable, "-m", "refengine.cli", "oracle", *ORACLE, "--executor", "ray", "--address",
                       address, "--write-report", "--report", str(report)], work)
-    if " 0 failed arm(s)" not in f" {out}":
+    if "\n0 failed arm(s) " not in f"\n{out}":
         raise SpeedupError(f"the oracle slice failed arms: {out[-1500:]}")
     # The date, the elapsed time and the host line differ by design.
     return wall, [line for line in report.read_text().splitlines() if not line.startswith(("**Result:", "- c = "))]
