@@ -693,7 +693,9 @@ def spec_phases(core) -> Phases:
     else:  # the dry run: no graphs on the CPU
         phases.wrap(runner.model, "forward", "target forward (eager)", stream=True)
     phases.wrap(model_runner, "verify_rows", "verify_rows (sampler + rejection)", stream=True)
-    if graphs.sampler is not None:  # a synthetic rule replays inside the sampler's graph
+    # With the one-graph uniform step, the sampler's own graph and the drafter's eager passes serve only
+    # the general steps (logprobs, a constraint), which do not occur here: their work is in the uniform graph.
+    if graphs.sampler is not None and graphs.uniform is None:  # a synthetic rule replays in the sampler's graph
         phases.wrap(graphs.sampler, "run", "rejection sampler graph (fill + replay)", stream=True)
     elif runner.accept is not None:  # the dry run of a synthetic rule: it runs eagerly
         phases.wrap(runner, "accept", "synthetic accept (device)")
@@ -708,13 +710,12 @@ def spec_phases(core) -> Phases:
         return phases
     phases.wrap(drafter, "propose", "drafter.propose (all)", stream=True)
     phases.wrap(drafter.network, "forward", "drafter network.forward (eager pass 1; 2..k too when eager)", stream=True)
-    phases.wrap(drafter, "draft", "drafter passes 2..k (eager)", stream=True)
+    if graphs.uniform is None:
+        phases.wrap(drafter, "draft", "drafter passes 2..k (eager)", stream=True)
     draft_graphs = graphs.draft_graphs
     if draft_graphs is not None:
         phases.wrap(draft_graphs, "run_proposal", "drafter passes 2..k (graph)", stream=True)
         if graphs.uniform is None:
-            # With the one-graph uniform step, the steps this graph serves (uniform, but with logprobs or a
-            # constraint) do not occur here.
             phases.wrap(draft_graphs, "run_step", "drafter step graph (pass 1 + proposal)", stream=True)
         phases.wrap(draft_graphs.proposal_buffers.copied, "synchronize", "wait: drafter staging copy (event)")
     return phases
