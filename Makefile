@@ -69,6 +69,22 @@ gpu-report: install
 	PYTHONPATH=. $(PY) benchmarks/gpu_bench.py --out reports/gpu-h200 --budget-s 470 --commit $$(git rev-parse --short HEAD) \
 		--only engine,gpu_idle,async_ab,spec_profile
 
+# On a GPU host: gpu_bench's engine and async_ab sections at GPU_BASE (a git worktree under runs/) and then at HEAD,
+# one after the other on the same card, and their TPOTs side by side into reports/gpu-compare.md, with both runs' JSON.
+GPU_BASE ?= a4e40b5
+## gpu-report | gpu_bench's TPOT rows at GPU_BASE and at HEAD on the same card, side by side, into reports/gpu-compare.md | about 6 min on one H100
+gpu-compare: install
+	rm -rf runs/gpu-compare && git worktree prune && git worktree add --detach runs/gpu-compare/base $(GPU_BASE)
+	cd runs/gpu-compare/base && PYTHONPATH=. $(abspath $(PY)) benchmarks/gpu_bench.py --out ../base-run --budget-s 300 \
+		--commit $$(git rev-parse --short HEAD) --only engine,async_ab
+	PYTHONPATH=. $(PY) benchmarks/gpu_bench.py --out runs/gpu-compare/head-run --budget-s 300 --commit $$(git rev-parse --short HEAD) \
+		--only engine,async_ab
+	mkdir -p reports/gpu-compare && cp runs/gpu-compare/base-run/gpu_bench.json reports/gpu-compare/base.json
+	cp runs/gpu-compare/head-run/gpu_bench.json reports/gpu-compare/head.json
+	git worktree remove --force runs/gpu-compare/base
+	$(PY) benchmarks/gpu_compare.py reports/gpu-compare/base.json reports/gpu-compare/head.json --out reports/gpu-compare.md
+.PHONY: gpu-compare
+
 # The main job: the embedded SmolLM2 laddered on a chat + code + math mix on refengine (spec off, ngram, eagle3) and
 # llama.cpp, each rung 3 times (scripts/demo.sh: DEMO_REPEATS, DEMO_DATASET), then `ladder compare` and the speed-ups
 # with their spread into runs/demo/ (gitignored: the tree stays clean).
