@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from ladder.server import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 UP_WITHIN_S = 240
@@ -29,12 +30,6 @@ NOT_TASKS = frozenset({"ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent
 
 class ClusterError(RuntimeError):
     """The local cluster did not come up with all its nodes."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(args: list[str], cpus: int, log: Path) -> subprocess.Popen:
@@ -109,10 +104,10 @@ class LocalCluster:
 def local_cluster(nodes: int, cpus_per_node: int, logs: Path) -> Iterator[LocalCluster]:
     """The cluster while it runs; every node and Ray worker process is gone afterwards."""
     logs.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     started = [_start(["--head", "--port", str(port), "--include-dashboard", "false",
-                       "--ray-client-server-port", str(_free_port())], cpus_per_node, logs / "node-1.log")]
+                       "--ray-client-server-port", str(free_port())], cpus_per_node, logs / "node-1.log")]
     try:
         deadline = time.monotonic() + UP_WITHIN_S
         for n in range(1, nodes + 1):
