@@ -479,6 +479,8 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     tokens_needed = c * (max_len + 16 + 8)
     kv_gib = tokens_needed * kv_bytes_per_token(loaded.config, torch.bfloat16) / 2**30 + 0.25
     before = dict(attention.ATTENTION_CALLS)
+    # What earlier engines of this process left reserved: a pool they still hold shows here and can slow this one.
+    reserved_gib = torch.cuda.memory_reserved() / 2**30 if DEV == "cuda" else 0.0
     t0 = time.perf_counter()
     llm = LLM(loaded, dtype="bfloat16", numerics=loaded.model.numerics.value, max_num_seqs=c, max_model_len=max_len,
               block_size=BLOCK, kv_cache_memory_gib=kv_gib, max_num_batched_tokens=max_num_batched_tokens, speculative_config=spec,
@@ -513,7 +515,7 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
                output_tok_s=round(timing["output_tok_s"], 1),
                ttft_ms=round(timing["ttft_ms_mean"], 1), steps=timing["steps"],
                floor_ms=round(per_token_floor, 3), roofline=round(per_token_floor / timing["tpot_ms"], 3),
-               build_s=round(build_s, 1), in_flight_steps=runner.num_in_flight_steps,
+               build_s=round(build_s, 1), reserved_gib_before_build=round(reserved_gib, 2), in_flight_steps=runner.num_in_flight_steps,
                overlapped_launches=runner.num_overlapped_launches)
     if spec is not None:
         # The drafter's proposals in the timed run replayed from its CUDA graphs, and those run eagerly.
