@@ -4,6 +4,8 @@ Three launches per call (store, split, combine), none of which reads a value bac
 CUDA graph can capture them. A slot of -1 writes nothing and a token with no keys gets zeros (padded rows).
 Under Numerics.BATCH_INVARIANT the key splits sit at fixed positions and combine in a fixed order, so a
 token's result depends only on its own query and keys; Numerics.FAST sizes the splits from the batch.
+A split program holds a sequence's rows within one aligned window of positions, so a verify step's rows read
+their keys once, each in the tile slot of its position in every launch (invariant 47).
 Under TRITON_INTERPRET=1 (read at import) the kernels run on CPU tensors, which is how CI tests them.
 Design: docs/design/architecture.md (kernels).
 """
@@ -117,7 +119,7 @@ if triton is not None:
     ):
         """One program per (row window, KV head, key split): the query rows of one sequence whose positions
         fall in one aligned window of ROWS positions, each with its GROUP query heads, share every K/V tile
-        (invariant 47). Slot m of the tile is position (window * ROWS + m // GROUP), head m % GROUP: a
+        (invariant 47, docs/invariants.md). Slot m of the tile is position (window * ROWS + m // GROUP), head m % GROUP: a
         token sits in the same slot whether it is decoded alone, verified with drafts or prefilled, so
         its arithmetic never depends on the rows beside it. Each slot keeps its own causal limit and
         softmax state; a tile past a slot's limit leaves that slot's state untouched."""
