@@ -9,7 +9,7 @@ would start past the budget is skipped and recorded as such):
   steps       qwen3-8b bf16 model steps (forward + logits, no engine): decode and verify (k + 1 = 5 rows per
               sequence) at c = 1, 8, 32, each with reference attention (eager), Triton attention (eager) and
               Triton attention in CUDA graphs; the batch-invariant mode in graphs; the K/V bytes the attention
-              kernel reads per step, a program per token against a program per window (invariant 47)
+              kernel reads per step, a program per token against a program per window (invariant 52)
   profile     kernel time of one c = 1 decode step by kind (matrix products, attention, the rest)
   engine      qwen3-8b TPOT and output tok/s through the engine (1024-token prompts, 256 new tokens,
               greedy, ignore_eos) at c = 1, 8, 32, async and sync alternating, with a 2048-token budget
@@ -142,7 +142,7 @@ def floor_ms(loaded, num_seqs: int, context: int, dtype=torch.bfloat16) -> float
 
 def attention_kv_bytes(config, num_seqs: int, q: int, context: int, dtype=torch.bfloat16) -> dict:
     """K/V bytes the Triton split kernel reads in one step of num_seqs sequences of q rows ending at `context`,
-    over all layers: a program per token (the kernel before invariant 47) against a program per window of
+    over all layers: a program per token (the kernel before invariant 52) against a program per window of
     rows; `windows_mean`: the windowed figure averaged over contexts context .. context + rows - 1 (every place
 the q rows can fall in a window, as a run's steps do)."""
     rows = triton_attention.rows_per_program(config.num_attention_heads // config.num_key_value_heads)

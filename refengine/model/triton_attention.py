@@ -5,7 +5,7 @@ CUDA graph can capture them. A slot of -1 writes nothing and a token with no key
 Under Numerics.BATCH_INVARIANT the key splits sit at fixed positions and combine in a fixed order, so a
 token's result depends only on its own query and keys; Numerics.FAST sizes the splits from the batch.
 A split program holds a sequence's rows within one aligned window of positions, so a verify step's rows read
-their keys once, each in the tile slot of its position in every launch (invariant 47).
+their keys once, each in the tile slot of its position in every launch (invariant 52).
 Under TRITON_INTERPRET=1 (read at import) the kernels run on CPU tensors, which is how CI tests them.
 Design: docs/design/architecture.md (kernels).
 """
@@ -119,7 +119,7 @@ if triton is not None:
     ):
         """One program per (row window, KV head, key split): the query rows of one sequence whose positions
         fall in one aligned window of ROWS positions, each with its GROUP query heads, share every K/V tile
-        (invariant 47, docs/invariants.md). Slot m of the tile is position (window * ROWS + m // GROUP), head m % GROUP: a
+        (invariant 52, docs/invariants.md). Slot m of the tile is position (window * ROWS + m // GROUP), head m % GROUP: a
         token sits in the same slot whether it is decoded alone, verified with drafts or prefilled, so
         its arithmetic never depends on the rows beside it. Each slot keeps its own causal limit and
         softmax state; a tile past a slot's limit leaves that slot's state untouched."""
@@ -369,7 +369,7 @@ def _num_sms(device: torch.device) -> int:
 def block_m(group: int) -> int:
     """Query slots of one split program: a function of the model alone, never of the batch, so every
     launch (decode, verify, prefill) runs the same tile shapes and a row's bits do not depend on its
-    neighbours (invariant 47). Room for VERIFY_ROWS rows of the group, within MAX_BLOCK_M."""
+    neighbours (invariant 52). Room for VERIFY_ROWS rows of the group, within MAX_BLOCK_M."""
     return max(16, _next_pow2(group), min(MAX_BLOCK_M, _next_pow2(group * VERIFY_ROWS)))
 
 
@@ -390,7 +390,7 @@ def kv_bytes_read(
     """Bytes of K and V that one layer's split kernel reads for a causal step, from its launch grid: each
     program reads its longest row's keys once (the splits partition them), and a program holds the
     sequence's rows within one window of `rows` positions. `rows=1`: a program per token, the kernel
-    before invariant 47."""
+    before invariant 52."""
     keys = 0
     for q_len, seq_len in zip(query_lens, seq_lens, strict=True):
         first = max(seq_len - q_len, 0)

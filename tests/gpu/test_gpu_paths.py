@@ -54,7 +54,7 @@ def test_real_shapes(dtype, tolerance, numerics):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_verify_rows_are_bitwise_the_decode_rows_at_real_shapes(dtype):
-    """Invariant 47 (docs/invariants.md) compiled at qwen3-8b's attention shapes: verify blocks of 5 rows inside
+    """Invariant 52 (docs/invariants.md) compiled at qwen3-8b's attention shapes: verify blocks of 5 rows inside
     one window, across a window edge and across a key split, against the same rows decoded one by one."""
     q, k, v, cache, meta = make_case([1147, 1150, 254, 60], [5, 5, 5, 1], dtype=dtype, seed=5, **REAL)
     verified_cache = clone_cache(cache)

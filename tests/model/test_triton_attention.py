@@ -87,7 +87,7 @@ def test_the_engine_kernel_choice_reaches_every_product_of_target_and_drafter():
         llm.engine.core.shutdown()
 
 
-# ---- invariant 47 (docs/invariants.md): a program per window of a sequence's rows --------------------------
+# ---- invariant 52 (docs/invariants.md): a program per window of a sequence's rows --------------------------
 
 
 def test_kv_bytes_read_counts_each_windows_keys_once():

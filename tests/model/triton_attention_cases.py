@@ -190,7 +190,7 @@ def _verify_rows_match_decode_rows(dtype, shape, split_keys, seqs):
         os.environ.get("TRITON_INTERPRET") == "1", reason="Triton's interpreter computes bfloat16 dots wrongly (3.9)")),
 ])  # fmt: skip
 def test_verify_rows_are_bitwise_the_decode_rows(dtype):
-    """Invariant 47 (docs/invariants.md): a verify step's rows (several rows of a sequence in one program, sharing its K/V
+    """Invariant 52 (docs/invariants.md): a verify step's rows (several rows of a sequence in one program, sharing its K/V
     tiles) give bit for bit what each row gives decoded alone at its position, under batch-invariant
     numerics: spec on then emits spec off's tokens."""
     VERIFY_COUNTS.clear()

@@ -1,5 +1,5 @@
 """The engine on the Triton attention kernels: tiny-qwen3 with speculation on emits, token for token, what it
-emits with speculation off (invariant 47 of docs/invariants.md, at the oracle's level). Run by test_triton_attention.py under
+emits with speculation off (invariant 52 of docs/invariants.md, at the oracle's level). Run by test_triton_attention.py under
 Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set before triton is imported); on a GPU,
 `make oracle-gpu` runs the whole matrix on the compiled kernels.
 """
