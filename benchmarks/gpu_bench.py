@@ -6,9 +6,10 @@ Sections, each timed and guarded (a failure is recorded and the next section run
 would start past the budget is skipped and recorded as such):
 
   bandwidth   device-to-device copy, bytes read + written per second
-  steps       qwen3-8b bf16 model steps (forward + logits, no engine): decode at c = 1, 8, 32 and verify
-              (k + 1 = 5 rows per sequence) at c = 1, 8, each with reference attention (eager), Triton
-              attention (eager) and Triton attention in CUDA graphs; the batch-invariant mode in graphs
+  steps       qwen3-8b bf16 model steps (forward + logits, no engine): decode and verify (k + 1 = 5 rows per
+              sequence) at c = 1, 8, 32, each with reference attention (eager), Triton attention (eager) and
+              Triton attention in CUDA graphs; the batch-invariant mode in graphs; the K/V bytes the attention
+              kernel reads per step, a program per token against a program per window (invariant 52)
   profile     kernel time of one c = 1 decode step by kind (matrix products, attention, the rest)
   engine      qwen3-8b TPOT and output tok/s through the engine (1024-token prompts, 256 new tokens,
               greedy, ignore_eos) at c = 1, 8, 32, async and sync alternating, with a 2048-token budget
@@ -48,7 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refengine.engine.llm import LLM  # noqa: E402
-from refengine.model import attention  # noqa: E402
+from refengine.model import attention, triton_attention  # noqa: E402
 from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.graphs import GraphPool, graph_token_sizes, padded_batch_size  # noqa: E402
@@ -137,6 +138,22 @@ def floor_ms(loaded, num_seqs: int, context: int, dtype=torch.bfloat16) -> float
     weight = weight_bytes_per_step(loaded.config, dtype)
     kv = num_seqs * context * kv_bytes_per_token(loaded.config, dtype)
     return (weight + kv) / BANDWIDTH * 1e3
+
+
+def attention_kv_bytes(config, num_seqs: int, q: int, context: int, dtype=torch.bfloat16) -> dict:
+    """K/V bytes the Triton split kernel reads in one step of num_seqs sequences of q rows ending at `context`,
+    over all layers: a program per token (the kernel before invariant 52) against a program per window of
+    rows; `windows_mean`: the windowed figure averaged over contexts context .. context + rows - 1 (every place
+the q rows can fall in a window, as a run's steps do)."""
+    rows = triton_attention.rows_per_program(config.num_attention_heads // config.num_key_value_heads)
+
+    def read(rows_per_program: int, ctx: int = context) -> int:
+        per_layer = triton_attention.kv_bytes_read([q] * num_seqs, [ctx] * num_seqs, config.num_key_value_heads,
+                                                   config.head_dim, dtype.itemsize, rows_per_program)
+        return config.num_hidden_layers * per_layer
+
+    mean = sum(read(rows, context + shift) for shift in range(rows)) / rows
+    return {"per_token": read(1), "windows": read(rows), "windows_mean": round(mean), "rows_per_program": rows}
 
 
 def set_numerics(model: torch.nn.Module, numerics: Numerics) -> None:
@@ -306,7 +323,7 @@ def model_steps(bench: Bench) -> None:
     blocks_per_seq = -(-(PROMPT_LEN + OUTPUT_LEN + 8) // BLOCK)
     cache = random_cache(loaded, 32 * blocks_per_seq + 4)
     vocab = loaded.config.vocab_size
-    for q, batches in ((1, (1, 8, 32)), (5, (1, 8))):
+    for q, batches in ((1, (1, 8, 32)), (5, (1, 8, 32))):
         kind = "decode" if q == 1 else "verify k=4"
         graphs = {}
         setups = [("fast", Numerics.FAST, True), ("batch_invariant", Numerics.BATCH_INVARIANT, True)]
@@ -372,7 +389,8 @@ def model_steps(bench: Bench) -> None:
                           cuda_graphs=mode == "graph",
                           graph_replays=(g.graphs.stats.num_replays if g else 0) - replays, ms=round(med, 3), ms_min=round(best, 3),
                           gpu_ms=None if gpu_ms is None else round(gpu_ms, 3),
-                          floor_ms=round(floor, 3), roofline=round(floor / med, 3))
+                          floor_ms=round(floor, 3), roofline=round(floor / med, 3),
+                          attention_kv_bytes=attention_kv_bytes(loaded.config, c, q, MID_CONTEXT))
         del graphs
         gc.collect()
     set_numerics(model, Numerics.FAST)
