@@ -72,6 +72,9 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     kernels = Kernels(args.attention_backend, args.fused_ops, args.skinny_gemm)
     resolution = resolve_async_scheduling(args.async_scheduling, args.speculative_config)
+    spec = args.speculative_config
+    if spec is not None and spec.enable_adaptive_verification and args.tensor_parallel_size > 1:
+        raise ValueError("enable_adaptive_verification needs tensor_parallel_size 1: the cost table is measured on one rank")
     logger.info("async scheduling %s", resolution.reason)
     loaded = (
         args.model
@@ -193,8 +196,6 @@ def _adaptive_verification(args: EngineArgs, config: EngineConfig, runner: Model
     spec = args.speculative_config
     if spec is None or not spec.enable_adaptive_verification:
         return None
-    if args.tensor_parallel_size > 1:
-        raise ValueError("enable_adaptive_verification needs tensor_parallel_size 1: the cost table is measured on one rank")
     context = max(1, min(config.max_model_len // 2, MAX_COST_CONTEXT))
     table = measure_verify_costs(runner, cost_batch_sizes(config.max_num_seqs), spec.num_speculative_tokens, context)
     logger.info("adaptive verification: verify-cost table %s", table)
