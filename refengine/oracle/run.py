@@ -96,7 +96,8 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
     spec = None
     if arm.method is not None:
         method = HOST_METHOD if arm.teacher else arm.method
-        spec = SpeculativeConfig(method, workload.num_speculative_tokens, **_method_defaults(method))
+        spec = SpeculativeConfig(method, workload.num_speculative_tokens, **_method_defaults(method),
+                                 enable_adaptive_verification=arm.adaptive)
     lookahead = 0 if spec is None else spec.num_lookahead_slots
     # Headroom past the longest request: under async scheduling the scheduler's optimistic count (every
     # draft in flight accepted) would otherwise cap the drafts near max_model_len earlier than sync does,
@@ -215,8 +216,10 @@ def run_arm(
     outs = llm.generate([list(p) for p in workload.prompts], params, batch_queue=arm.batch_queue)
     stats = core.scheduler.spec_decoding_stats
     kv = core.scheduler.kv_cache_manager
+    policy = core.scheduler.verify_policy
     counts = dataclasses.replace(
-        probe.counts(), prefix_cache_hits=kv.prefix_cache_stats.hits, num_evictions=kv.block_pool.num_evictions
+        probe.counts(), prefix_cache_hits=kv.prefix_cache_stats.hits, num_evictions=kv.block_pool.num_evictions,
+        num_short_verifies=0 if policy is None else sum(policy.num_chosen[: policy.k]),
     )
     core.shutdown()
     tokens = [o.token_ids for o in outs]

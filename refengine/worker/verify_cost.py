@@ -24,7 +24,7 @@ def cost_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 def measure_verify_costs(
-    runner: ModelRunner, batch_sizes: list[int], k: int, context_len: int, repeats: int = 3
+    runner: ModelRunner, batch_sizes: list[int], k: int, context_len: int, repeats: int = 2
 ) -> VerifyCostTable:
     with on_device(runner.device), torch.inference_mode():
         seconds = [[_time_step(runner, b, 1 + num, context_len, repeats) for num in range(k + 1)] for b in batch_sizes]
