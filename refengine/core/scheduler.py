@@ -256,7 +256,7 @@ class Scheduler:
         chosen = policy.choose(len(self.running), survivals)
         for request in holding:
             num = chosen[request.request_id]
-            # Invariant 45: a request verifies 0..k drafts, never more than it holds
+            # Invariant 60: a request verifies 0..k drafts, never more than it holds
             # (test_adaptive_k_is_honoured_and_never_exceeds_k).
             if not 0 <= num <= min(k, len(request.spec_token_ids)):
                 raise SchedulerInvariantError(f"{request}: {num} drafts chosen of {request.spec_token_ids}, k={k}")

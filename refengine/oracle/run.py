@@ -26,6 +26,7 @@ from refengine.oracle.teacher import (
 )
 from refengine.sample.sampler import RowParams
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.adaptive_verification import VerifyCostTable
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.structured_output.manager import StructuredOutputManager
 
@@ -204,6 +205,8 @@ def run_arm(
             model.config.vocab_size,
             corrupt_index(arm),
         )
+    if arm.adaptive:  # the engine built the policy (the arm's flag); the oracle gives it its own table
+        core.scheduler.verify_policy.table = oracle_cost_table(workload.num_speculative_tokens)
     drafter = llm.engine.runner.drafter
     # A drafter for a random target (the tiny models) has nothing to learn from: random weights too. The
     # teacher learns from the baseline, whatever the target.
@@ -243,6 +246,13 @@ def run_arm(
         num_grammar_masked_rows=manager.num_masked_rows,
         num_ended_by_grammar=num_ended,
     )
+
+
+def oracle_cost_table(k: int) -> VerifyCostTable:
+    """What an adaptive arm chooses K by, instead of the table measured at start-up: measured costs follow
+    the host's load, and an arm must see K vary on every run. Convex in K: where drafts survive the first
+    two pay and the rest do not, so K < k even for a teacher; where none survives, K falls to 0."""
+    return VerifyCostTable.monotone([1], [[1 + 0.1 * j + 0.3 * max(0, j - 1) ** 2 for j in range(k + 1)]])
 
 
 def corrupt_index(arm: Arm) -> int | None:

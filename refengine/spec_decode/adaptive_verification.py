@@ -114,7 +114,7 @@ class AdaptiveVerification:
                 best_n, best_rate = n, rate
         chosen = {req_id: 0 for req_id in survivals}
         for _, pos, req_id in slots[:best_n]:
-            # Invariant 46: a request verifies a prefix of its drafts, so slot `pos` comes after all
+            # Invariant 61: a request verifies a prefix of its drafts, so slot `pos` comes after all
             # slots before it (survival never rises with position) (test_policy_takes_prefixes).
             if chosen[req_id] != pos:
                 raise AdaptiveVerificationError(f"{req_id}: slot {pos} chosen after {chosen[req_id]} slots")

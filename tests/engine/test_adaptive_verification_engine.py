@@ -2,7 +2,10 @@
 that acceptance is known): the cost table is measured at start-up with the engine's step, and the K the
 policy chooses is the K the runner verifies, sync and async at depth 1 and 2. The choices are made
 against a given table (the measured one follows the CPU's load); that tokens are unchanged is the
-oracle's part (tests/oracle, the adaptive arms)."""
+oracle's part (tests/oracle, the adaptive arms).
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 import dataclasses
 
@@ -42,7 +45,7 @@ def run(model, front: str, rate: float) -> tuple[AdaptiveVerification, list[tupl
 @pytest.mark.parametrize("front", FRONTS)
 def test_adaptive_k_is_honoured_and_never_exceeds_k(tiny_qwen3, front):
     """Nothing accepted: the policy chooses K = 0 (a probe of 1 now and then) and the runner verifies no
-    more; everything accepted: K = k. Invariant 45 (0 <= K <= k) is checked on every choice."""
+    more; everything accepted: K = k. Invariant 60 (0 <= K <= k) is checked on every choice."""
     policy, fed, measured = run(tiny_qwen3, front, 0.0)
     # The first steps verify all k (nothing seen yet: survival 1), then K = 0: the variant happened.
     assert policy.num_chosen[0] > 4 * policy.num_chosen[K] > 0, policy.num_chosen

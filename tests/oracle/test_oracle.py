@@ -80,6 +80,17 @@ def test_a_variant_without_evidence_is_ineffective_and_low_peak_fails():
     assert judge(result(arm, [[1, 2]], counts=low, concurrency=4), base, None, 1).label == "LOW-CONCURRENCY"
 
 
+@pytest.mark.parametrize("short, label", [(0, "INEFFECTIVE"), (1, "IDENTICAL")])
+def test_an_adaptive_arm_must_verify_fewer_than_k_somewhere(short, label):
+    base = result(Arm("sync", None, False, False, False), [[1, 2]])
+    counts = ArmCounts(peak_concurrency=1, num_preemptions=0, num_preemptions_after_drafts=0, num_chunked_prefills=0,
+                       num_short_verifies=short)
+    arm = Arm("sync", "eagle", False, False, False, adaptive=True)
+    verdict = judge(result(arm, [[1, 2]], counts=counts), base, None)
+    assert verdict.label == label and verdict.ineffective == (("adaptive K",) if short == 0 else ())
+    assert arm.name == "sync/eagle[adaptive]"
+
+
 @pytest.mark.parametrize(
     "fed, accepted, ok",
     [((7, 8), 1, True), ((7,), 1, True), ((7,), 0, False), ((7, 8, 9), 1, True), ((7, 8, 9), 2, False)],

@@ -1,6 +1,9 @@
 """Adaptive verification's policy (spec_decode/adaptive_verification.py): the K it chooses from survival by
 position and a verify-cost table, torch-free and on given tables; the engine's use of it is in
-tests/engine/test_adaptive_verification_engine.py."""
+tests/engine/test_adaptive_verification_engine.py.
+
+Invariant numbers refer to docs/invariants.md.
+"""
 
 import pytest
 
@@ -53,7 +56,7 @@ def test_a_request_holding_fewer_drafts_gets_no_more():
 
 
 def test_policy_takes_prefixes():
-    """Invariant 46: slots are taken best first and a request's form a prefix of its drafts; survival
+    """Invariant 61: slots are taken best first and a request's form a prefix of its drafts; survival
     estimates that rose with position would break that, and are refused."""
     policy = AdaptiveVerification(table(0.3))
     with pytest.raises(AdaptiveVerificationError, match="slot 1 chosen after 0"):
