@@ -73,14 +73,16 @@ PREFIX_CACHE_MODES = ("on", "off", "only")
 
 
 def build_matrix(
-    methods: tuple[str | None, ...], variants: bool = True, structured: bool = False, prefix_cache: str = "off"
+    methods: tuple[str | None, ...], variants: bool = True, structured: bool = False, prefix_cache: str = "off",
+    adaptive: bool = True,
 ) -> list[Arm]:
     """Without `variants`, only the plain arms: no chunking, no forced preemption, no bad_words. With
     `structured`, one structured-output arm per method and front (not crossed with the other variants,
     which would double the matrix). With `prefix_cache` on, every method and front also runs the
     shared-prefix workload with the cache on (crossed with chunking and preemption under `variants`) and
     with a pool that forces evictions; "only" runs just those arms (and their references). Each front and
-    ADAPTIVE_METHODS method also gets a plain arm with adaptive verification on (not crossed either)."""
+    ADAPTIVE_METHODS method also gets a plain arm with adaptive verification on (not crossed either), unless
+    `adaptive` is off (tensor parallelism, which adaptive verification refuses)."""
     toggles = (False, True) if variants else (False,)
     plain = []
     for method, front, chunked, preempt, bad_words in itertools.product(methods, FRONTS, toggles, toggles, toggles):
@@ -91,7 +93,7 @@ def build_matrix(
     bare = [a for a in plain if not (a.chunked or a.preempt or a.bad_words)]
     if structured and prefix_cache != "only":
         arms += [Arm(a.front, a.method, False, False, False, True) for a in bare]
-    if prefix_cache != "only":
+    if adaptive and prefix_cache != "only":
         arms += [dataclasses.replace(a, adaptive=True) for a in bare if a.method in ADAPTIVE_METHODS]
     if prefix_cache != "off":
         cached = [dataclasses.replace(a, shared_prefix=True, prefix_cache=True) for a in plain if not a.bad_words]

@@ -32,6 +32,7 @@ def test_matrix_skips_async_arms_of_sync_only_methods():
     assert len(arms) == 8 * (3 + 1 + 3) + 3  # and eagle's adaptive arm per front
     assert {a.front for a in arms if a.adaptive} == {"sync", "async-d1", "async-d2"}
     assert all(a.method == "eagle" and not (a.chunked or a.preempt or a.bad_words) for a in arms if a.adaptive)
+    assert not any(a.adaptive for a in build_matrix((None, "eagle"), adaptive=False))  # tensor parallelism
 
 
 def test_first_divergence_reports_request_position_and_tokens():
