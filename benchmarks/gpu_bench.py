@@ -1082,6 +1082,8 @@ def print_table(bench: Bench) -> None:
         if "itl_median_ms" in r:
             ms = f"{ms} (median ITL {r['itl_median_ms']})"
         extra = f" {r.get('numerics', '')}{'' if r.get('fused_ops', True) else ' unfused'}" if r["section"] == "steps" else ""
+        if r.get("adaptive"):  # the K adaptive verification chose: mean, and request-steps at K = 0..k
+            extra = f" (mean K {r['mean_k']}, K = 0..k: {r['chosen_k']}, acceptance {r['acceptance']})"
         print(f"| {r['section']} | {r['what']}{extra} | "
               f"{r.get('c', '')} | {r.get('attention', '')} | {r.get('cuda_graphs', '')} | {ms if ms is not None else ''} | "
               f"{r.get('output_tok_s', '')} | {r.get('floor_ms', '')} | {r.get('roofline', r.get('mismatches', ''))} |")
