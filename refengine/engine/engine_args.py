@@ -191,14 +191,18 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
 
 
 def _adaptive_verification(args: EngineArgs, config: EngineConfig, runner: ModelRunner) -> AdaptiveVerification | None:
-    """The scheduler's adaptive K, over a verify-cost table measured now with the runner's step, at a
-    context of half max_model_len (at most MAX_COST_CONTEXT tokens)."""
+    """The scheduler's adaptive K, over the given verify-cost table or one measured now with the runner's
+    step, at a context of half max_model_len (at most MAX_COST_CONTEXT tokens)."""
     spec = args.speculative_config
     if spec is None or not spec.enable_adaptive_verification:
+        if args.verify_cost_table is not None:
+            raise ValueError("verify_cost_table is adaptive verification's: set enable_adaptive_verification")
         return None
-    context = max(1, min(config.max_model_len // 2, MAX_COST_CONTEXT))
-    table = measure_verify_costs(runner, cost_batch_sizes(config.max_num_seqs), spec.num_speculative_tokens, context)
-    logger.info("adaptive verification: verify-cost table %s", table)
+    table = args.verify_cost_table
+    if table is None:
+        context = max(1, min(config.max_model_len // 2, MAX_COST_CONTEXT))
+        table = measure_verify_costs(runner, cost_batch_sizes(config.max_num_seqs), spec.num_speculative_tokens, context)
+        logger.info("adaptive verification: verify-cost table %s", table)
     return AdaptiveVerification(table)
 
 

@@ -126,6 +126,7 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         ),
         "long_prefill_token_threshold": chunk if arm.chunked else EngineArgs.long_prefill_token_threshold,
         "speculative_config": spec,
+        "verify_cost_table": oracle_cost_table(workload.num_speculative_tokens) if arm.adaptive else None,
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,
         "record_steps": True,
@@ -205,8 +206,6 @@ def run_arm(
             model.config.vocab_size,
             corrupt_index(arm),
         )
-    if arm.adaptive:  # the engine built the policy (the arm's flag); the oracle gives it its own table
-        core.scheduler.verify_policy.table = oracle_cost_table(workload.num_speculative_tokens)
     drafter = llm.engine.runner.drafter
     # A drafter for a random target (the tiny models) has nothing to learn from: random weights too. The
     # teacher learns from the baseline, whatever the target.
