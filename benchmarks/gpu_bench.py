@@ -16,6 +16,8 @@ would start past the budget is skipped and recorded as such):
               and with every prompt prefilled in one step
   gpu_idle    GPU idle time under async from a profiler trace: all of it, and between consecutive steps
   async_ab    EAGLE drafter (random head) k = 4 with SYNTHETIC acceptance, async on vs off, c = 1, 8 and 32
+  adaptive_k  adaptive verification against spec off and fixed k = 4 (EAGLE, SYNTHETIC acceptance 0.3 and
+              0.7, async, every prompt prefilled in one step) at c = 1, 8 and 64: TPOT and the K it chose
   spec_profile  that EAGLE step at c = 1 and 8 (async, acceptance 0.7, 16 in / 64 out), phase by phase: host
               ms, host waits on the device and device stream ms per step, device busy and idle from a trace
   hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
@@ -69,6 +71,7 @@ BANDWIDTH = 4.21e12  # bytes/s, the issue's copy bandwidth for this H200 type
 PROMPT_LEN = 1024
 OUTPUT_LEN = 256
 MID_CONTEXT = PROMPT_LEN + OUTPUT_LEN // 2  # the average context a decode step reads over a run
+ADAPTIVE_C = (1, 8, 64)  # the adaptive_k section's concurrencies
 BLOCK = 16
 DEV = "cuda"
 # --dry-run: the same code on the CPU with shrunken shapes, to catch mistakes before a GPU run.
@@ -513,6 +516,8 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     drafter_steps = (drafter.num_graph_steps, drafter.num_eager_steps) if spec is not None else (0, 0)
     uniform = runner.dispatcher.uniform
     uniform_steps = 0 if uniform is None else uniform.graphs.stats.num_replays
+    policy = llm.engine.core.scheduler.verify_policy
+    chosen_before = [] if policy is None else list(policy.num_chosen)
     timing = timed_generate(llm, prompts, params, batch_queue)
     stats = llm.engine.core.scheduler.spec_decoding_stats
     llm.engine.core.shutdown()
@@ -543,6 +548,12 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
                    acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
                    tokens_per_step=round(tokens_per_step or 1, 3),
                    wall_ms_per_engine_step=round(timing["wall_s"] * 1e3 / max(timing["steps"], 1), 3))
+    if policy is not None:
+        # Adaptive verification: request-steps of the timed run at each K, and their mean K.
+        chosen = [n - b for n, b in zip(policy.num_chosen, chosen_before, strict=True)]
+        row.update(adaptive=True, chosen_k=chosen, mean_k=round(sum(k * n for k, n in enumerate(chosen)) / max(sum(chosen), 1), 3),
+                   verify_cost_ms={f"b={b}": [round(x * 1e3, 3) for x in sec]
+                                   for b, sec in zip(policy.table.batch_sizes, policy.table.seconds, strict=True)})
     bench.row(**row)
     del llm
     empty_cache()
@@ -579,6 +590,23 @@ def async_ab(bench: Bench) -> None:
                 engine_run(bench, loaded, c,
                            label=f"EAGLE k=4 SYNTHETIC acceptance 0.7, async {'on' if on else 'off'} (run {repeat})",
                            spec=spec, synthetic=0.7, async_scheduling=on, batch_queue=on)
+
+
+def adaptive_k(bench: Bench) -> None:
+    """Adaptive verification never loses (issue 52): spec off, fixed k = 4 and adaptive K at synthetic
+    acceptance 0.3 and 0.7, c = 1, 8, 64, async, every prompt prefilled in one step; the arms of one c
+    alternate their order. Rows carry TPOT, the K chosen per request-step and the measured cost table."""
+    loaded = get_qwen8b()
+    fixed, adaptive = SpeculativeConfig("eagle", 4), SpeculativeConfig("eagle", 4, enable_adaptive_verification=True)
+    for i, c in enumerate(ADAPTIVE_C):
+        arms = [("spec off", None, None)] + [
+            (f"{name}, SYNTHETIC acceptance {rate}", spec, rate) for rate in (0.3, 0.7)
+            for name, spec in (("EAGLE k=4 fixed", fixed), ("EAGLE k=4 adaptive", adaptive))
+        ]
+        for label, spec, rate in arms if i % 2 == 0 else arms[::-1]:
+            engine_run(bench, loaded, c, label=f"qwen3-8b greedy, async, {label}, all prompts prefilled in one step",
+                       spec=spec, synthetic=rate, async_scheduling=True, batch_queue=True,
+                       max_num_batched_tokens=c * PROMPT_LEN)
 
 
 def host_breakdown(bench: Bench) -> None:
@@ -1072,6 +1100,8 @@ def print_table(bench: Bench) -> None:
         if "itl_median_ms" in r:
             ms = f"{ms} (median ITL {r['itl_median_ms']})"
         extra = f" {r.get('numerics', '')}{'' if r.get('fused_ops', True) else ' unfused'}" if r["section"] == "steps" else ""
+        if r.get("adaptive"):  # the K adaptive verification chose: mean, and request-steps at K = 0..k
+            extra = f" (mean K {r['mean_k']}, K = 0..k: {r['chosen_k']}, acceptance {r['acceptance']})"
         print(f"| {r['section']} | {r['what']}{extra} | "
               f"{r.get('c', '')} | {r.get('attention', '')} | {r.get('cuda_graphs', '')} | {ms if ms is not None else ''} | "
               f"{r.get('output_tok_s', '')} | {r.get('floor_ms', '')} | {r.get('roofline', r.get('mismatches', ''))} |")
@@ -1087,8 +1117,8 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: check the script, time nothing real")
     args = parser.parse_args()
     if args.dry_run:
-        global DEV, PROMPT_LEN, OUTPUT_LEN, MID_CONTEXT
-        DEV, PROMPT_LEN, OUTPUT_LEN = "cpu", 40, 8
+        global DEV, PROMPT_LEN, OUTPUT_LEN, MID_CONTEXT, ADAPTIVE_C
+        DEV, PROMPT_LEN, OUTPUT_LEN, ADAPTIVE_C = "cpu", 40, 8, (1, 4)
         MID_CONTEXT = PROMPT_LEN + OUTPUT_LEN // 2
         OVERRIDES.update(DRY_OVERRIDES)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1106,6 +1136,7 @@ def main() -> None:
         ("hf", lambda: hf_peer(bench), 40),
         ("host", lambda: host_breakdown(bench), 20),
         ("async_ab", lambda: async_ab(bench), 50),
+        ("adaptive_k", lambda: adaptive_k(bench), 120),
         ("spec_profile", lambda: spec_profile(bench), 30),
         ("heads_profile", lambda: heads_profile(bench), 120),
         ("oracle_triton", lambda: oracle(bench, "auto"), 60),
