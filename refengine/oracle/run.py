@@ -248,8 +248,9 @@ def run_arm(
 
 
 def oracle_cost_table(k: int) -> VerifyCostTable:
-    """What an adaptive arm chooses K by, instead of the table measured at start-up: measured costs follow
-    the host's load, and an arm must see K vary on every run. Convex in K: where drafts survive the first
+    """What an adaptive arm (and the engine property test's adaptive draw) chooses K by, given as
+    EngineArgs.verify_cost_table instead of the table measured at start-up: measured costs follow the
+    host's load, and an arm must see K vary on every run. Convex in K: where drafts survive the first
     two pay and the rest do not, so K < k even for a teacher; where none survives, K falls to 0."""
     return VerifyCostTable.monotone([1], [[1 + 0.1 * j + 0.3 * max(0, j - 1) ** 2 for j in range(k + 1)]])
 

@@ -3,12 +3,14 @@ the real engine: LLM.generate for sync and async at depth 1, AsyncLLM (what the 
 and the stats /metrics reads) for async at depth 2. Drawn: block size, max_model_len (exact multiples of the block size included), pools small
 enough to preempt, the drafter and k, chunked prefill, prefix caching; per request temperature, top-k,
 top-p, seed (0 included), logprobs, bad words, stop strings, min_tokens and max_tokens up to the limit,
-over prompts that share prefixes or repeat; adaptive verification on or off.
+over prompts that share prefixes or repeat; adaptive verification on or off (on the oracle's fixed cost
+table, so that the K it chooses is a function of the draw, not of the machine's load).
 
 Properties: a valid configuration never raises; spec on emits spec off's tokens (greedy and seeded);
 usage, the prefix cache's counters and the stats that /metrics reads equal what was emitted and cached,
 across preemptions; an invalid combination is refused up front, naming why. Across the examples the
-variants must happen: preemptions, chunked prefills, drafts, cache hits, a request at max_model_len."""
+variants must happen: preemptions, chunked prefills, drafts, a step verifying fewer than k drafts, cache hits,
+a request at max_model_len."""
 
 import asyncio
 import dataclasses
@@ -22,6 +24,7 @@ from refengine.engine.async_llm import AsyncLLM
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import GenerationRequest
 from refengine.model.loader import load_model
+from refengine.oracle.run import oracle_cost_table
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from tests.property_budget import property_tests
@@ -60,7 +63,7 @@ class Config:
             model=model, block_size=self.block_size, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs,
             enable_prefix_caching=self.enable_prefix_caching, speculative_config=spec,
-            async_scheduling=self.front != "sync",
+            async_scheduling=self.front != "sync", verify_cost_table=oracle_cost_table(self.k) if self.adaptive else None,
         )  # fmt: skip
         return dataclasses.replace(args, **changes)
 
