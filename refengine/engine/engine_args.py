@@ -73,8 +73,11 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     kernels = Kernels(args.attention_backend, args.fused_ops, args.skinny_gemm)
     resolution = resolve_async_scheduling(args.async_scheduling, args.speculative_config)
     spec = args.speculative_config
-    if spec is not None and spec.enable_adaptive_verification and args.tensor_parallel_size > 1:
+    adaptive = spec is not None and spec.enable_adaptive_verification
+    if adaptive and args.tensor_parallel_size > 1:
         raise ValueError("enable_adaptive_verification needs tensor_parallel_size 1: the cost table is measured on one rank")
+    if args.verify_cost_table is not None and not adaptive:
+        raise ValueError("verify_cost_table is adaptive verification's: set enable_adaptive_verification")
     logger.info("async scheduling %s", resolution.reason)
     loaded = (
         args.model
@@ -195,8 +198,6 @@ def _adaptive_verification(args: EngineArgs, config: EngineConfig, runner: Model
     step, at a context of half max_model_len (at most MAX_COST_CONTEXT tokens)."""
     spec = args.speculative_config
     if spec is None or not spec.enable_adaptive_verification:
-        if args.verify_cost_table is not None:
-            raise ValueError("verify_cost_table is adaptive verification's: set enable_adaptive_verification")
         return None
     table = args.verify_cost_table
     if table is None:

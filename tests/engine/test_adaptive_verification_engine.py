@@ -7,8 +7,6 @@ oracle's part (tests/oracle, the adaptive arms).
 Invariant numbers refer to docs/invariants.md.
 """
 
-import dataclasses
-
 import pytest
 
 from refengine.engine.llm import LLM
@@ -68,11 +66,15 @@ def test_the_cost_table_is_measured_at_start_up(tiny_qwen3):
     assert all(a <= b for row in measured.seconds for a, b in zip(row, row[1:], strict=False))
 
 
-def test_off_by_default_and_refused_under_tensor_parallelism(tiny_qwen3):
+def test_off_by_default_and_refused_where_it_cannot_hold(tiny_qwen3):
+    """Refused: under tensor parallelism, a table without the flag, a table for another k."""
     llm = LLM(tiny_qwen3, speculative_config=SpeculativeConfig("eagle", K), max_model_len=32, max_num_seqs=2)
     assert llm.engine.core.scheduler.verify_policy is None
-    spec = dataclasses.replace(SpeculativeConfig("eagle", K), enable_adaptive_verification=True)
     with pytest.raises(ValueError, match="tensor_parallel_size 1"):
-        LLM("tiny-qwen3", speculative_config=spec, tensor_parallel_size=2, max_model_len=32)
+        # A given table: without the refusal the engine would start (M469), not hang measuring one on rank 0.
+        LLM("tiny-qwen3", speculative_config=ADAPTIVE, verify_cost_table=TABLE, tensor_parallel_size=2, max_model_len=32)
     with pytest.raises(ValueError, match="set enable_adaptive_verification"):
         LLM(tiny_qwen3, speculative_config=SpeculativeConfig("eagle", K), verify_cost_table=TABLE, max_model_len=32)
+    with pytest.raises(ValueError, match=f"a verify-cost table for k=1 in an engine of k={K}"):
+        LLM(tiny_qwen3, speculative_config=ADAPTIVE, verify_cost_table=VerifyCostTable.monotone([1], [[1.0, 1.2]]),
+            max_model_len=32)  # fmt: skip
