@@ -94,7 +94,8 @@ def test_matches_reference_and_stores(numerics, split_keys, monkeypatch):
     if split_keys == 64:  # FAST: ask for many programs, so its plan splits the keys too
         monkeypatch.setattr(kernels, "_PROGRAMS_PER_SM", 1024)
     q, k, v, cache, meta = make_case(*MIXED)
-    plan = kernels.split_plan(q.shape[0], k.shape[1], meta.block_tables.shape[1] * 4, numerics, kernels._num_sms(q.device))
+    blocks = kernels.num_row_blocks(q.shape[0], len(MIXED[0]), kernels.rows_per_program(q.shape[1] // k.shape[1]))
+    plan = kernels.split_plan(blocks, k.shape[1], meta.block_tables.shape[1] * 4, numerics, kernels._num_sms(q.device))
     assert plan[1] > 1 or split_keys == 256
     ours = clone_cache(cache)
     out = kernels.triton_paged_attention(q, k, v, ours, meta, q.shape[-1] ** -0.5, numerics)
