@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: help install reports-index test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report loaded-test-report tp-cost-report tp-layer-report tp-report-gpu batch-invariance-report
+.PHONY: help install reports-index test test-slow test-gpu demo demo-report heads-report-gpu heads-profile-gpu gpu-report adaptive-report-gpu lint oracle oracle-gpu oracle-tp bench bench-client soak mutations mutmut clean acceptance-report prefix-cache-report prefix-cache-report-gpu structured-report overlap-report loaded-test-report tp-cost-report tp-layer-report tp-report-gpu batch-invariance-report
 
 .DEFAULT_GOAL := help
 
@@ -105,6 +105,14 @@ reports-index:
 ## cpu-report | make demo's ladders, rewriting reports/demo.md and its plots | 46 min on a quiet 2-core machine, its Pareto sweep included
 demo-report: install
 	DEMO_REPORT=reports/demo.md DEMO_PLOTS=reports/demo DEMO_TARGET=demo-report bash scripts/demo.sh
+
+# On a GPU host: adaptive verification (issue 52) against spec off and fixed k = 4 on random qwen3-8b bf16, EAGLE with
+# SYNTHETIC acceptance 0.3 and 0.7, async, every prompt prefilled in one step, at c = 1, 8 and 64: TPOT, the K chosen
+# per request-step and the measured verify-cost table, into reports/adaptive-k/gpu_bench.json.
+## gpu-report | adaptive K against spec off and fixed k = 4 (qwen3-8b, synthetic acceptance 0.3 and 0.7, c = 1, 8, 64), into reports/adaptive-k/ | not yet measured
+adaptive-report-gpu: install
+	PYTHONPATH=. $(PY) benchmarks/gpu_bench.py --out reports/adaptive-k --budget-s 560 --commit $$(git rev-parse --short HEAD) \
+		--only adaptive_k
 
 # On a GPU host with the embedded SmolLM2 and the shipped heads: spec off and each head (k = 4, async, CUDA graphs)
 # through LLM.generate at c = 1 and 8, the device's busy time and kernels per step from a profiler trace, into

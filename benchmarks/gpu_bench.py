@@ -6,15 +6,18 @@ Sections, each timed and guarded (a failure is recorded and the next section run
 would start past the budget is skipped and recorded as such):
 
   bandwidth   device-to-device copy, bytes read + written per second
-  steps       qwen3-8b bf16 model steps (forward + logits, no engine): decode at c = 1, 8, 32 and verify
-              (k + 1 = 5 rows per sequence) at c = 1, 8, each with reference attention (eager), Triton
-              attention (eager) and Triton attention in CUDA graphs; the batch-invariant mode in graphs
+  steps       qwen3-8b bf16 model steps (forward + logits, no engine): decode and verify (k + 1 = 5 rows per
+              sequence) at c = 1, 8, 32, each with reference attention (eager), Triton attention (eager) and
+              Triton attention in CUDA graphs; the batch-invariant mode in graphs; the K/V bytes the attention
+              kernel reads per step, a program per token against a program per window (invariant 52)
   profile     kernel time of one c = 1 decode step by kind (matrix products, attention, the rest)
   engine      qwen3-8b TPOT and output tok/s through the engine (1024-token prompts, 256 new tokens,
               greedy, ignore_eos) at c = 1, 8, 32, async and sync alternating, with a 2048-token budget
               and with every prompt prefilled in one step
   gpu_idle    GPU idle time under async from a profiler trace: all of it, and between consecutive steps
   async_ab    EAGLE drafter (random head) k = 4 with SYNTHETIC acceptance, async on vs off, c = 1, 8 and 32
+  adaptive_k  adaptive verification against spec off and fixed k = 4 (EAGLE, SYNTHETIC acceptance 0.3 and
+              0.7, async, every prompt prefilled in one step) at c = 1, 8 and 64: TPOT and the K it chose
   spec_profile  that EAGLE step at c = 1 and 8 (async, acceptance 0.7, 16 in / 64 out), phase by phase: host
               ms, host waits on the device and device stream ms per step, device busy and idle from a trace
   hf          HF transformers generate on the same weights (bf16, sdpa, dynamic cache)
@@ -48,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refengine.engine.llm import LLM  # noqa: E402
-from refengine.model import attention  # noqa: E402
+from refengine.model import attention, triton_attention  # noqa: E402
 from refengine.model.attention_metadata_builder import build_attention_metadata  # noqa: E402
 from refengine.model.config import Kernels, Numerics  # noqa: E402
 from refengine.model.graphs import GraphPool, graph_token_sizes, padded_batch_size  # noqa: E402
@@ -68,6 +71,7 @@ BANDWIDTH = 4.21e12  # bytes/s, the issue's copy bandwidth for this H200 type
 PROMPT_LEN = 1024
 OUTPUT_LEN = 256
 MID_CONTEXT = PROMPT_LEN + OUTPUT_LEN // 2  # the average context a decode step reads over a run
+ADAPTIVE_C = (1, 8, 64)  # the adaptive_k section's concurrencies
 BLOCK = 16
 DEV = "cuda"
 # --dry-run: the same code on the CPU with shrunken shapes, to catch mistakes before a GPU run.
@@ -137,6 +141,22 @@ def floor_ms(loaded, num_seqs: int, context: int, dtype=torch.bfloat16) -> float
     weight = weight_bytes_per_step(loaded.config, dtype)
     kv = num_seqs * context * kv_bytes_per_token(loaded.config, dtype)
     return (weight + kv) / BANDWIDTH * 1e3
+
+
+def attention_kv_bytes(config, num_seqs: int, q: int, context: int, dtype=torch.bfloat16) -> dict:
+    """K/V bytes the Triton split kernel reads in one step of num_seqs sequences of q rows ending at `context`,
+    over all layers: a program per token (the kernel before invariant 52) against a program per window of
+    rows; `windows_mean`: the windowed figure averaged over contexts context .. context + rows - 1 (every place
+the q rows can fall in a window, as a run's steps do)."""
+    rows = triton_attention.rows_per_program(config.num_attention_heads // config.num_key_value_heads)
+
+    def read(rows_per_program: int, ctx: int = context) -> int:
+        per_layer = triton_attention.kv_bytes_read([q] * num_seqs, [ctx] * num_seqs, config.num_key_value_heads,
+                                                   config.head_dim, dtype.itemsize, rows_per_program)
+        return config.num_hidden_layers * per_layer
+
+    mean = sum(read(rows, context + shift) for shift in range(rows)) / rows
+    return {"per_token": read(1), "windows": read(rows), "windows_mean": round(mean), "rows_per_program": rows}
 
 
 def set_numerics(model: torch.nn.Module, numerics: Numerics) -> None:
@@ -306,7 +326,7 @@ def model_steps(bench: Bench) -> None:
     blocks_per_seq = -(-(PROMPT_LEN + OUTPUT_LEN + 8) // BLOCK)
     cache = random_cache(loaded, 32 * blocks_per_seq + 4)
     vocab = loaded.config.vocab_size
-    for q, batches in ((1, (1, 8, 32)), (5, (1, 8))):
+    for q, batches in ((1, (1, 8, 32)), (5, (1, 8, 32))):
         kind = "decode" if q == 1 else "verify k=4"
         graphs = {}
         setups = [("fast", Numerics.FAST, True), ("batch_invariant", Numerics.BATCH_INVARIANT, True)]
@@ -372,7 +392,8 @@ def model_steps(bench: Bench) -> None:
                           cuda_graphs=mode == "graph",
                           graph_replays=(g.graphs.stats.num_replays if g else 0) - replays, ms=round(med, 3), ms_min=round(best, 3),
                           gpu_ms=None if gpu_ms is None else round(gpu_ms, 3),
-                          floor_ms=round(floor, 3), roofline=round(floor / med, 3))
+                          floor_ms=round(floor, 3), roofline=round(floor / med, 3),
+                          attention_kv_bytes=attention_kv_bytes(loaded.config, c, q, MID_CONTEXT))
         del graphs
         gc.collect()
     set_numerics(model, Numerics.FAST)
@@ -497,6 +518,8 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
     drafter_steps = (drafter.num_graph_steps, drafter.num_eager_steps) if spec is not None else (0, 0)
     uniform = runner.dispatcher.uniform
     uniform_steps = 0 if uniform is None else uniform.graphs.stats.num_replays
+    policy = llm.engine.core.scheduler.verify_policy
+    chosen_before = [] if policy is None else list(policy.num_chosen)
     timing = timed_generate(llm, prompts, params, batch_queue)
     stats = llm.engine.core.scheduler.spec_decoding_stats
     llm.engine.core.shutdown()
@@ -527,6 +550,12 @@ def engine_run(bench: Bench, loaded, c: int, *, label: str, output_len: int = OU
                    acceptance=round(stats.num_accepted_tokens / max(stats.num_draft_tokens, 1), 3),
                    tokens_per_step=round(tokens_per_step or 1, 3),
                    wall_ms_per_engine_step=round(timing["wall_s"] * 1e3 / max(timing["steps"], 1), 3))
+    if policy is not None:
+        # Adaptive verification: request-steps of the timed run at each K, and their mean K.
+        chosen = [n - b for n, b in zip(policy.num_chosen, chosen_before, strict=True)]
+        row.update(adaptive=True, chosen_k=chosen, mean_k=round(sum(k * n for k, n in enumerate(chosen)) / max(sum(chosen), 1), 3),
+                   verify_cost_ms={f"b={b}": [round(x * 1e3, 3) for x in sec]
+                                   for b, sec in zip(policy.table.batch_sizes, policy.table.seconds, strict=True)})
     bench.row(**row)
     del llm
     empty_cache()
@@ -563,6 +592,23 @@ def async_ab(bench: Bench) -> None:
                 engine_run(bench, loaded, c,
                            label=f"EAGLE k=4 SYNTHETIC acceptance 0.7, async {'on' if on else 'off'} (run {repeat})",
                            spec=spec, synthetic=0.7, async_scheduling=on, batch_queue=on)
+
+
+def adaptive_k(bench: Bench) -> None:
+    """Adaptive verification never loses (issue 52): spec off, fixed k = 4 and adaptive K at synthetic
+    acceptance 0.3 and 0.7, c = 1, 8, 64, async, every prompt prefilled in one step; the arms of one c
+    alternate their order. Rows carry TPOT, the K chosen per request-step and the measured cost table."""
+    loaded = get_qwen8b()
+    fixed, adaptive = SpeculativeConfig("eagle", 4), SpeculativeConfig("eagle", 4, enable_adaptive_verification=True)
+    for i, c in enumerate(ADAPTIVE_C):
+        arms = [("spec off", None, None)] + [
+            (f"{name}, SYNTHETIC acceptance {rate}", spec, rate) for rate in (0.3, 0.7)
+            for name, spec in (("EAGLE k=4 fixed", fixed), ("EAGLE k=4 adaptive", adaptive))
+        ]
+        for label, spec, rate in arms if i % 2 == 0 else arms[::-1]:
+            engine_run(bench, loaded, c, label=f"qwen3-8b greedy, async, {label}, all prompts prefilled in one step",
+                       spec=spec, synthetic=rate, async_scheduling=True, batch_queue=True,
+                       max_num_batched_tokens=c * PROMPT_LEN)
 
 
 def host_breakdown(bench: Bench) -> None:
@@ -1057,6 +1103,8 @@ def print_table(bench: Bench) -> None:
         if "itl_median_ms" in r:
             ms = f"{ms} (median ITL {r['itl_median_ms']})"
         extra = f" {r.get('numerics', '')}{'' if r.get('fused_ops', True) else ' unfused'}" if r["section"] == "steps" else ""
+        if r.get("adaptive"):  # the K adaptive verification chose: mean, and request-steps at K = 0..k
+            extra = f" (mean K {r['mean_k']}, K = 0..k: {r['chosen_k']}, acceptance {r['acceptance']})"
         print(f"| {r['section']} | {r['what']}{extra} | "
               f"{r.get('c', '')} | {r.get('attention', '')} | {r.get('cuda_graphs', '')} | {ms if ms is not None else ''} | "
               f"{r.get('output_tok_s', '')} | {r.get('floor_ms', '')} | {r.get('roofline', r.get('mismatches', ''))} |")
@@ -1072,8 +1120,8 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: check the script, time nothing real")
     args = parser.parse_args()
     if args.dry_run:
-        global DEV, PROMPT_LEN, OUTPUT_LEN, MID_CONTEXT
-        DEV, PROMPT_LEN, OUTPUT_LEN = "cpu", 40, 8
+        global DEV, PROMPT_LEN, OUTPUT_LEN, MID_CONTEXT, ADAPTIVE_C
+        DEV, PROMPT_LEN, OUTPUT_LEN, ADAPTIVE_C = "cpu", 40, 8, (1, 4)
         MID_CONTEXT = PROMPT_LEN + OUTPUT_LEN // 2
         OVERRIDES.update(DRY_OVERRIDES)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1091,6 +1139,7 @@ def main() -> None:
         ("hf", lambda: hf_peer(bench), 40),
         ("host", lambda: host_breakdown(bench), 20),
         ("async_ab", lambda: async_ab(bench), 50),
+        ("adaptive_k", lambda: adaptive_k(bench), 120),
         ("spec_profile", lambda: spec_profile(bench), 30),
         ("heads_profile", lambda: heads_profile(bench), 120),
         ("oracle_triton", lambda: oracle(bench, "auto"), 60),

@@ -13,6 +13,7 @@ from refengine.core.scheduler import Scheduler, SchedulerInvariantError
 from refengine.core.stop import StopChecker
 from refengine.request import Request
 from refengine.sample.bad_words import banned_next_tokens
+from refengine.spec_decode.adaptive_verification import AdaptiveVerification
 
 if TYPE_CHECKING:
     from refengine.structured_output.manager import StructuredOutputManager
@@ -41,8 +42,12 @@ class AsyncScheduler(Scheduler):
         stop_checker: StopChecker | None = None,
         draft_validator: DraftValidator | None = None,
         structured_output_manager: "StructuredOutputManager | None" = None,
+        verify_policy: AdaptiveVerification | None = None,
     ) -> None:
-        super().__init__(config, stop_checker=stop_checker, structured_output_manager=structured_output_manager)
+        super().__init__(
+            config, stop_checker=stop_checker, structured_output_manager=structured_output_manager,
+            verify_policy=verify_policy,
+        )
         self.draft_validator = draft_validator
 
     def async_scheduling(self) -> bool:

@@ -22,6 +22,7 @@ from refengine.core.outputs import (
 )
 from refengine.core.stop import StopChecker, check_stop
 from refengine.request import Request, RequestStatus
+from refengine.spec_decode.adaptive_verification import AdaptiveVerification, survival
 from refengine.spec_decode.metrics import SpecDecodingStats
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Scheduler:
         *,
         stop_checker: StopChecker | None = None,
         structured_output_manager: "StructuredOutputManager | None" = None,
+        verify_policy: AdaptiveVerification | None = None,
     ) -> None:
         config.validate()
         if config.async_scheduling != self.async_scheduling():
@@ -66,6 +68,10 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # finished since the last schedule()
         self.num_preemptions = 0
         self.spec_decoding_stats = SpecDecodingStats()  # since start
+        # Adaptive verification: how many of its drafts each request verifies per step (None: all of them).
+        if verify_policy is not None and verify_policy.k != self.num_spec_tokens:
+            raise ValueError(f"a verify-cost table for k={verify_policy.k} in an engine of k={self.num_spec_tokens}")
+        self.verify_policy = verify_policy
 
     def async_scheduling(self) -> bool:
         return False
@@ -122,6 +128,8 @@ class Scheduler:
         # so that the first number catches up with the second; a prompt longer than the budget is just
         # a request that catches up over several steps (chunked prefill), and a decode is 1 + drafts.
         # Running requests go first, oldest first; new ones are admitted only if nobody was preempted.
+        if self.verify_policy is not None:
+            self._choose_num_drafts(self.verify_policy)
         budget = self.config.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         spec_tokens: dict[str, list[int]] = {}
@@ -233,6 +241,27 @@ class Scheduler:
         self.finished_req_ids.clear()
         self._update_after_schedule(output)
         return output
+
+    def _choose_num_drafts(self, policy: AdaptiveVerification) -> None:
+        """Adaptive verification: cut each running request's drafts (under async, its -1 placeholders) to
+        the K the policy chooses from their survival by position and the step's verify cost."""
+        holding = [r for r in self.running if r.spec_token_ids]
+        if not holding:
+            return
+        k = self.num_spec_tokens
+        survivals = {
+            r.request_id: survival(r.spec_decoding_stats, self.spec_decoding_stats, k)[: len(r.spec_token_ids)]
+            for r in holding
+        }
+        chosen = policy.choose(len(self.running), survivals)
+        for request in holding:
+            num = chosen[request.request_id]
+            # Invariant 60: a request verifies 0..k drafts, never more than it holds
+            # (test_adaptive_k_is_honoured_and_never_exceeds_k).
+            if not 0 <= num <= min(k, len(request.spec_token_ids)):
+                raise SchedulerInvariantError(f"{request}: {num} drafts chosen of {request.spec_token_ids}, k={k}")
+            del request.spec_token_ids[num:]
+            policy.num_chosen[num] += 1
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         # Invariant 2: catch up with tokens + drafts + placeholders, within the budget, and never compute
@@ -457,6 +486,8 @@ class Scheduler:
             self.waiting.remove(request)
         request.status = status
         self.kv_cache_manager.free(request)
+        if self.verify_policy is not None:
+            self.verify_policy.forget(request.request_id)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
 

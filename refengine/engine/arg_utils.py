@@ -13,6 +13,7 @@ from refengine.config import EngineConfig
 
 if TYPE_CHECKING:
     from refengine.model.loader import LoadedModel
+    from refengine.spec_decode.adaptive_verification import VerifyCostTable
     from refengine.spec_decode.config import SpeculativeConfig
 
 # The testing hook's environment variable; only the command line reads it (click's envvar).
@@ -52,6 +53,9 @@ class EngineArgs:
     # SYNTHETIC acceptance for speed studies only: drafts accepted at this fixed rate whatever the
     # target says, so the output is NOT the model's. None: real verification.
     synthetic_acceptance_rate: float | None = None
+    # Adaptive verification chooses K by this table instead of one measured at start-up: a fixed table
+    # makes its choices the same on every run (the oracle's arms, the tests). None: measured.
+    verify_cost_table: VerifyCostTable | None = None
     # Tensor parallelism (vLLM's name): one process per rank, the model sharded by heads and vocabulary.
     tensor_parallel_size: int = 1
     # With batch_invariant numerics: row-parallel products sum in a fixed tree whatever the TP size, so

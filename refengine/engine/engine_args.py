@@ -24,7 +24,8 @@ from refengine.model.graphs import GraphPool, default_batch_sizes, graph_token_s
 from refengine.model.kv_cache import KVCache
 from refengine.model.layers import set_kernels
 from refengine.model.loader import LoadedModel, load_model
-from refengine.spec_decode.config import AsyncResolution, resolve_async_scheduling
+from refengine.spec_decode.adaptive_verification import AdaptiveVerification
+from refengine.spec_decode.config import AsyncResolution, SpeculativeConfig, resolve_async_scheduling
 from refengine.spec_decode.draft_graphs import DraftGraphs
 from refengine.spec_decode.proposer import Proposer
 from refengine.spec_decode.registry import KVLayout, build_proposer
@@ -39,10 +40,13 @@ from refengine.worker.step_plan import Dispatcher
 from refengine.worker.step_recorder import StepRecorder
 from refengine.worker.synthetic_acceptance import SyntheticAcceptance
 from refengine.worker.target_graphs import TargetGraphs
+from refengine.worker.verify_cost import cost_batch_sizes, measure_verify_costs
 
 logger = logging.getLogger("refengine")
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+# The context the verify-cost table is measured at, at most (half max_model_len below it).
+MAX_COST_CONTEXT = 1024
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,12 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     kernels = Kernels(args.attention_backend, args.fused_ops, args.skinny_gemm)
     resolution = resolve_async_scheduling(args.async_scheduling, args.speculative_config)
+    spec = args.speculative_config
+    adaptive = spec is not None and spec.enable_adaptive_verification
+    if adaptive and args.tensor_parallel_size > 1:
+        raise ValueError("enable_adaptive_verification needs tensor_parallel_size 1: the cost table is measured on one rank")
+    if args.verify_cost_table is not None and not adaptive:
+        raise ValueError("verify_cost_table is adaptive verification's: set enable_adaptive_verification")
     logger.info("async scheduling %s", resolution.reason)
     loaded = (
         args.model
@@ -131,12 +141,6 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     stop_checker = StopStringChecker(loaded.tokenizer)
     # Cheap to make: the backend is imported, and its tokenizer built, when a request first needs them.
     structured = StructuredOutputManager(loaded.tokenizer, model_config.vocab_size)
-    if resolution.enabled:
-        scheduler = AsyncScheduler(
-            config, stop_checker=stop_checker, draft_validator=valid_draft_prefix, structured_output_manager=structured
-        )
-    else:
-        scheduler = Scheduler(config, stop_checker=stop_checker, structured_output_manager=structured)
     executor, tp_group = _tensor_parallel(args, loaded, tp_rank, device)
     model = loaded.model if tp_group is None else shard_model(loaded.model, tp_group)
     if tp_group is not None and device.type == "cuda":
@@ -169,6 +173,14 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
         tp_group=tp_group,
         num_lookahead_slots=config.num_lookahead_tokens,
     )
+    verify_policy = _adaptive_verification(args, config, runner)
+    if resolution.enabled:
+        scheduler = AsyncScheduler(
+            config, stop_checker=stop_checker, draft_validator=valid_draft_prefix, structured_output_manager=structured,
+            verify_policy=verify_policy,
+        )  # fmt: skip
+    else:
+        scheduler = Scheduler(config, stop_checker=stop_checker, structured_output_manager=structured, verify_policy=verify_policy)
     # The testing and study hooks wrap the runner; the production path carries none of them.
     driven: Runner = runner
     recorder = None
@@ -179,6 +191,20 @@ def build_engine(args: EngineArgs, *, tp_rank: int = 0) -> Engine:
     if args.fault_after_steps is not None:
         driven = FaultInjectingRunner(driven, args.fault_after_steps)
     return Engine(EngineCore(scheduler, driven, executor), loaded, config, resolution, stop_checker, runner, recorder, structured)
+
+
+def _adaptive_verification(args: EngineArgs, config: EngineConfig, runner: ModelRunner) -> AdaptiveVerification | None:
+    """The scheduler's adaptive K, over the given verify-cost table or one measured now with the runner's
+    step, at a context of half max_model_len (at most MAX_COST_CONTEXT tokens)."""
+    spec = args.speculative_config
+    if spec is None or not spec.enable_adaptive_verification:
+        return None
+    table = args.verify_cost_table
+    if table is None:
+        context = max(1, min(config.max_model_len // 2, MAX_COST_CONTEXT))
+        table = measure_verify_costs(runner, cost_batch_sizes(config.max_num_seqs), spec.num_speculative_tokens, context)
+        logger.info("adaptive verification: verify-cost table %s", table)
+    return AdaptiveVerification(table)
 
 
 def _tensor_parallel(
@@ -224,6 +250,15 @@ def _max_blocks_per_req(config: EngineConfig) -> int:
     return -(-(config.max_model_len + config.num_lookahead_tokens) // config.block_size)
 
 
+def _query_lens(spec: SpeculativeConfig | None) -> tuple[int, ...]:
+    """Tokens per request of the target's uniform steps: 1 and k + 1, and every 1 + K in between when
+    adaptive verification may verify fewer drafts (the dispatcher picks among them, step_plan.py)."""
+    if spec is None:
+        return (1,)
+    k = spec.num_speculative_tokens
+    return tuple(range(1, k + 2)) if spec.enable_adaptive_verification else (1, k + 1)
+
+
 def _captured_graphs(
     args: EngineArgs, model: nn.Module, kv_cache: KVCache, config: EngineConfig, drafter: Proposer | None,
     input_batch: InputBatch, accept, tp_group: TPGroup | None, device: torch.device,
@@ -245,7 +280,7 @@ def _captured_graphs(
     batch_sizes = default_batch_sizes(config.max_num_seqs) if args.cuda_graph_sizes is None else sorted(set(args.cuda_graph_sizes))
     width = _max_blocks_per_req(config)
     target = TargetGraphs(
-        model, kv_cache, graph_token_sizes(batch_sizes, (1, k + 1) if k else (1,), config.max_num_batched_tokens),
+        model, kv_cache, graph_token_sizes(batch_sizes, _query_lens(spec), config.max_num_batched_tokens),
         batch_sizes, max_num_seqs=config.max_num_seqs, max_logits=config.max_num_seqs * (k + 1),
         max_blocks_per_seq=width, capture_layers=capture_layers,
     )  # fmt: skip

@@ -4,6 +4,8 @@ Three launches per call (store, split, combine), none of which reads a value bac
 CUDA graph can capture them. A slot of -1 writes nothing and a token with no keys gets zeros (padded rows).
 Under Numerics.BATCH_INVARIANT the key splits sit at fixed positions and combine in a fixed order, so a
 token's result depends only on its own query and keys; Numerics.FAST sizes the splits from the batch.
+A split program holds a sequence's rows within one aligned window of positions, so a verify step's rows read
+their keys once, each in the tile slot of its position in every launch (invariant 52).
 Under TRITON_INTERPRET=1 (read at import) the kernels run on CPU tensors, which is how CI tests them.
 Design: docs/design/architecture.md (kernels).
 """
@@ -30,8 +32,12 @@ except ImportError:  # the `gpu` extra; the reference path needs none of this
 # Keys per inner iteration of the split kernel, and the split size of Numerics.BATCH_INVARIANT.
 BLOCK_N = 64
 INVARIANT_SPLIT_KEYS = 256
-# FAST: aim for this many (token, KV head, split) programs per multiprocessor before splitting stops.
+# FAST: aim for this many (row block, KV head, split) programs per multiprocessor before splitting stops.
 _PROGRAMS_PER_SM = 4
+# A split program holds up to VERIFY_ROWS query rows of a sequence (a verify step's k + 1 rows with k <= 7)
+# beside its GQA group, in at most MAX_BLOCK_M slots (the registers of its softmax state).
+VERIFY_ROWS = 8
+MAX_BLOCK_M = 64
 
 
 def triton_available() -> bool:
@@ -101,8 +107,9 @@ if triton is not None:
         stride_oh,
         head_dim,
         GROUP: tl.constexpr,
+        ROWS: tl.constexpr,
         PAGE: tl.constexpr,
-        BLOCK_G: tl.constexpr,
+        BLOCK_M: tl.constexpr,
         BLOCK_D: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_B: tl.constexpr,
@@ -110,45 +117,63 @@ if triton is not None:
         DIRECT: tl.constexpr,
         IEEE: tl.constexpr,
     ):
-        row = tl.program_id(0)
+        """One program per (row window, KV head, key split): the query rows of one sequence whose positions
+        fall in one aligned window of ROWS positions, each with its GROUP query heads, share every K/V tile
+        (invariant 52, docs/invariants.md). Slot m of the tile is position (window * ROWS + m // GROUP), head m % GROUP: a
+        token sits in the same slot whether it is decoded alone, verified with drafts or prefilled, so
+        its arithmetic never depends on the rows beside it. Each slot keeps its own causal limit and
+        softmax state; a tile past a slot's limit leaves that slot's state untouched."""
+        block = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         num_kv_heads = tl.num_programs(1)
 
-        # The token's sequence: how many sequences end at or before this row.
+        # The program's sequence and window: sequence s owns the windows its rows' positions touch, in order.
         offs_b = tl.arange(0, BLOCK_B)
-        ends = tl.load(query_start_loc_ptr + 1 + offs_b, mask=offs_b < num_seqs, other=2**62)
-        seq = tl.sum((ends <= row).to(tl.int32), axis=0)
-        in_batch = seq < num_seqs
+        b_mask = offs_b < num_seqs
+        starts = tl.load(query_start_loc_ptr + offs_b, mask=b_mask, other=0).to(tl.int32)
+        ends = tl.load(query_start_loc_ptr + 1 + offs_b, mask=b_mask, other=0).to(tl.int32)
+        lens = tl.load(seq_lens_ptr + offs_b, mask=b_mask, other=0).to(tl.int32)
+        first_pos = tl.maximum(lens - (ends - starts), 0)  # the first row's position (0 for padding)
+        first_window = first_pos // ROWS
+        last_window = (first_pos + ends - starts - 1) // ROWS
+        windows = tl.where(b_mask & (ends > starts), last_window - first_window + 1, 0)
+        windows_end = tl.cumsum(windows, axis=0)
+        seq = tl.sum((windows_end <= block).to(tl.int32), axis=0)
+        # Past the last window no sequence matches: everything picked is 0 and no slot is a row.
+        pick = offs_b == seq
+        window = tl.sum(tl.where(pick, first_window - (windows_end - windows), 0), axis=0) + block
+        q_start = tl.sum(tl.where(pick, starts, 0), axis=0)
+        q_end = tl.sum(tl.where(pick, ends, 0), axis=0)
+        seq_len = tl.sum(tl.where(pick, lens, 0), axis=0)
+        rows = q_start - tl.sum(tl.where(pick, first_pos, 0), axis=0) + window * ROWS
         seq = tl.minimum(seq, num_seqs - 1)
-        seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-        if CAUSAL:
-            q_end = tl.load(query_start_loc_ptr + 1 + seq).to(tl.int32)
-            num_keys = seq_len - (q_end - 1 - row)
-        else:
-            num_keys = seq_len
-        num_keys = tl.where(in_batch, tl.maximum(num_keys, 0), 0)
 
-        start = split * split_keys
-        end = tl.minimum(start + split_keys, num_keys)
-        offs_g = tl.arange(0, BLOCK_G)
+        offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         offs_n = tl.arange(0, BLOCK_N)
-        g_mask = offs_g < GROUP
+        rows = rows + offs_m // GROUP
+        heads = kv_head * GROUP + offs_m % GROUP
+        m_mask = (offs_m < ROWS * GROUP) & (rows >= q_start) & (rows < q_end)
         d_mask = offs_d < head_dim
-        heads = kv_head * GROUP + offs_g
+        if CAUSAL:
+            num_keys = seq_len - (q_end - 1 - rows)
+        else:
+            num_keys = tl.zeros([BLOCK_M], tl.int32) + seq_len
+        num_keys = tl.where(m_mask, tl.maximum(num_keys, 0), 0)
+
+        start = split * split_keys
+        row_end = tl.minimum(start + split_keys, num_keys)
+        end = tl.max(row_end, axis=0)
+        md_mask = m_mask[:, None] & d_mask[None, :]
         if start < end:
-            q = tl.load(
-                q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :],
-                other=0.0,
-            )
-            m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_G], tl.float32)
-            acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+            q = tl.load(q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=md_mask, other=0.0)
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
             for key_start in range(start, end, BLOCK_N):
                 positions = key_start + offs_n
-                valid = positions < end
+                valid = positions < end  # the longest row's keys: the tile is read once for every row
                 page = tl.load(block_tables_ptr + seq * stride_bt + positions // PAGE, mask=valid, other=0)
                 slot_off = page.to(tl.int64) * stride_cb + (positions % PAGE) * stride_cs + kv_head * stride_ch
                 kv_mask = valid[:, None] & d_mask[None, :]
@@ -157,40 +182,43 @@ if triton is not None:
                     scores = tl.dot(q, tl.trans(k), input_precision="ieee")
                 else:
                     scores = tl.dot(q, tl.trans(k))
-                scores = tl.where(valid[None, :], scores * scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                scores = tl.where(positions[None, :] < row_end[:, None], scores * scale, float("-inf"))
+                # A slot whose keys ended before this tile keeps its state bit for bit.
+                active = key_start < row_end
+                m_new = tl.where(active, tl.maximum(m_i, tl.max(scores, axis=1)), m_i)
                 alpha = tl.exp(m_i - m_new)
-                p = tl.exp(scores - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
+                p = tl.where(active[:, None], tl.exp(scores - m_new[:, None]), 0.0)
+                l_i = tl.where(active, l_i * alpha + tl.sum(p, axis=1), l_i)
                 v = tl.load(v_cache_ptr + slot_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
                 if IEEE:
                     pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
                 else:
                     pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
+                acc = tl.where(active[:, None], acc * alpha[:, None] + pv, acc)
                 m_i = m_new
+            has_keys = start < row_end
             if DIRECT:
-                out = acc / l_i[:, None]
+                out = tl.where(has_keys[:, None], acc / l_i[:, None], 0.0)
                 tl.store(
-                    out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                    out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                     out.to(out_ptr.dtype.element_ty),
-                    mask=g_mask[:, None] & d_mask[None, :],
+                    mask=md_mask,
                 )
             else:
-                part = (row * num_kv_heads + kv_head) * num_splits + split
-                tl.store(part_m_ptr + part * GROUP + offs_g, m_i, mask=g_mask)
-                tl.store(part_l_ptr + part * GROUP + offs_g, l_i, mask=g_mask)
+                part = ((rows * num_kv_heads + kv_head) * num_splits + split) * GROUP + offs_m % GROUP
+                tl.store(part_m_ptr + part, m_i, mask=m_mask & has_keys)
+                tl.store(part_l_ptr + part, l_i, mask=m_mask & has_keys)
                 tl.store(
-                    part_acc_ptr + (part * GROUP + offs_g[:, None]) * head_dim + offs_d[None, :],
+                    part_acc_ptr + part[:, None] * head_dim + offs_d[None, :],
                     acc,
-                    mask=g_mask[:, None] & d_mask[None, :],
+                    mask=md_mask & has_keys[:, None],
                 )
         elif DIRECT:
-            # No keys at all (a padded row): zeros, as the combine step writes them.
+            # No keys at all (padded rows): zeros, as the combine step writes them.
             tl.store(
-                out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
-                mask=g_mask[:, None] & d_mask[None, :],
+                out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                tl.zeros([BLOCK_M, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
+                mask=md_mask,
             )
 
     @triton.jit(do_not_specialize=["num_seqs", "split_keys", "num_splits"])
@@ -338,17 +366,51 @@ def _num_sms(device: torch.device) -> int:
     return 8
 
 
+def block_m(group: int) -> int:
+    """Query slots of one split program: a function of the model alone, never of the batch, so every
+    launch (decode, verify, prefill) runs the same tile shapes and a row's bits do not depend on its
+    neighbours (invariant 52). Room for VERIFY_ROWS rows of the group, within MAX_BLOCK_M."""
+    return max(16, _next_pow2(group), min(MAX_BLOCK_M, _next_pow2(group * VERIFY_ROWS)))
+
+
+def rows_per_program(group: int) -> int:
+    return block_m(group) // group
+
+
+def num_row_blocks(num_tokens: int, num_seqs: int, rows: int) -> int:
+    """The split kernel's first grid dimension: a bound, from shapes alone (a captured graph keeps it), on
+    the windows of `rows` positions that the sequences' rows touch (q rows touch at most
+    (q + 2 * rows - 2) // rows, each at least one row); programs past the real windows exit."""
+    return max(1, min(num_tokens, (num_tokens + num_seqs * (2 * rows - 2)) // rows))
+
+
+def kv_bytes_read(
+    query_lens: list[int], seq_lens: list[int], num_kv_heads: int, head_dim: int, dtype_bytes: int, rows: int
+) -> int:
+    """Bytes of K and V that one layer's split kernel reads for a causal step, from its launch grid: each
+    program reads its longest row's keys once (the splits partition them), and a program holds the
+    sequence's rows within one window of `rows` positions. `rows=1`: a program per token, the kernel
+    before invariant 52."""
+    keys = 0
+    for q_len, seq_len in zip(query_lens, seq_lens, strict=True):
+        first = max(seq_len - q_len, 0)
+        for position in range(first, first + q_len):
+            if position == first + q_len - 1 or (position + 1) % rows == 0:  # the last row of its window
+                keys += max(0, seq_len - (first + q_len - 1 - position))
+    return keys * num_kv_heads * head_dim * dtype_bytes * 2
+
+
 def split_plan(
-    num_tokens: int, num_kv_heads: int, max_keys: int, numerics: Numerics, num_sms: int
+    num_blocks: int, num_kv_heads: int, max_keys: int, numerics: Numerics, num_sms: int
 ) -> tuple[int, int]:
-    """(split_keys, num_splits) for a launch whose tokens have at most `max_keys` keys.
+    """(split_keys, num_splits) for a launch of `num_blocks` row blocks whose rows have at most `max_keys` keys.
 
     `max_keys` comes from the block table's width, a shape, so a captured graph keeps its plan."""
     max_keys = max(max_keys, 1)
     if numerics is Numerics.BATCH_INVARIANT:
         split_keys = INVARIANT_SPLIT_KEYS
     else:
-        programs = num_tokens * num_kv_heads
+        programs = num_blocks * num_kv_heads
         wanted_splits = max(1, (_PROGRAMS_PER_SM * num_sms) // max(programs, 1))
         split_keys = -(-max_keys // wanted_splits)
         split_keys = -(-split_keys // BLOCK_N) * BLOCK_N
@@ -423,8 +485,10 @@ def _paged_attention(
     )  # fmt: skip
 
     group = num_heads // num_kv_heads
+    rows = rows_per_program(group)
+    num_blocks = num_row_blocks(num_tokens, num_seqs, rows)
     max_keys = block_tables.shape[1] * page
-    split_keys, num_splits = split_plan(num_tokens, num_kv_heads, max_keys, numerics, _num_sms(device))
+    split_keys, num_splits = split_plan(num_blocks, num_kv_heads, max_keys, numerics, _num_sms(device))
     direct = num_splits == 1
     if direct:
         part_acc = part_m = part_l = out  # unused
@@ -434,19 +498,18 @@ def _paged_attention(
         part_l = torch.empty_like(part_m)
     common = {
         "GROUP": group,
-        "BLOCK_G": max(16, _next_pow2(group)),
         "BLOCK_D": block_d,
         "BLOCK_B": max(MIN_BLOCK_B, _next_pow2(num_seqs)),
         "CAUSAL": bool(meta.causal),
     }
-    _split_kernel[(num_tokens, num_kv_heads, num_splits)](
+    _split_kernel[(num_blocks, num_kv_heads, num_splits)](
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         out, part_acc, part_m, part_l,
         scale, num_seqs, split_keys, num_splits,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1), head_dim,
-        PAGE=page, BLOCK_N=BLOCK_N, DIRECT=direct, IEEE=q.dtype == torch.float32,
+        ROWS=rows, PAGE=page, BLOCK_M=block_m(group), BLOCK_N=BLOCK_N, DIRECT=direct, IEEE=q.dtype == torch.float32,
         **common,
     )  # fmt: skip
     if not direct and numerics is not Numerics.BATCH_INVARIANT:
@@ -462,6 +525,6 @@ def _paged_attention(
             seq_lens, query_start_loc, out, part_acc, part_m, part_l,
             num_seqs, split_keys, num_splits,
             out.stride(0), out.stride(1), head_dim,
-            **common,
+            BLOCK_G=max(16, _next_pow2(group)), **common,
         )  # fmt: skip
     return out

@@ -137,7 +137,7 @@ def oracle_command(ctx, model, methods, concurrency, num_prompts, max_tokens, nu
         if model in TINY_MODELS
         else text_prompts(loaded.tokenizer, num_prompts)
     )
-    arms = build_matrix(methods, variants, structured, prefix_cache)
+    arms = build_matrix(methods, variants, structured, prefix_cache, adaptive=tensor_parallel_size == 1)
     workloads = [
         Workload(tuple(map(tuple, prompts)), max_tokens, c, temp, seed, num_speculative_tokens)
         for c in concurrency

@@ -194,6 +194,7 @@ def judge(
             ("bad_words", result.arm.bad_words, bad_words_changed or 0),
             ("prefix cache", result.arm.prefix_cache, counts.prefix_cache_hits),
             ("eviction", result.arm.evict, counts.num_evictions),
+            ("adaptive K", result.arm.adaptive, counts.num_short_verifies),
             # A structured arm bites with a draft its grammar cut or a verified row its grammar masked.
             ("structured", result.arm.structured, result.num_grammar_cut_drafts + result.num_grammar_masked_rows),
             (

@@ -24,6 +24,8 @@ class ArmCounts:
     num_chunked_prefills: int
     prefix_cache_hits: int = 0  # prompt tokens served from the prefix cache
     num_evictions: int = 0  # cached blocks evicted for new content
+    # Request-steps that adaptive verification gave fewer than k drafts.
+    num_short_verifies: int = 0
 
 
 class SchedulerProbe:

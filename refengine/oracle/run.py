@@ -26,6 +26,7 @@ from refengine.oracle.teacher import (
 )
 from refengine.sample.sampler import RowParams
 from refengine.sampling_params import SamplingParams
+from refengine.spec_decode.adaptive_verification import VerifyCostTable
 from refengine.spec_decode.config import SpeculativeConfig
 from refengine.structured_output.manager import StructuredOutputManager
 
@@ -96,7 +97,8 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
     spec = None
     if arm.method is not None:
         method = HOST_METHOD if arm.teacher else arm.method
-        spec = SpeculativeConfig(method, workload.num_speculative_tokens, **_method_defaults(method))
+        spec = SpeculativeConfig(method, workload.num_speculative_tokens, **_method_defaults(method),
+                                 enable_adaptive_verification=arm.adaptive)
     lookahead = 0 if spec is None else spec.num_lookahead_slots
     # Headroom past the longest request: under async scheduling the scheduler's optimistic count (every
     # draft in flight accepted) would otherwise cap the drafts near max_model_len earlier than sync does,
@@ -124,6 +126,7 @@ def engine_kwargs(arm: Arm, workload: Workload, block_size: int) -> dict:
         ),
         "long_prefill_token_threshold": chunk if arm.chunked else EngineArgs.long_prefill_token_threshold,
         "speculative_config": spec,
+        "verify_cost_table": oracle_cost_table(workload.num_speculative_tokens) if arm.adaptive else None,
         "async_scheduling": arm.async_scheduling,
         "seed": workload.seed,
         "record_steps": True,
@@ -215,8 +218,10 @@ def run_arm(
     outs = llm.generate([list(p) for p in workload.prompts], params, batch_queue=arm.batch_queue)
     stats = core.scheduler.spec_decoding_stats
     kv = core.scheduler.kv_cache_manager
+    policy = core.scheduler.verify_policy
     counts = dataclasses.replace(
-        probe.counts(), prefix_cache_hits=kv.prefix_cache_stats.hits, num_evictions=kv.block_pool.num_evictions
+        probe.counts(), prefix_cache_hits=kv.prefix_cache_stats.hits, num_evictions=kv.block_pool.num_evictions,
+        num_short_verifies=0 if policy is None else sum(policy.num_chosen[: policy.k]),
     )
     core.shutdown()
     tokens = [o.token_ids for o in outs]
@@ -240,6 +245,14 @@ def run_arm(
         num_grammar_masked_rows=manager.num_masked_rows,
         num_ended_by_grammar=num_ended,
     )
+
+
+def oracle_cost_table(k: int) -> VerifyCostTable:
+    """What an adaptive arm (and the engine property test's adaptive draw) chooses K by, given as
+    EngineArgs.verify_cost_table instead of the table measured at start-up: measured costs follow the
+    host's load, and an arm must see K vary on every run. Convex in K: where drafts survive the first
+    two pay and the rest do not, so K < k even for a teacher; where none survives, K falls to 0."""
+    return VerifyCostTable.monotone([1], [[1 + 0.1 * j + 0.3 * max(0, j - 1) ** 2 for j in range(k + 1)]])
 
 
 def corrupt_index(arm: Arm) -> int | None:

@@ -47,6 +47,9 @@ class SpeculativeConfig:
     block_size: int | None = None
     mask_token_id: int | None = None
     target_layer_ids: tuple[int, ...] | None = None
+    # vLLM's adaptive verification: each step verifies 0..k drafts per request, by a cost table measured
+    # at start-up and each request's acceptance by position (spec_decode/adaptive_verification.py).
+    enable_adaptive_verification: bool = False
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,8 @@ class SpeculativeConfig:
                 raise ValueError(
                     f"target_layer_ids must be non-negative layer indices, got {self.target_layer_ids!r}"
                 )
+        if not isinstance(self.enable_adaptive_verification, bool):
+            raise ValueError(f"enable_adaptive_verification must be true or false, got {self.enable_adaptive_verification!r}")
         if method in ("ngram",) and self.model is not None:
             raise ValueError("ngram takes no model")
 

@@ -83,14 +83,18 @@ class Dispatcher:
         return StepWay(target, None, self._sampler(verified), self._drafter(plan.rows, verified))
 
     def _target(self, plan: StepPlan, meta: AttentionMetadata, num_padded: int | None) -> int | None:
-        """The smallest target graph that holds the step, or the one of `num_padded` tokens."""
-        g, t = self.target, plan.num_fed
+        return self.target_tokens(plan.num_fed, len(plan.sample_rows), meta, num_padded)
+
+    def target_tokens(self, t: int, num_sampled: int, meta: AttentionMetadata, num_padded: int | None = None) -> int | None:
+        """The smallest target graph that holds a step of `t` tokens (or the one of `num_padded` tokens):
+        the step's own, or one the verify-cost table is measured with (verify_cost.py)."""
+        g = self.target
         if g is None or self.capture_layers != g.capture_layers or not meta.causal:
             return None
         if meta.seq_lens.shape[0] > g.max_seqs or meta.block_tables.shape[1] > g.width:
             return None
         padded = padded_batch_size(t, g.graphs.captured) if num_padded is None else num_padded
-        ok = padded is not None and g.graphs.holds(padded) and t <= padded and len(plan.sample_rows) <= g.num_logits(padded)
+        ok = padded is not None and g.graphs.holds(padded) and t <= padded and num_sampled <= g.num_logits(padded)
         return padded if ok else None
 
     def _uniform(self, plan: StepPlan, verified: list[ScheduledRow]) -> SamplerGraphKey | None:

@@ -30,7 +30,7 @@ def make_scheduler(
 ) -> Scheduler:
     cls = AsyncScheduler if async_scheduling else Scheduler
     scheduler_kwargs = {
-        key: overrides.pop(key) for key in ("stop_checker", "draft_validator") if key in overrides
+        key: overrides.pop(key) for key in ("stop_checker", "draft_validator", "verify_policy") if key in overrides
     }
     config = EngineConfig(
         **{

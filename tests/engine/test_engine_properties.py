@@ -3,12 +3,14 @@ the real engine: LLM.generate for sync and async at depth 1, AsyncLLM (what the 
 and the stats /metrics reads) for async at depth 2. Drawn: block size, max_model_len (exact multiples of the block size included), pools small
 enough to preempt, the drafter and k, chunked prefill, prefix caching; per request temperature, top-k,
 top-p, seed (0 included), logprobs, bad words, stop strings, min_tokens and max_tokens up to the limit,
-over prompts that share prefixes or repeat.
+over prompts that share prefixes or repeat; adaptive verification on or off (on the oracle's fixed cost
+table, so that the K it chooses is a function of the draw, not of the machine's load).
 
 Properties: a valid configuration never raises; spec on emits spec off's tokens (greedy and seeded);
 usage, the prefix cache's counters and the stats that /metrics reads equal what was emitted and cached,
 across preemptions; an invalid combination is refused up front, naming why. Across the examples the
-variants must happen: preemptions, chunked prefills, drafts, cache hits, a request at max_model_len."""
+variants must happen: preemptions, chunked prefills, drafts, a step verifying fewer than k drafts, cache hits,
+a request at max_model_len."""
 
 import asyncio
 import dataclasses
@@ -22,6 +24,7 @@ from refengine.engine.async_llm import AsyncLLM
 from refengine.engine.llm import LLM
 from refengine.engine.outputs import GenerationRequest
 from refengine.model.loader import load_model
+from refengine.oracle.run import oracle_cost_table
 from refengine.sampling_params import SamplingParams
 from refengine.spec_decode.config import SpeculativeConfig
 from tests.property_budget import property_tests
@@ -47,6 +50,7 @@ class Config:
     max_num_batched_tokens: int
     max_num_seqs: int
     enable_prefix_caching: bool
+    adaptive: bool = False  # enable_adaptive_verification
 
     @property
     def lookahead(self) -> int:
@@ -54,12 +58,12 @@ class Config:
 
     def engine_args(self, model, **changes) -> EngineArgs:
         spec = None if self.method is None else SpeculativeConfig(self.method, self.k, **(
-            {"num_draft_layers": 2} if self.method == "draft_model" else {}))  # fmt: skip
+            {"num_draft_layers": 2} if self.method == "draft_model" else {}), enable_adaptive_verification=self.adaptive)  # fmt: skip
         args = EngineArgs(
             model=model, block_size=self.block_size, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs,
             enable_prefix_caching=self.enable_prefix_caching, speculative_config=spec,
-            async_scheduling=self.front != "sync",
+            async_scheduling=self.front != "sync", verify_cost_table=oracle_cost_table(self.k) if self.adaptive else None,
         )  # fmt: skip
         return dataclasses.replace(args, **changes)
 
@@ -80,6 +84,7 @@ def configs(draw) -> Config:
     return Config(
         method, k, front, block_size, max_model_len, num_blocks, budget,
         draw(st.sampled_from([2, 4, 4])), draw(st.sampled_from([True, True, False])),
+        method is not None and draw(st.booleans()),
     )  # fmt: skip
 
 
@@ -243,6 +248,8 @@ def check_valid_configurations_serve_and_account(counts, tiny_qwen3, case):
         scheduler, "num_preempted_with_output", 0)
     counts["chunked prefills"] += sum(len(p) > config.max_num_batched_tokens for p in prompts)
     counts["drafts"] += scheduler.spec_decoding_stats.num_draft_tokens > 0
+    policy = scheduler.verify_policy
+    counts["adaptive K below k"] += policy is not None and sum(policy.num_chosen[: config.k]) > 0
     counts["cache hits"] += pc[1] > 0
     counts["at max_model_len, a multiple of the block size, with lookahead"] += (
         config.max_model_len % config.block_size == 0 and config.lookahead > 0
@@ -253,7 +260,7 @@ def check_valid_configurations_serve_and_account(counts, tiny_qwen3, case):
 
 test_valid_configurations_serve_and_account, test_valid_configurations_serve_and_account_slow = property_tests(
     check_valid_configurations_serve_and_account, 12, 120,
-    variants=("preemptions", "resumed with output, prefix caching on", "chunked prefills", "drafts", "cache hits",
+    variants=("preemptions", "resumed with output, prefix caching on", "chunked prefills", "drafts", "adaptive K below k", "cache hits",
               "at max_model_len, a multiple of the block size, with lookahead", *FRONTS),
     pinned=[{"case": PINNED_PREEMPTION}], case=cases(),
 )  # fmt: skip

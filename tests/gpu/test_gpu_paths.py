@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from device_cases import *  # noqa: E402,F403
 from skinny_linear_cases import *  # noqa: E402,F403
 from triton_attention_cases import *  # noqa: E402,F403  (the interpreter's cases, compiled here)
-from triton_attention_cases import clone_cache, make_case, reference, rel_err  # noqa: E402
+from triton_attention_cases import clone_cache, decode_rows_of, make_case, reference, rel_err  # noqa: E402
 
 from refengine.engine.llm import LLM  # noqa: E402
 from refengine.model import triton_attention as kernels  # noqa: E402
@@ -50,6 +50,21 @@ def test_real_shapes(dtype, tolerance, numerics):
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) < tolerance
     assert torch.equal(ours.key.cpu(), ref_cache.key.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_rows_are_bitwise_the_decode_rows_at_real_shapes(dtype):
+    """Invariant 52 (docs/invariants.md) compiled at qwen3-8b's attention shapes: verify blocks of 5 rows inside
+    one window, across a window edge and across a key split, against the same rows decoded one by one."""
+    q, k, v, cache, meta = make_case([1147, 1150, 254, 60], [5, 5, 5, 1], dtype=dtype, seed=5, **REAL)
+    verified_cache = clone_cache(cache)
+    verified = kernels.triton_paged_attention(q, k, v, verified_cache, meta, 128**-0.5, Numerics.BATCH_INVARIANT)
+    decoded = kernels.triton_paged_attention(
+        q, k, v, clone_cache(verified_cache), decode_rows_of(meta, REAL["block_size"]), 128**-0.5,
+        Numerics.BATCH_INVARIANT,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.equal(verified, decoded), (verified != decoded).any(dim=-1).nonzero().flatten().tolist()
 
 
 def tiny(numerics, dtype=torch.float32, layers=3):

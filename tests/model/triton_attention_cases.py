@@ -5,12 +5,15 @@ before triton is imported, so that runs in a subprocess), and by tests/gpu on a 
 real shapes. Shapes stay small so the interpreter takes seconds.
 """
 
+import collections
 import os
 import types
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
@@ -91,7 +94,8 @@ def test_matches_reference_and_stores(numerics, split_keys, monkeypatch):
     if split_keys == 64:  # FAST: ask for many programs, so its plan splits the keys too
         monkeypatch.setattr(kernels, "_PROGRAMS_PER_SM", 1024)
     q, k, v, cache, meta = make_case(*MIXED)
-    plan = kernels.split_plan(q.shape[0], k.shape[1], meta.block_tables.shape[1] * 4, numerics, kernels._num_sms(q.device))
+    blocks = kernels.num_row_blocks(q.shape[0], len(MIXED[0]), kernels.rows_per_program(q.shape[1] // k.shape[1]))
+    plan = kernels.split_plan(blocks, k.shape[1], meta.block_tables.shape[1] * 4, numerics, kernels._num_sms(q.device))
     assert plan[1] > 1 or split_keys == 256
     ours = clone_cache(cache)
     out = kernels.triton_paged_attention(q, k, v, ours, meta, q.shape[-1] ** -0.5, numerics)
@@ -129,6 +133,70 @@ def test_batch_invariant_rows(split_keys, monkeypatch):
         q[:3], k[:3], v[:3], clone_cache(cache), alone_meta, 0.25, Numerics.BATCH_INVARIANT
     )
     assert torch.equal(together[:3], alone)
+
+
+def decode_rows_of(meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
+    """The same rows as a decode step: every row its own sequence of one new token at its own position,
+    over its sequence's blocks."""
+    starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    computed, block_ids = [], []
+    for seq, seq_len in enumerate(lens):
+        q_len = starts[seq + 1] - starts[seq]
+        for i in range(q_len):
+            computed.append(seq_len - q_len + i)
+            block_ids.append(meta.block_tables[seq].tolist()[: -(-(computed[-1] + 1) // block_size)])
+    return build_attention_metadata(computed, [1] * len(computed), block_ids, block_size)
+
+
+SHAPES = [(4, 2, 16), (6, 2, 24), (2, 2, 16), (8, 1, 16), (16, 1, 16)]  # (heads, KV heads, head_dim): GQA 2, 3, 1, 8, 16
+CONTEXT = st.one_of(st.sampled_from([0, 3, 4, 7, 8, 15, 16, 63, 64, 65, 127, 128]), st.integers(0, 140))
+VERIFY_COUNTS: collections.Counter = collections.Counter()
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=6, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@given(
+    shape=st.sampled_from(SHAPES),
+    split_keys=st.sampled_from([64, 256]),
+    seqs=st.lists(st.tuples(CONTEXT, st.integers(1, 5)), min_size=1, max_size=3),
+)
+@example(shape=(4, 2, 16), split_keys=64, seqs=[(61, 5), (64, 1), (3, 4)])  # across a window and a split
+def _verify_rows_match_decode_rows(dtype, shape, split_keys, seqs):
+    heads, kv_heads, head_dim = shape
+    q, k, v, cache, meta = make_case(
+        [c for c, _ in seqs], [n for _, n in seqs], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        dtype=dtype, seed=len(seqs),
+    )  # fmt: skip
+    saved = kernels.INVARIANT_SPLIT_KEYS
+    kernels.INVARIANT_SPLIT_KEYS = split_keys
+    try:
+        verified_cache = clone_cache(cache)
+        verified = kernels.triton_paged_attention(q, k, v, verified_cache, meta, 0.25, Numerics.BATCH_INVARIANT)
+        decoded = kernels.triton_paged_attention(
+            q, k, v, clone_cache(verified_cache), decode_rows_of(meta, 4), 0.25, Numerics.BATCH_INVARIANT
+        )
+    finally:
+        kernels.INVARIANT_SPLIT_KEYS = saved
+    assert torch.equal(verified, decoded), (verified != decoded).any(dim=-1).nonzero().tolist()
+    rows = kernels.rows_per_program(heads // kv_heads)
+    for c, n in seqs:
+        VERIFY_COUNTS["rows sharing a window"] += n > 1 and c // rows == (c + n - 1) // rows
+        VERIFY_COUNTS["rows across windows"] += c // rows != (c + n - 1) // rows
+        VERIFY_COUNTS["keys across splits"] += c + n > split_keys
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.float32,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") == "1", reason="Triton's interpreter computes bfloat16 dots wrongly (3.9)")),
+])  # fmt: skip
+def test_verify_rows_are_bitwise_the_decode_rows(dtype):
+    """Invariant 52 (docs/invariants.md): a verify step's rows (several rows of a sequence in one program, sharing its K/V
+    tiles) give bit for bit what each row gives decoded alone at its position, under batch-invariant
+    numerics: spec on then emits spec off's tokens."""
+    VERIFY_COUNTS.clear()
+    _verify_rows_match_decode_rows(dtype)
+    assert all(VERIFY_COUNTS[v] for v in ("rows sharing a window", "rows across windows", "keys across splits")), VERIFY_COUNTS
 
 
 @pytest.mark.parametrize("numerics", [Numerics.BATCH_INVARIANT, Numerics.FAST])

@@ -29,7 +29,10 @@ def test_matrix_skips_async_arms_of_sync_only_methods():
     arms = build_matrix((None, "ngram", "eagle"))
     assert all(a.front == "sync" for a in arms if a.method == "ngram")
     assert {a.front for a in arms if a.method == "eagle"} == {"sync", "async-d1", "async-d2"}
-    assert len(arms) == 8 * (3 + 1 + 3)
+    assert len(arms) == 8 * (3 + 1 + 3) + 3  # and eagle's adaptive arm per front
+    assert {a.front for a in arms if a.adaptive} == {"sync", "async-d1", "async-d2"}
+    assert all(a.method == "eagle" and not (a.chunked or a.preempt or a.bad_words) for a in arms if a.adaptive)
+    assert not any(a.adaptive for a in build_matrix((None, "eagle"), adaptive=False))  # tensor parallelism
 
 
 def test_first_divergence_reports_request_position_and_tokens():
@@ -76,6 +79,17 @@ def test_a_variant_without_evidence_is_ineffective_and_low_peak_fails():
     assert verdict.ineffective == ("preemption", "chunked prefill", "bad_words")
     low = ArmCounts(peak_concurrency=3, num_preemptions=1, num_preemptions_after_drafts=1, num_chunked_prefills=1)
     assert judge(result(arm, [[1, 2]], counts=low, concurrency=4), base, None, 1).label == "LOW-CONCURRENCY"
+
+
+@pytest.mark.parametrize("short, label", [(0, "INEFFECTIVE"), (1, "IDENTICAL")])
+def test_an_adaptive_arm_must_verify_fewer_than_k_somewhere(short, label):
+    base = result(Arm("sync", None, False, False, False), [[1, 2]])
+    counts = ArmCounts(peak_concurrency=1, num_preemptions=0, num_preemptions_after_drafts=0, num_chunked_prefills=0,
+                       num_short_verifies=short)
+    arm = Arm("sync", "eagle", False, False, False, adaptive=True)
+    verdict = judge(result(arm, [[1, 2]], counts=counts), base, None)
+    assert verdict.label == label and verdict.ineffective == (("adaptive K",) if short == 0 else ())
+    assert arm.name == "sync/eagle[adaptive]"
 
 
 @pytest.mark.parametrize(
@@ -184,8 +198,9 @@ def test_merge_combines_c_slices_into_one_report(tmp_path):
 
 @pytest.mark.timeout(1800)
 def test_full_matrix_on_a_tiny_model_is_identical(tmp_path):
-    """Every front x method (the teachers included) x chunking x preemption x bad_words arm, and every front x
-    method structured-output arm (a JSON schema, a regex, a choice set), greedy and seeded: 0 failed arms (no
+    """Every front x method (the teachers included) x chunking x preemption x bad_words arm, every front x
+    method structured-output arm (a JSON schema, a regex, a choice set), and every front x Eagle-type method
+    (teachers included) adaptive-verification arm, greedy and seeded: 0 failed arms (no
     MISMATCH, VACUOUS, INEFFECTIVE, LOW-CONCURRENCY or WRONG; a structured arm must also bite, end by its
     grammar and validate)."""
     report = tmp_path / "oracle.md"
@@ -196,6 +211,10 @@ def test_full_matrix_on_a_tiny_model_is_identical(tmp_path):
     methods = ("no-spec", "mtp", "eagle", "eagle3", "dflash", "ngram", "draft_model", "teacher", "teacher-corrupt")
     text = report.read_text()
     assert all(f"| sync/{m}[structured] |" in text for m in methods), text[:4000]
+    # Adaptive verification: every Eagle-type method and teacher, every front (each also proved it
+    # verified fewer than k drafts somewhere, or it would be INEFFECTIVE).
+    adaptive = ("mtp", "eagle", "eagle3", "dflash", "teacher", "teacher-corrupt")
+    assert all(f"| {f}/{m}[adaptive] |" in text for m in adaptive for f in ("sync", "async-d1", "async-d2")), text[:4000]
 
 
 @pytest.mark.model
